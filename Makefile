@@ -1,0 +1,54 @@
+# gnomon — `make help` lists the targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup run test test-unit test-integration test-chaos lint typecheck bench infra-up infra-down clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "gnomon: $(PY) not found; install Python 3.11+"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP) ## install gnomon and its dev tools into .venv/ (so .venv/bin/gnomon works)
+
+run: setup ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live
+	$(BIN)/python -m gnomon.demo.run
+
+test: setup ## everything CI runs: lint, unit, integration (real Kafka + Cassandra), e2e
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy src/gnomon/core
+	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m gnomon.infra up
+	$(BIN)/python -m pytest tests/integration tests/e2e -q -m "integration" -p no:cacheprovider
+
+test-unit: setup ## pure tests only (no services)
+	$(BIN)/python -m pytest tests/unit -q
+
+lint: setup ## ruff
+	$(BIN)/ruff check src tests bench
+
+typecheck: setup ## mypy (strict on the core)
+	$(BIN)/mypy src/gnomon/core
+
+infra-up: setup ## start Kafka + Cassandra (idempotent)
+	$(BIN)/python -m gnomon.infra up
+
+infra-down: setup ## stop Kafka + Cassandra
+	$(BIN)/python -m gnomon.infra down
+
+bench: setup ## benchmarks (need infra-up)
+	$(BIN)/python bench/tick_scan.py
+	$(BIN)/python bench/spike.py --jobs 1000
+
+clean: ## stop services and remove .venv and .gnomon state
+	-$(BIN)/python -m gnomon.infra down
+	rm -rf $(VENV) .gnomon

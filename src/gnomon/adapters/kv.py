@@ -1,0 +1,109 @@
+"""Key-value stores: RocksDB (rocksdict) for processors, a dict-backed twin for tests."""
+
+from __future__ import annotations
+
+import bisect
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from gnomon.core.errors import StateStoreError
+
+
+class MemoryKV:
+    """Ordered in-memory store with the same contract as RocksKV."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if key not in self._data:
+            bisect.insort(self._keys, key)
+        self._data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        if key in self._data:
+            del self._data[key]
+            i = bisect.bisect_left(self._keys, key)
+            del self._keys[i]
+
+    def scan(self, start: bytes, stop: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
+        i = bisect.bisect_left(self._keys, start)
+        out = []
+        while i < len(self._keys) and len(out) < limit:
+            k = self._keys[i]
+            if k >= stop:
+                break
+            out.append((k, self._data[k]))
+            i += 1
+        return iter(out)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def close(self) -> None:
+        pass
+
+
+class RocksKV:
+    """A RocksDB database through rocksdict, in raw (bytes) mode."""
+
+    def __init__(self, path: Path, *, fresh: bool = False) -> None:
+        from rocksdict import Options, Rdict
+
+        try:
+            if fresh and path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True, exist_ok=True)
+            opts = Options(raw_mode=True)
+            opts.create_if_missing(True)
+            self._db = Rdict(str(path), options=opts)
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise StateStoreError(f"cannot open RocksDB at {path}: {exc}") from exc
+        self.path = path
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            value = self._db.get(key)
+        except Exception as exc:
+            raise StateStoreError(f"RocksDB get failed: {exc}") from exc
+        return value  # type: ignore[no-any-return]
+
+    def put(self, key: bytes, value: bytes) -> None:
+        try:
+            self._db.put(key, value)
+        except Exception as exc:
+            raise StateStoreError(f"RocksDB put failed: {exc}") from exc
+
+    def delete(self, key: bytes) -> None:
+        try:
+            self._db.delete(key)
+        except Exception as exc:
+            raise StateStoreError(f"RocksDB delete failed: {exc}") from exc
+
+    def scan(self, start: bytes, stop: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            it = self._db.iter()
+            it.seek(start)
+            n = 0
+            while it.valid() and n < limit:
+                key = it.key()
+                if key >= stop:
+                    break
+                yield key, it.value()
+                n += 1
+                it.next()
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StateStoreError(f"RocksDB scan failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        except Exception as exc:
+            raise StateStoreError(f"RocksDB close failed: {exc}") from exc

@@ -1,0 +1,1 @@
+"""The REST API (FastAPI): validates, authorises, produces commands, reads history."""

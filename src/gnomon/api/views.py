@@ -1,0 +1,53 @@
+"""JSON shapes of jobs and runs as the API returns them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gnomon.core.clock import ms_to_iso
+from gnomon.core.jobs import JobState
+from gnomon.core.messages import LogLine
+from gnomon.core.runs import RunState
+from gnomon.core.validation import job_spec_to_json
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else ms_to_iso(ms)
+
+
+def job_view(state: JobState) -> dict[str, Any]:
+    return {
+        "id": state.job_id,
+        "tenant": state.tenant,
+        "status": state.status.value,
+        "nextRunAt": _iso(state.next_run_at_ms),
+        "version": state.version,
+        "createdAt": _iso(state.created_at_ms),
+        "updatedAt": _iso(state.updated_at_ms),
+        **job_spec_to_json(state.spec),
+    }
+
+
+def run_view(run: RunState) -> dict[str, Any]:
+    return {
+        "id": run.run_id,
+        "jobId": run.job_id,
+        "status": run.status.value,
+        "slot": _iso(run.slot_ms),
+        "manual": run.manual,
+        "attempt": run.attempt,
+        "maxAttempts": run.spec.retry.max_attempts,
+        "worker": run.worker_id,
+        "createdAt": _iso(run.created_at_ms),
+        "startedAt": _iso(run.started_at_ms),
+        "finishedAt": _iso(run.finished_at_ms),
+        "nextAttemptAt": _iso(run.next_attempt_at_ms),
+        "exitCode": run.exit_code,
+        "error": run.error,
+        "reason": run.reason,
+    }
+
+
+def log_view(line: LogLine) -> dict[str, Any]:
+    return {"attempt": line.attempt, "seq": line.seq, "stream": line.stream.value, "at": _iso(line.at_ms),
+            "line": line.line}

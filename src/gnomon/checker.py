@@ -1,0 +1,128 @@
+"""History checker: reads every run-ledger record (and the inbox) of a scenario and
+accounts for every slot, in the spirit of Jepsen's Kafka checker.
+
+Feed it the records in log order (``observe``), then ``check(jobs, until_ms)``:
+
+* every slot of every job, from its first slot up to where its schedule points now,
+  is exactly one run or a recorded skip (missed = 0, duplicates = 0);
+* a run's fencing token grows by one per grant, and a new grant only follows an
+  attempt that ended (no two granted attempts overlap);
+* no state change came from a stale token (terminal states are final);
+* at the end every run is terminal, leased, or still waiting for its slot/backoff.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnomon.core.cron import CronSchedule
+from gnomon.core.jobs import JobState
+from gnomon.core.messages import Grant, Stop, StopReason
+from gnomon.core.runs import RunState, RunStatus
+
+
+@dataclass
+class CheckReport:
+    slots: int = 0
+    runs: int = 0
+    skips: int = 0
+    duplicates: int = 0
+    missed: int = 0
+    overlapping_grants: int = 0
+    stale_rejected: int = 0
+    stale_accepted: int = 0
+    unfinished: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.duplicates or self.missed or self.overlapping_grants or self.stale_accepted
+                    or self.unfinished)
+
+    def summary(self) -> str:
+        return (f"slots={self.slots} runs={self.runs} skips={self.skips} duplicates={self.duplicates} "
+                f"missed={self.missed} overlapping_grants={self.overlapping_grants} "
+                f"stale_rejected={self.stale_rejected} stale_accepted={self.stale_accepted} "
+                f"unfinished={self.unfinished}")
+
+
+class HistoryChecker:
+    def __init__(self) -> None:
+        self.ledger: dict[str, list[RunState]] = defaultdict(list)
+        self.grants: dict[str, list[Grant]] = defaultdict(list)
+        self.stale_stops = 0
+
+    def observe(self, record: Any) -> None:
+        if isinstance(record, RunState):
+            self.ledger[record.run_id].append(record)
+        elif isinstance(record, Grant):
+            self.grants[record.run_id].append(record)
+        elif isinstance(record, Stop) and record.kind is StopReason.STALE:
+            self.stale_stops += 1
+
+    def check(self, jobs: list[JobState], now_ms: int, *, first_slots: dict[str, int] | None = None) -> CheckReport:
+        """``jobs``: final job states; ``first_slots``: each job's first slot (default: the
+        earliest slot seen in the ledger)."""
+        rep = CheckReport(stale_rejected=self.stale_stops)
+        self._check_runs(rep, now_ms)
+        for job in jobs:
+            self._check_slots(rep, job, (first_slots or {}).get(job.job_id))
+        return rep
+
+    def _check_runs(self, rep: CheckReport, now_ms: int) -> None:
+        for run_id, states in self.ledger.items():
+            created = {s.created_at_ms for s in states}
+            if len(created) > 1:
+                rep.duplicates += 1
+                rep.problems.append(f"{run_id} created {len(created)} times")
+            prev: RunState | None = None
+            for s in states:
+                if prev is not None:
+                    if prev.status.terminal and s != prev:
+                        rep.stale_accepted += 1
+                        rep.problems.append(f"{run_id} changed after terminal {prev.status.value}")
+                    if s.token not in (prev.token, prev.token + 1):
+                        rep.overlapping_grants += 1
+                        rep.problems.append(f"{run_id} token jumped {prev.token}->{s.token}")
+                    if s.token == prev.token + 1 and prev.status is RunStatus.RUNNING:
+                        rep.overlapping_grants += 1
+                        rep.problems.append(f"{run_id} granted token {s.token} while {prev.token} still ran")
+                prev = s
+            tokens = [g.token for g in self.grants.get(run_id, [])]
+            if len(tokens) != len(set(tokens)):
+                rep.overlapping_grants += 1
+                rep.problems.append(f"{run_id} token granted twice: {tokens}")
+            last = states[-1]
+            if last.status is RunStatus.RUNNING and (last.lease_until_ms or 0) < now_ms:
+                rep.unfinished += 1
+                rep.problems.append(f"{run_id} RUNNING with a lapsed lease at the end")
+
+    def _check_slots(self, rep: CheckReport, job: JobState, first: int | None) -> None:
+        prefix = job.job_id + "@"
+        mine = {rid: st[-1] for rid, st in self.ledger.items() if rid.startswith(prefix) and not st[-1].manual}
+        if not mine:
+            return
+        start = first if first is not None else min(s.slot_ms for s in mine.values())
+        end = job.next_run_at_ms if job.next_run_at_ms is not None else max(s.slot_ms for s in mine.values()) + 1
+        expected = [start]
+        if job.spec.schedule.cron is not None:
+            for ms in CronSchedule(job.spec.schedule.cron, job.spec.schedule.tz).iter_after(start):
+                if ms >= end:
+                    break
+                expected.append(ms)
+        by_slot = {s.slot_ms: s for s in mine.values()}
+        summarised = sum(1 for s in mine.values() if s.reason and "summary of" in s.reason)
+        for slot in expected:
+            rep.slots += 1
+            st = by_slot.get(slot)
+            if st is None:
+                if summarised:
+                    continue  # counted inside a summary skip record
+                rep.missed += 1
+                rep.problems.append(f"{job.job_id} slot {slot} has no run and no skip")
+            elif st.status is RunStatus.SKIPPED:
+                rep.skips += 1
+            else:
+                rep.runs += 1

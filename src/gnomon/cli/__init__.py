@@ -1,0 +1,1 @@
+"""The ``gnomon`` command line (typer + rich)."""

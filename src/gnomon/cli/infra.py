@@ -1,0 +1,44 @@
+"""``gnomon infra up|down|status``: Kafka (KRaft) and Cassandra from Maven Central."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gnomon.cli.common import command, print_json
+from gnomon.config import load
+
+app = typer.Typer(help="Fetch, start and stop Kafka and Cassandra (no Docker needed).", no_args_is_help=True)
+
+
+@app.command()
+@command
+def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft nodes")] = 1) -> None:
+    """Fetch (first time), start and wait until Kafka and Cassandra serve; create topics."""
+    from gnomon.infra import manager
+
+    manager.up(load(), kafka_nodes=kafka_nodes)
+
+
+@app.command()
+@command
+def down() -> None:
+    """Stop everything `infra up` started."""
+    from gnomon.infra import manager
+
+    manager.down(load())
+
+
+@app.command()
+@command
+def status(json_: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show what is running."""
+    from gnomon.infra import manager
+
+    st = manager.status(load())
+    if json_:
+        print_json(st)
+    else:
+        for k, v in st.items():
+            typer.echo(f"{k}: {v}")

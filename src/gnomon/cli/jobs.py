@@ -1,0 +1,162 @@
+"""``gnomon jobs ...`` and ``gnomon runs ...``: talk to the API."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gnomon.cli.common import command, console, print_json
+from gnomon.client import Client
+from gnomon.core.errors import ValidationError
+
+jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect runs and their logs.", no_args_is_help=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+@jobs_app.command("create")
+@command
+def create(
+    name: Annotated[str, typer.Argument(help="a human name for the job")],
+    cron: Annotated[str | None, typer.Option("--cron", help="cron expression (6 fields = seconds first)")] = None,
+    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the cron expression")] = "UTC",
+    at: Annotated[str | None, typer.Option("--at", help="one-time run at this ISO-8601 instant")] = None,
+    cmd: Annotated[str | None, typer.Option("--command", help="shell-free command line, split on spaces")] = None,
+    http: Annotated[str | None, typer.Option("--http", help="callback URL to POST to")] = None,
+    handler: Annotated[str | None, typer.Option("--handler", help="name of a Python handler in the pool's workers")] = None,
+    priority: Annotated[str, typer.Option(help="high, normal or low")] = "normal",
+    timeout_s: Annotated[int, typer.Option("--timeout-s", help="attempt timeout in seconds")] = 3600,
+    pool: Annotated[str, typer.Option(help="worker pool")] = "default",
+    retries: Annotated[int, typer.Option("--max-attempts", help="attempts including the first")] = 3,
+    catch_up: Annotated[str, typer.Option("--catch-up", help="once, all or skip")] = "once",
+    payload: Annotated[str | None, typer.Option(help="JSON payload")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Register a job and print its id."""
+    if (cron is None) == (at is None):
+        raise ValidationError("--cron/--at", "give exactly one of --cron or --at")
+    targets = [t for t in (cmd, http, handler) if t is not None]
+    if len(targets) != 1:
+        raise ValidationError("--command/--http/--handler", "give exactly one target")
+    body: dict[str, Any] = {"name": name, "timezone": tz, "priority": priority, "timeoutS": timeout_s,
+                            "pool": pool, "retry": {"max": retries}, "catchUp": catch_up}
+    if cron is not None:
+        body["schedule"] = cron
+    else:
+        body["runAt"] = at
+    if cmd is not None:
+        import shlex
+
+        body["target"] = {"type": "command", "argv": shlex.split(cmd)}
+    elif http is not None:
+        body["target"] = {"type": "http", "url": http}
+    else:
+        body["target"] = {"type": "handler", "name": handler}
+    if payload is not None:
+        try:
+            body["payload"] = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise ValidationError("--payload", f"not valid JSON: {exc.msg}") from None
+    job = Client().create_job(body)
+    if json_:
+        print_json(job)
+    else:
+        typer.echo(job["id"])
+
+
+@jobs_app.command("get")
+@command
+def get(job_id: str, json_: JsonOpt = False) -> None:
+    """Show one job."""
+    job = Client().get_job(job_id)
+    if json_:
+        print_json(job)
+        return
+    for k in ("id", "name", "status", "schedule", "runAt", "timezone", "nextRunAt", "priority", "pool", "target"):
+        if k in job:
+            console.print(f"[bold]{k}[/bold]: {job[k]}", highlight=False)
+
+
+@jobs_app.command("list")
+@command
+def list_(limit: int = 100, json_: JsonOpt = False) -> None:
+    """List this tenant's jobs."""
+    page = Client().list_jobs(limit)
+    if json_:
+        print_json(page)
+        return
+    table = Table("id", "name", "status", "schedule", "next run (UTC)")
+    for j in page["items"]:
+        table.add_row(j["id"], j["name"], j["status"], j.get("schedule") or j.get("runAt") or "", j.get("nextRunAt") or "")
+    console.print(table)
+
+
+def _simple(action: str) -> Any:
+    def run(job_id: str) -> None:
+        getattr(Client(), action)(job_id)
+        typer.echo(f"{action}: {job_id}")
+
+    run.__doc__ = f"{action.capitalize()} a job."
+    return command(run)
+
+
+jobs_app.command("pause")(_simple("pause"))
+jobs_app.command("resume")(_simple("resume"))
+jobs_app.command("delete")(_simple("delete"))
+
+
+@jobs_app.command("trigger")
+@command
+def trigger(job_id: str, key: Annotated[str | None, typer.Option("--key", help="idempotency key; default random")] = None,
+            json_: JsonOpt = False) -> None:
+    """Run a job now. The same --key always means the same single run."""
+    import secrets
+
+    run_id = Client().trigger(job_id, key or secrets.token_hex(8))
+    if json_:
+        print_json({"runId": run_id})
+    else:
+        typer.echo(run_id)
+
+
+@runs_app.command("list")
+@command
+def runs_list(job_id: str, status: str | None = None, limit: int = 20, json_: JsonOpt = False) -> None:
+    """Runs of a job, newest first."""
+    page = Client().list_runs(job_id, status, limit)
+    if json_:
+        print_json(page)
+        return
+    table = Table("run", "status", "attempt", "started", "finished", "exit")
+    for r in page["items"]:
+        table.add_row(r["id"], r["status"], str(r["attempt"]), r["startedAt"] or "", r["finishedAt"] or "",
+                      "" if r["exitCode"] is None else str(r["exitCode"]))
+    console.print(table)
+
+
+@runs_app.command("get")
+@command
+def runs_get(run_id: str, json_: JsonOpt = False) -> None:
+    """Show one run."""
+    run = Client().get_run(run_id)
+    if json_:
+        print_json(run)
+        return
+    for k, v in run.items():
+        console.print(f"[bold]{k}[/bold]: {v}", highlight=False)
+
+
+@runs_app.command("logs")
+@command
+def runs_logs(run_id: str, json_: JsonOpt = False) -> None:
+    """Print a run's log lines."""
+    page = Client().get_logs(run_id)
+    if json_:
+        print_json(page)
+        return
+    for line in page["items"]:
+        typer.echo(f"[{line['attempt']}:{line['stream']}] {line['line']}")

@@ -1,0 +1,32 @@
+"""Entry point of the ``gnomon`` command."""
+
+from __future__ import annotations
+
+import typer
+
+from gnomon.cli import cron, infra, jobs, services
+
+app = typer.Typer(
+    name="gnomon",
+    help="gnomon: a distributed job scheduler event-sourced on Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(infra.app, name="infra")
+app.add_typer(jobs.jobs_app, name="jobs")
+app.add_typer(jobs.runs_app, name="runs")
+app.add_typer(cron.app, name="cron")
+app.command()(services.processor)
+app.command()(services.worker)
+app.command()(services.projector)
+app.command()(services.api)
+app.command()(services.dev)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Long-running services: processor, worker, projector, api, and ``dev`` (all of them)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Annotated
+
+import typer
+
+from gnomon.cli.common import command, console, fail
+from gnomon.config import load
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stop_on_signals(stop: threading.Event | object) -> None:
+    def handler(_sig: int, _frame: object) -> None:
+        stop.stop() if hasattr(stop, "stop") else stop.set()  # type: ignore[attr-defined]
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@command
+def processor(
+    instance_id: Annotated[str | None, typer.Option(help="stable id of this instance (transactional id)")] = None,
+    lookahead_s: Annotated[int, typer.Option(help="trigger jobs due within this many seconds")] = 30,
+    verbose: bool = False,
+) -> None:
+    """Run the scheduler + run processor (consumes job commands and run events)."""
+    import socket
+
+    from gnomon.core.jobs import SchedulerConfig
+    from gnomon.streams.runtime import Processor, ProcessorConfig
+
+    _logging(verbose)
+    s = load()
+    cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
+                          instance_id=instance_id or socket.gethostname(),
+                          sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000))
+    proc = Processor(cfg)
+    _stop_on_signals(proc)
+    proc.run()
+
+
+@command
+def worker(
+    pool: Annotated[str, typer.Option(help="worker pool to serve")] = "default",
+    concurrency: Annotated[int, typer.Option(min=1, max=1024, help="attempts at once")] = 8,
+    app: Annotated[str | None, typer.Option(help="module:attribute of a Worker with your handlers")] = None,
+    worker_id: Annotated[str | None, typer.Option(help="default: host-pid-random")] = None,
+    verbose: bool = False,
+) -> None:
+    """Run a worker: claims runs of POOL and executes them."""
+    from gnomon.worker import Worker
+
+    _logging(verbose)
+    if app:
+        mod_name, _, attr = app.partition(":")
+        try:
+            w = getattr(importlib.import_module(mod_name), attr or "worker")
+        except (ImportError, AttributeError) as exc:
+            fail(f"--app {app!r}: {exc}", 2)
+        if not isinstance(w, Worker):
+            fail(f"--app {app!r} is not a gnomon.worker.Worker", 2)
+        w.pool, w.concurrency_max = pool, concurrency
+    else:
+        from gnomon.demo import handlers as demo
+
+        w = Worker(pool, concurrency_max=concurrency, worker_id=worker_id)
+        demo.register(w)
+    if worker_id:
+        w.worker_id = worker_id
+    _stop_on_signals(w)
+    w.run()
+
+
+@command
+def projector(verbose: bool = False) -> None:
+    """Project run events, jobs and logs into Cassandra history."""
+    from gnomon.history.projector import HistoryProjector
+
+    _logging(verbose)
+    s = load()
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    HistoryProjector.from_settings(s).run(stop)
+
+
+@command
+def api(
+    port: Annotated[int | None, typer.Option(help="default 8787 (GNOMON_API_PORT)")] = None,
+    host: str = "127.0.0.1",
+) -> None:
+    """Serve the REST API (OpenAPI at /openapi.json)."""
+    import uvicorn
+
+    from gnomon.api.wiring import build_app
+
+    s = load()
+    uvicorn.run(build_app(s), host=host, port=port or s.api_port, log_level="info")
+
+
+@command
+def dev(
+    no_infra: Annotated[bool, typer.Option("--no-infra", help="assume Kafka and Cassandra are up")] = False,
+) -> None:
+    """Start infra, a processor, a worker, the projector and the API; Ctrl-C stops them all."""
+    from gnomon.api.auth import dev_token
+
+    s = load()
+    if not no_infra:
+        from gnomon.infra import manager
+
+        manager.up(s)
+    exe = [sys.executable, "-m", "gnomon.cli.main"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker"]),
+                       ("projector", ["projector"]), ("api", ["api"])):
+        procs[name] = subprocess.Popen([*exe, *args])
+    console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}", highlight=False)
+    console.print("Ctrl-C stops everything this command started.")
+    try:
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        dead = [n for n, p in procs.items() if p.poll() is not None]
+        fail(f"{', '.join(dead)} exited; stopping the rest")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,120 @@
+"""Python SDK: a small client of the gnomon REST API.
+
+    from gnomon.client import Client
+    c = Client()                       # GNOMON_API_URL / GNOMON_TOKEN, or the dev token
+    job = c.create_job({"name": "hi", "schedule": "*/5 * * * * *",
+                        "target": {"type": "command", "argv": ["echo", "hi"]}})
+
+Input is validated locally with the same rules as the API (``parse_job_spec``) before
+anything is sent, so mistakes fail fast with the same field names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from gnomon.config import Settings, load
+from gnomon.core.clock import SystemClock
+from gnomon.core.errors import GnomonError, ValidationError
+from gnomon.core.validation import parse_job_spec, validate_idempotency_key
+
+
+class ApiError(GnomonError):
+    """The API answered with an error (a problem+json body)."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        self.field = problem.get("field")
+        detail = problem.get("detail") or problem.get("title") or f"HTTP {status}"
+        super().__init__(f"{self.field}: {detail}" if self.field else str(detail))
+
+
+class ApiUnavailable(GnomonError):
+    pass
+
+
+def default_token(settings: Settings) -> str:
+    token = os.environ.get("GNOMON_TOKEN")
+    if token:
+        return token
+    from gnomon.api.auth import dev_token
+
+    return dev_token(settings)
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
+        settings = load()
+        self.url = (url or settings.api_url).rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {token or default_token(settings)}"})
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ApiUnavailable(f"cannot reach the gnomon API at {self.url}: {exc}") from None
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {"detail": resp.text[:200]}
+            raise ApiError(resp.status_code, body)
+        return resp.json() if resp.content else None
+
+    # jobs
+    def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        parse_job_spec(body, SystemClock().now_ms())  # same rules as the API, fail fast
+        return self._call("POST", "/v1/jobs", json=body)  # type: ignore[no-any-return]
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{quote(job_id)}")  # type: ignore[no-any-return]
+
+    def list_jobs(self, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if cursor:
+            params["cursor"] = cursor
+        return self._call("GET", "/v1/jobs", params=params)  # type: ignore[no-any-return]
+
+    def update_job(self, job_id: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/jobs/{quote(job_id)}", json=patch)  # type: ignore[no-any-return]
+
+    def pause(self, job_id: str) -> None:
+        self._call("POST", f"/v1/jobs/{quote(job_id)}:pause")
+
+    def resume(self, job_id: str) -> None:
+        self._call("POST", f"/v1/jobs/{quote(job_id)}:resume")
+
+    def delete(self, job_id: str) -> None:
+        self._call("DELETE", f"/v1/jobs/{quote(job_id)}")
+
+    def trigger(self, job_id: str, idempotency_key: str) -> str:
+        validate_idempotency_key(idempotency_key)
+        out = self._call("POST", f"/v1/jobs/{quote(job_id)}:trigger", json={"idempotencyKey": idempotency_key})
+        return str(out["runId"])
+
+    # runs
+    def list_runs(self, job_id: str, status: str | None = None, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        if cursor:
+            params["cursor"] = cursor
+        return self._call("GET", f"/v1/jobs/{quote(job_id)}/runs", params=params)  # type: ignore[no-any-return]
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/runs/{quote(run_id, safe='@:')}")  # type: ignore[no-any-return]
+
+    def get_logs(self, run_id: str, limit: int = 500) -> dict[str, Any]:
+        return self._call("GET", f"/v1/runs/{quote(run_id, safe='@:')}/logs", params={"limit": limit})  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._http.close()
+
+
+__all__ = ["ApiError", "ApiUnavailable", "Client", "ValidationError"]

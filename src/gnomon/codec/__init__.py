@@ -1,0 +1,73 @@
+"""Avro codec for every value gnomon puts on Kafka.
+
+Wire format (Confluent framing)::
+
+    byte 0     magic byte 0
+    bytes 1-4  schema id, big-endian: an id of schemas/avro/registry.json
+    bytes 5-   Avro binary (fastavro ``schemaless_writer``) of the topic's value schema
+
+One value schema per topic, like the Confluent subject ``<topic>-value`` (all
+``gnomon.dispatch.*`` topics share ``gnomon.dispatch-value``). A topic carrying several
+message types wraps them in an envelope record whose ``body`` is a union:
+``gnomon.JobCommand``, ``gnomon.RunCommand``, ``gnomon.WorkerMessage``.
+
+``encode`` writes with the latest version of the subject; ``decode`` reads any
+registered version and resolves it to the latest (fastavro schema resolution), so old
+records stay readable after a schema change. ``decode`` raises only ``DecodeError`` (a
+``ValidationError``), which lets a processor route a bad record to gnomon.poison.
+
+    >>> decode(encode(ClaimRun("j@2024-01-01T00:00:00Z", "w1", 0)))
+    ClaimRun(run_id='j@2024-01-01T00:00:00Z', worker_id='w1', at_ms=0)
+
+Schemas are parsed and converters generated once, at import. ``Codec(load_registry(d))``
+builds an independent codec on another schema directory (tests, tooling).
+"""
+
+from __future__ import annotations
+
+from gnomon.codec._codec import (
+    HEADER_LEN,
+    MAGIC,
+    TOPICS,
+    Codec,
+    DecodeError,
+    EncodeError,
+    TopicSchema,
+    topic_schema,
+)
+from gnomon.codec.registry import default_schema_dir, load_registry
+
+__all__ = [
+    "HEADER_LEN",
+    "MAGIC",
+    "TOPICS",
+    "Codec",
+    "DecodeError",
+    "EncodeError",
+    "TopicSchema",
+    "decode",
+    "default_codec",
+    "encode",
+    "schema_for_topic",
+    "schema_id_for_topic",
+    "subject_for_topic",
+    "topic_types",
+]
+
+
+def subject_for_topic(topic: str) -> str:
+    """``<topic>-value``, but ``gnomon.dispatch-value`` for every ``gnomon.dispatch.*``."""
+    return topic_schema(topic).subject
+
+
+def topic_types(topic: str) -> tuple[type, ...]:
+    """The dataclasses that may travel on ``topic``."""
+    return topic_schema(topic).types
+
+
+default_codec = Codec(load_registry(default_schema_dir()))
+
+encode = default_codec.encode
+decode = default_codec.decode
+schema_for_topic = default_codec.schema_for_topic
+schema_id_for_topic = default_codec.schema_id_for_topic

@@ -1,0 +1,265 @@
+"""The codec proper: topics, subjects, and encode/decode against one registry."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+from fastavro import schemaless_reader, schemaless_writer
+
+from gnomon.codec._convert import Converters
+from gnomon.codec.registry import Registry, SchemaVersion
+from gnomon.core.errors import ValidationError
+from gnomon.core.jobs import (
+    DeleteJob,
+    JobState,
+    PauseJob,
+    RegisterJob,
+    ResumeJob,
+    RunSkipped,
+    RunTriggered,
+    TriggerJob,
+    UpdateJob,
+)
+from gnomon.core.messages import DispatchRun, Grant, LeaseAck, LogLine, PoisonRecord, Stop
+from gnomon.core.model import JobSpec
+from gnomon.core.runs import CancelRun, ClaimRun, CompleteAttempt, Heartbeat, RunState
+
+MAGIC = 0
+HEADER_LEN = 5
+NAMESPACE = "gnomon"
+
+
+class DecodeError(ValidationError):
+    """The bytes are not a gnomon value: too short, wrong magic byte, unknown schema id,
+    not Avro of that schema, trailing bytes, or a record the dataclass refuses."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("value", message)
+
+
+class EncodeError(ValidationError):
+    """The object has no schema (or none on the given topic), or does not fit it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("value", message)
+
+
+@dataclass(frozen=True)
+class TopicSchema:
+    topic: str  # exact name, or the family prefix "gnomon.dispatch" (gnomon.dispatch.*)
+    subject: str
+    types: tuple[type, ...]  # the dataclasses that travel on it
+    envelope: str | None  # the Avro record whose `body` is a union of `types`, if several
+
+
+TOPICS: tuple[TopicSchema, ...] = (
+    TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
+                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob), "gnomon.JobCommand"),
+    TopicSchema("gnomon.run-events", "gnomon.run-events-value",
+                (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun), "gnomon.RunCommand"),
+    TopicSchema("gnomon.jobs", "gnomon.jobs-value", (JobState,), None),
+    TopicSchema("gnomon.runs", "gnomon.runs-value", (RunState,), None),
+    TopicSchema("gnomon.dead-letters", "gnomon.dead-letters-value", (RunState,), None),
+    TopicSchema("gnomon.dispatch", "gnomon.dispatch-value", (DispatchRun,), None),
+    TopicSchema("gnomon.worker-inbox", "gnomon.worker-inbox-value", (Grant, Stop, LeaseAck), "gnomon.WorkerMessage"),
+    TopicSchema("gnomon.run-logs", "gnomon.run-logs-value", (LogLine,), None),
+    TopicSchema("gnomon.poison", "gnomon.poison-value", (PoisonRecord,), None),
+)
+# Types that are not a topic's value but are registered (as references) and decodable.
+_EXTRA_TYPES: tuple[type, ...] = (JobSpec,)
+_BY_TOPIC = {t.topic: t for t in TOPICS}
+_BY_SUBJECT = {t.subject: t for t in TOPICS}
+_DISPATCH_PREFIX = "gnomon.dispatch."
+
+
+def topic_schema(topic: str) -> TopicSchema:
+    """What travels on ``topic``. Raises ``KeyError`` for a topic without a value schema."""
+    if topic.startswith(_DISPATCH_PREFIX):
+        return _BY_TOPIC["gnomon.dispatch"]
+    try:
+        return _BY_TOPIC[topic]
+    except KeyError:
+        raise KeyError(f"no value schema for topic {topic!r}") from None
+
+
+def _record_fields(schema: Any, out: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """Avro record fullname -> its field names, for every record inside ``schema``."""
+    if isinstance(schema, list):
+        for s in schema:
+            _record_fields(s, out)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind == "record":
+            out.setdefault(schema["name"], frozenset(f["name"] for f in schema["fields"]))
+            for f in schema["fields"]:
+                _record_fields(f["type"], out)
+        elif kind == "array":
+            _record_fields(schema["items"], out)
+        elif kind == "map":
+            _record_fields(schema["values"], out)
+        elif isinstance(kind, dict | list):
+            _record_fields(kind, out)
+    return out
+
+
+def _types_of_subject(subject: str, schema: Any) -> tuple[type, ...]:
+    if subject in _BY_SUBJECT:
+        return _BY_SUBJECT[subject].types
+    return tuple(c for c in _EXTRA_TYPES if schema.get("name") == f"{NAMESPACE}.{c.__name__}")
+
+
+@dataclass(frozen=True)
+class _Writer:
+    header: bytes
+    schema: Any
+    to_record: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class _Reader:
+    subject: str
+    writer_schema: Any
+    reader_schema: Any | None  # None: the id is its subject's latest version, no resolution
+    to_object: Callable[[Any], Any]
+
+
+class Codec:
+    """Encode/decode against one registry. Everything is prepared in ``__init__``."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        # Converters per subject, generated against the fields of its latest schema (one
+        # subject may lag behind another that carries the same record, e.g. dead-letters).
+        self._to_avro: dict[str, dict[type, Callable[[Any], Any]]] = {}
+        self._from_name: dict[str, dict[str, Callable[[Any], Any]]] = {}
+        for subject in registry.subjects():
+            latest = registry.latest(subject).schema
+            conv = Converters(_record_fields(latest, {}))
+            for cls in _types_of_subject(subject, latest):
+                conv.add(cls)
+            self._to_avro[subject] = conv.to_avro
+            self._from_name[subject] = {f"{NAMESPACE}.{c.__name__}": fn for c, fn in conv.from_avro.items()}
+        # A topic whose subject is not registered yet has no writer (encode raises
+        # EncodeError), so that registering it (python -m gnomon.codec) stays possible.
+        self._writers: dict[tuple[str, type], _Writer] = {
+            (t.topic, cls): self._writer(t, cls) for t in TOPICS if t.subject in self._to_avro for cls in t.types
+        }
+        # A type's default topic is the first that lists it (RunState -> gnomon.runs).
+        self._default_writers: dict[type, _Writer] = {}
+        for (_, cls), w in self._writers.items():
+            self._default_writers.setdefault(cls, w)
+        self._readers: dict[int, _Reader] = {v.id: self._reader(v) for v in registry}
+
+    def _writer(self, t: TopicSchema, cls: type) -> _Writer:
+        latest = self.registry.latest(t.subject)
+        enc = self._to_avro[t.subject][cls]
+        if t.envelope is None:
+            to_record = enc
+        else:
+            name = f"{NAMESPACE}.{cls.__name__}"
+
+            def to_record(obj: Any) -> Any:
+                return {"body": (name, enc(obj))}  # fastavro's tuple notation: union branch by name
+
+        return _Writer(bytes([MAGIC]) + latest.id.to_bytes(4, "big"), latest.schema, to_record)
+
+    def _reader(self, v: SchemaVersion) -> _Reader:
+        latest = self.registry.latest(v.subject)
+        return _Reader(
+            v.subject, v.schema, None if latest.id == v.id else latest.schema,
+            self._to_object(latest.schema, self._from_name[v.subject]),
+        )
+
+    @staticmethod
+    def _to_object(schema: Any, from_name: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:
+        name = schema["name"]
+        if name in from_name:
+            return from_name[name]
+        if [f["name"] for f in schema["fields"]][:1] == ["body"]:
+
+            def unwrap(record: Any) -> Any:
+                branch, body = record["body"]
+                return from_name[branch](body)
+
+            return unwrap
+
+        def unknown(record: Any) -> Any:
+            raise TypeError(f"no dataclass for {name}")
+
+        return unknown
+
+    # ---- API ----------------------------------------------------------------------------
+
+    def encode(self, obj: Any, topic: str | None = None) -> bytes:
+        """Confluent-framed Avro of ``obj`` with the latest schema of its topic.
+
+        ``topic`` picks among the topics the type travels on (RunState: ``gnomon.runs``
+        by default, or ``gnomon.dead-letters``); any ``gnomon.dispatch.*`` name works.
+        """
+        try:
+            if topic is None:
+                w = self._default_writers[type(obj)]
+            else:
+                w = self._writers[(topic_schema(topic).topic, type(obj))]
+        except KeyError:
+            where = f"on topic {topic!r}" if topic is not None else "on any topic"
+            raise EncodeError(f"{type(obj).__name__} has no registered value schema {where}") from None
+        buf = BytesIO()
+        buf.write(w.header)
+        try:
+            schemaless_writer(buf, w.schema, w.to_record(obj))
+        except Exception as e:  # fastavro: TypeError/ValueError/OverflowError/AttributeError...
+            raise EncodeError(f"{type(obj).__name__} does not fit its schema: {type(e).__name__}: {e}") from e
+        return buf.getvalue()
+
+    def decode(self, data: bytes | bytearray | memoryview, topic: str | None = None) -> Any:
+        """The dataclass that was encoded. With ``topic``, the schema id must belong to
+        that topic's subject. Raises ``DecodeError`` and nothing else."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        n = len(data)
+        if n < HEADER_LEN:
+            raise DecodeError(f"{n} bytes: shorter than the 5-byte header (magic byte + schema id)")
+        if data[0] != MAGIC:
+            raise DecodeError(f"magic byte {data[0]}, expected {MAGIC}")
+        schema_id = int.from_bytes(data[1:HEADER_LEN], "big")
+        r = self._readers.get(schema_id)
+        if r is None:
+            raise DecodeError(f"unknown schema id {schema_id}")
+        if topic is not None:
+            try:
+                expected = topic_schema(topic).subject
+            except KeyError as e:
+                raise DecodeError(str(e)) from None
+            if r.subject != expected:
+                raise DecodeError(f"schema id {schema_id} is {r.subject}, not {expected}")
+        fp = BytesIO(data)
+        fp.seek(HEADER_LEN)
+        try:
+            record = schemaless_reader(
+                fp, r.writer_schema, r.reader_schema, return_record_name=True, return_record_name_override=True
+            )
+        except Exception as e:  # EOFError, UnicodeDecodeError, IndexError, SchemaResolutionError...
+            raise DecodeError(f"not Avro of schema id {schema_id}: {type(e).__name__}: {e}") from e
+        if fp.tell() != n:
+            raise DecodeError(f"{n - fp.tell()} bytes after the record (schema id {schema_id})")
+        try:
+            return r.to_object(record)
+        except Exception as e:
+            raise DecodeError(f"schema id {schema_id}: cannot build the object: {type(e).__name__}: {e}") from e
+
+    def schema_for_topic(self, topic: str) -> dict[str, Any]:
+        """The latest value schema of ``topic``: fastavro-parsed (full names) and
+        self-contained (referenced types such as gnomon.JobSpec inlined at first use),
+        without fastavro's private ``__`` keys, so ``json.dumps`` gives a schema a
+        registry accepts. A fresh copy."""
+        schema = self.registry.latest(topic_schema(topic).subject).schema
+        return copy.deepcopy({k: v for k, v in schema.items() if not k.startswith("__")})
+
+    def schema_id_for_topic(self, topic: str) -> int:
+        """The schema id ``encode`` writes for ``topic``."""
+        return self.registry.latest(topic_schema(topic).subject).id

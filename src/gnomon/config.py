@@ -1,0 +1,69 @@
+"""Runtime settings, read from the environment once, with sane defaults.
+
+Every setting has a unit in its name where it has one. Nothing here does I/O beyond
+reading ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _repo_root() -> Path:
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "streams" / "topology.toml").exists():
+            return parent
+    return Path.cwd()
+
+
+REPO_ROOT = _repo_root()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise SystemExit(f"gnomon: environment variable {name}={raw!r} is not an integer") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("GNOMON_STATE_DIR", str(REPO_ROOT / ".gnomon")))
+    )
+    kafka_port: int = field(default_factory=lambda: _env_int("GNOMON_KAFKA_PORT", 9092))
+    kafka_controller_port: int = field(
+        default_factory=lambda: _env_int("GNOMON_KAFKA_CONTROLLER_PORT", 9093)
+    )
+    cassandra_port: int = field(default_factory=lambda: _env_int("GNOMON_CASSANDRA_PORT", 9042))
+    cassandra_storage_port: int = field(
+        default_factory=lambda: _env_int("GNOMON_CASSANDRA_STORAGE_PORT", 7000)
+    )
+    api_port: int = field(default_factory=lambda: _env_int("GNOMON_API_PORT", 8787))
+    topology_path: Path = field(
+        default_factory=lambda: Path(
+            os.environ.get("GNOMON_TOPOLOGY", str(REPO_ROOT / "streams" / "topology.toml"))
+        )
+    )
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return os.environ.get("GNOMON_KAFKA_BOOTSTRAP", f"127.0.0.1:{self.kafka_port}")
+
+    @property
+    def cassandra_hosts(self) -> list[str]:
+        return os.environ.get("GNOMON_CASSANDRA_HOSTS", "127.0.0.1").split(",")
+
+    @property
+    def api_url(self) -> str:
+        return os.environ.get("GNOMON_API_URL", f"http://127.0.0.1:{self.api_port}")
+
+
+def load() -> Settings:
+    return Settings()

@@ -1,0 +1,59 @@
+"""The one exception tree of gnomon.
+
+::
+
+    GnomonError
+    ├── ValidationError      bad input; carries the offending field (API -> 4xx problem+json)
+    ├── NotFound             no such job / run
+    ├── Conflict             the request contradicts current state (e.g. tenant mismatch)
+    ├── TransitionError      a lifecycle transition that the state machine forbids
+    └── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)
+        ├── EventLogError    Kafka produce/consume/transaction failures
+        ├── StateStoreError  RocksDB failures
+        └── HistoryStoreError Cassandra failures
+
+Adapters translate their library's exceptions into these, so callers catch one tree.
+"""
+
+from __future__ import annotations
+
+
+class GnomonError(Exception):
+    """Root of every error gnomon raises on purpose."""
+
+
+class ValidationError(GnomonError):
+    """Input that gnomon refuses. ``field`` is a dotted path such as ``retry.max``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class NotFound(GnomonError):
+    pass
+
+
+class Conflict(GnomonError):
+    pass
+
+
+class TransitionError(GnomonError):
+    pass
+
+
+class InfraError(GnomonError):
+    pass
+
+
+class EventLogError(InfraError):
+    pass
+
+
+class StateStoreError(InfraError):
+    pass
+
+
+class HistoryStoreError(InfraError):
+    pass

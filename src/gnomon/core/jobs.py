@@ -1,0 +1,396 @@
+"""The scheduler's state machine for one job: ``decide`` and ``evolve``.
+
+``decide(state, command, now_ms)`` returns the events a command causes (or raises
+``TransitionError``); ``decide_tick(state, now_ms, cfg)`` returns the events that the
+passage of time causes (triggers within the lookahead, catch-up of missed slots);
+``evolve(state, event)`` folds an event into the state. The processor persists the
+state and forwards ``RunTriggered``/``RunSkipped`` to the run processor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from zoneinfo import ZoneInfo
+
+from cronsim import CronSim
+
+from gnomon.core.cron import CronSchedule
+from gnomon.core.errors import TransitionError
+from gnomon.core.model import CatchUp, JobSpec, manual_run_id, slot_run_id
+
+
+class JobStatus(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    DONE = "done"  # a one-time job whose slot was triggered
+    DELETED = "deleted"
+
+
+# Which status may move to which (guarded transitions).
+_ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.ACTIVE: frozenset({JobStatus.ACTIVE, JobStatus.PAUSED, JobStatus.DONE, JobStatus.DELETED}),
+    JobStatus.PAUSED: frozenset({JobStatus.PAUSED, JobStatus.ACTIVE, JobStatus.DELETED}),
+    JobStatus.DONE: frozenset({JobStatus.DONE, JobStatus.ACTIVE, JobStatus.DELETED}),
+    JobStatus.DELETED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    lookahead_ms: int = 30_000
+    misfire_grace_ms: int = 60_000  # a slot older than this at tick time is "missed"
+    catch_up_all_max: int = 100  # catchUp=all runs at most this many missed slots
+    skip_record_max: int = 1000  # skipped slots recorded one by one; the rest summarised
+    triggers_per_tick_max: int = 1000  # per job per tick
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    status: JobStatus
+    next_run_at_ms: int | None
+    version: int
+    created_at_ms: int
+    updated_at_ms: int
+
+
+# ---- commands (gnomon.job-commands) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisterJob:
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class UpdateJob:
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class PauseJob:
+    job_id: str
+    tenant: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class ResumeJob:
+    job_id: str
+    tenant: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    job_id: str
+    tenant: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class TriggerJob:
+    job_id: str
+    tenant: str
+    idempotency_key: str
+    at_ms: int
+
+
+JobCommand = RegisterJob | UpdateJob | PauseJob | ResumeJob | DeleteJob | TriggerJob
+
+
+# ---- events ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRegistered:
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    next_run_at_ms: int | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobUpdated:
+    job_id: str
+    spec: JobSpec
+    next_run_at_ms: int | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobPaused:
+    job_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobResumed:
+    job_id: str
+    next_run_at_ms: int | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobDeleted:
+    job_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class RunTriggered:
+    """A run exists for this slot (or manual trigger). Sent to the run processor."""
+
+    run_id: str
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    slot_ms: int
+    not_before_ms: int
+    manual: bool
+    at_ms: int
+    # advances=True: the job's next_run_at becomes advance_to_ms (None = no more slots).
+    # Manual triggers and all but the last record of a catch-up batch do not advance.
+    advances: bool = False
+    advance_to_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RunSkipped:
+    """A slot that will not run, recorded with why. ``count`` > 1 summarises a range
+    of slots ending at ``slot_ms`` (only past ``skip_record_max``)."""
+
+    run_id: str
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    slot_ms: int
+    reason: str
+    at_ms: int
+    count: int = 1
+    advances: bool = False
+    advance_to_ms: int | None = None
+
+
+JobEvent = JobRegistered | JobUpdated | JobPaused | JobResumed | JobDeleted | RunTriggered | RunSkipped
+
+
+# ---- schedule arithmetic ---------------------------------------------------------------
+
+
+def first_slot_after(spec: JobSpec, after_ms: int) -> int | None:
+    """The first slot strictly after ``after_ms`` (a one-time job's run_at, if later)."""
+    if spec.schedule.run_at_ms is not None:
+        return spec.schedule.run_at_ms if spec.schedule.run_at_ms >= after_ms else None
+    assert spec.schedule.cron is not None
+    return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(after_ms)
+
+
+def _next_slot(spec: JobSpec, slot_ms: int) -> int | None:
+    if spec.schedule.run_at_ms is not None:
+        return None
+    assert spec.schedule.cron is not None
+    return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms)
+
+
+def _last_slot_at_or_before(spec: JobSpec, until_ms: int, count: int) -> list[int]:
+    """Up to ``count`` latest cron slots <= until_ms, newest first (reverse iteration)."""
+    assert spec.schedule.cron is not None
+    zone = ZoneInfo(spec.schedule.tz)
+    start = datetime.fromtimestamp(until_ms / 1000 + 1, tz=UTC).astimezone(zone).replace(microsecond=0)
+    out: list[int] = []
+    for dt in CronSim(spec.schedule.cron, start, reverse=True):
+        ms = int(dt.timestamp()) * 1000
+        if ms > until_ms:
+            continue
+        out.append(ms)
+        if len(out) >= count:
+            break
+    return out
+
+
+def _check(state: JobState, target: JobStatus) -> None:
+    if target not in _ALLOWED[state.status]:
+        raise TransitionError(f"job {state.job_id} is {state.status.value}; cannot become {target.value}")
+
+
+# ---- decide ----------------------------------------------------------------------------
+
+
+def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None = None) -> list[JobEvent]:
+    """Events caused by a command. The command's own ``at_ms`` is "now"."""
+    cfg = cfg or SchedulerConfig()
+    now = cmd.at_ms
+    if isinstance(cmd, RegisterJob):
+        if state is not None and state.status is not JobStatus.DELETED:
+            if state.spec == cmd.spec and state.tenant == cmd.tenant:
+                return []  # a replayed registration is a no-op
+            raise TransitionError(f"job {cmd.job_id} already exists")
+        nxt = first_slot_after(cmd.spec, now - 1)
+        return [JobRegistered(cmd.job_id, cmd.tenant, cmd.spec, nxt, now)]
+    if state is None or state.status is JobStatus.DELETED:
+        raise TransitionError(f"job {cmd.job_id} does not exist")
+    if state.tenant != cmd.tenant:
+        raise TransitionError(f"job {cmd.job_id} belongs to another tenant")
+    if isinstance(cmd, UpdateJob):
+        _check(state, state.status)
+        if cmd.spec.schedule == state.spec.schedule and state.status is not JobStatus.DONE:
+            nxt = state.next_run_at_ms
+        else:
+            nxt = first_slot_after(cmd.spec, now - 1)
+        return [JobUpdated(cmd.job_id, cmd.spec, nxt, now)]
+    if isinstance(cmd, PauseJob):
+        _check(state, JobStatus.PAUSED)
+        return [] if state.status is JobStatus.PAUSED else [JobPaused(cmd.job_id, now)]
+    if isinstance(cmd, ResumeJob):
+        _check(state, JobStatus.ACTIVE)
+        if state.status is not JobStatus.PAUSED:
+            return []
+        events: list[JobEvent] = []
+        # Slots that fell while paused are recorded as skipped, then resume at the next slot.
+        if state.next_run_at_ms is not None and state.next_run_at_ms < now:
+            events.extend(_skip_range(state, state.next_run_at_ms, now - 1, "paused", now, cfg))
+        return [*events, JobResumed(cmd.job_id, first_slot_after(state.spec, now - 1), now)]
+    if isinstance(cmd, DeleteJob):
+        _check(state, JobStatus.DELETED)
+        return [JobDeleted(cmd.job_id, now)]
+    if isinstance(cmd, TriggerJob):
+        return [
+            RunTriggered(
+                run_id=manual_run_id(cmd.job_id, cmd.idempotency_key),
+                job_id=cmd.job_id,
+                tenant=state.tenant,
+                spec=state.spec,
+                slot_ms=now,
+                not_before_ms=now,
+                manual=True,
+                at_ms=now,
+            )
+        ]
+    raise AssertionError(f"unknown command {cmd!r}")
+
+
+def _skip_range(
+    state: JobState, from_ms: int, until_ms: int, reason: str, now: int, cfg: SchedulerConfig
+) -> list[JobEvent]:
+    """Skipped records for every slot in [from_ms, until_ms]: one each up to
+    ``skip_record_max``, then one summary record for the rest."""
+    out: list[JobEvent] = []
+    slot: int | None = from_ms
+    summarised = 0
+    last = from_ms
+    while slot is not None and slot <= until_ms:
+        if len(out) < cfg.skip_record_max:
+            out.append(
+                RunSkipped(slot_run_id(state.job_id, slot), state.job_id, state.tenant, state.spec, slot, reason, now)
+            )
+        else:
+            summarised += 1
+            last = slot
+            if summarised >= 1_000_000:  # bound the walk; a 1 s job down for 11 days
+                break
+        slot = _next_slot(state.spec, slot)
+    if summarised:
+        out.append(
+            RunSkipped(
+                slot_run_id(state.job_id, last), state.job_id, state.tenant, state.spec, last,
+                f"{reason} (summary of {summarised} slots)", now, count=summarised,
+            )
+        )
+    return out
+
+
+def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None) -> list[JobEvent]:
+    """Triggers for slots due within the lookahead; catch-up for slots already missed."""
+    cfg = cfg or SchedulerConfig()
+    if state.status is not JobStatus.ACTIVE or state.next_run_at_ms is None:
+        return []
+    horizon = now_ms + cfg.lookahead_ms
+    first = state.next_run_at_ms
+    if first > horizon:
+        return []
+    events: list[JobEvent] = []
+    missed_before = now_ms - cfg.misfire_grace_ms
+    spec = state.spec
+
+    def trigger(slot: int, advance: int | None, advances: bool) -> RunTriggered:
+        return RunTriggered(
+            run_id=slot_run_id(state.job_id, slot), job_id=state.job_id, tenant=state.tenant, spec=spec,
+            slot_ms=slot, not_before_ms=slot, manual=False, at_ms=now_ms,
+            advances=advances, advance_to_ms=advance,
+        )
+
+    slot: int | None = first
+    if first < missed_before:
+        # Catch-up: the processors were away. Decide which missed slots run.
+        if spec.schedule.run_at_ms is not None:
+            if spec.catch_up is CatchUp.SKIP:
+                return [RunSkipped(slot_run_id(state.job_id, first), state.job_id, state.tenant, spec, first,
+                                   "catch-up policy skip", now_ms, advances=True)]
+            return [trigger(first, None, advances=True)]
+        keep_n = {CatchUp.SKIP: 0, CatchUp.ONCE: 1, CatchUp.ALL: cfg.catch_up_all_max}[spec.catch_up]
+        latest = sorted(_last_slot_at_or_before(spec, missed_before - 1, keep_n)) if keep_n else []
+        latest = [s for s in latest if s >= first]
+        skip_until = (latest[0] - 1) if latest else (missed_before - 1)
+        reason = f"catch-up policy {spec.catch_up.value}"
+        events.extend(_skip_range(state, first, skip_until, reason, now_ms, cfg))
+        for s in latest:
+            events.append(trigger(s, None, advances=False))
+        last_missed = latest[-1] if latest else skip_until
+        slot = _next_slot(spec, last_missed)
+        # the state must advance past everything decided so far
+        if events:
+            final = events[-1]
+            assert isinstance(final, RunTriggered | RunSkipped)
+            events[-1] = replace(final, advances=True, advance_to_ms=slot)
+    while slot is not None and slot <= horizon and len(events) < cfg.triggers_per_tick_max:
+        nxt = _next_slot(spec, slot)
+        events.append(trigger(slot, nxt, advances=True))
+        slot = nxt
+    return events
+
+
+# ---- evolve ----------------------------------------------------------------------------
+
+
+def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
+    if isinstance(event, JobRegistered):
+        return JobState(
+            job_id=event.job_id, tenant=event.tenant, spec=event.spec,
+            status=JobStatus.ACTIVE if event.next_run_at_ms is not None else JobStatus.DONE,
+            next_run_at_ms=event.next_run_at_ms, version=1,
+            created_at_ms=event.at_ms, updated_at_ms=event.at_ms,
+        )
+    assert state is not None, f"{type(event).__name__} on a missing job"
+    if isinstance(event, JobUpdated):
+        status = state.status
+        if status is JobStatus.DONE and event.next_run_at_ms is not None:
+            status = JobStatus.ACTIVE
+        return replace(state, spec=event.spec, next_run_at_ms=event.next_run_at_ms, status=status,
+                       version=state.version + 1, updated_at_ms=event.at_ms)
+    if isinstance(event, JobPaused):
+        return replace(state, status=JobStatus.PAUSED, version=state.version + 1, updated_at_ms=event.at_ms)
+    if isinstance(event, JobResumed):
+        return replace(state, status=JobStatus.ACTIVE if event.next_run_at_ms is not None else JobStatus.DONE,
+                       next_run_at_ms=event.next_run_at_ms, version=state.version + 1, updated_at_ms=event.at_ms)
+    if isinstance(event, JobDeleted):
+        return None
+    if isinstance(event, RunTriggered | RunSkipped):
+        if not event.advances:
+            return state
+        nxt = event.advance_to_ms
+        status = state.status if nxt is not None else JobStatus.DONE
+        return replace(state, next_run_at_ms=nxt, status=status)
+    raise AssertionError(f"unknown event {event!r}")
+

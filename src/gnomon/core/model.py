@@ -1,0 +1,98 @@
+"""The job model: frozen value objects and their enums. No validation logic here;
+see ``gnomon.core.validation`` for turning user input into these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Priority(StrEnum):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+class CatchUp(StrEnum):
+    ONCE = "once"  # run only the latest missed slot; earlier ones are recorded skipped
+    ALL = "all"  # run every missed slot, capped at CATCH_UP_ALL_MAX; the rest skipped
+    SKIP = "skip"  # run none of the missed slots; each is recorded skipped
+
+
+class TargetType(StrEnum):
+    HANDLER = "handler"  # a Python function registered with @worker.handler(name)
+    HTTP = "http"  # POST to a callback URL
+    COMMAND = "command"  # an argv run as a subprocess in its own process group
+
+
+@dataclass(frozen=True)
+class Target:
+    type: TargetType
+    handler: str | None = None
+    url: str | None = None
+    argv: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.type is TargetType.HANDLER:
+            return f"handler:{self.handler}"
+        if self.type is TargetType.HTTP:
+            return f"http:{self.url}"
+        return "command:" + " ".join(self.argv)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How many attempts a run gets and how long to wait between them.
+
+    ``max_attempts`` counts every attempt, the first one included (1 = no retry).
+    """
+
+    max_attempts: int = 3
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Exactly one of ``cron`` (with ``tz``) or ``run_at_ms`` is set."""
+
+    cron: str | None = None
+    tz: str = "UTC"
+    run_at_ms: int | None = None
+
+    @property
+    def is_one_time(self) -> bool:
+        return self.run_at_ms is not None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user registers. ``payload_json`` is the payload as canonical JSON text."""
+
+    name: str
+    schedule: Schedule
+    target: Target
+    payload_json: str = "null"
+    priority: Priority = Priority.NORMAL
+    timeout_s: int = 3600
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    catch_up: CatchUp = CatchUp.ONCE
+    pool: str = "default"
+
+
+def slot_run_id(job_id: str, slot_ms: int) -> str:
+    """The run id of a scheduled slot: ``{job_id}@{slot as UTC ISO-8601}``."""
+    from gnomon.core.clock import ms_to_iso
+
+    return f"{job_id}@{ms_to_iso(slot_ms)}"
+
+
+def manual_run_id(job_id: str, idempotency_key: str) -> str:
+    return f"{job_id}@manual:{idempotency_key}"
+
+
+def job_id_of(run_id: str) -> str:
+    job_id, sep, _ = run_id.partition("@")
+    if not sep or not job_id:
+        raise ValueError(f"not a run id: {run_id!r}")
+    return job_id

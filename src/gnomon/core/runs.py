@@ -1,0 +1,417 @@
+"""The run processor's state machine for one run: ``decide`` and ``evolve``.
+
+Lifecycle (guarded by ``_ALLOWED``)::
+
+    SCHEDULED --(not_before reached)--> READY --(claim)--> RUNNING --(ok)--> SUCCEEDED
+        |                                 ^                   |
+        |                                 |                   +--(fail/timeout/lease lost)--> RETRY_WAIT
+        |                                 +----(backoff over)----------------------------------+
+        |                                                     +--(attempts exhausted)--> FAILED (dead letter)
+        +--(cancel, from any non-terminal state)--> CANCELLED
+    SKIPPED is born terminal (a slot that will not run, with a reason).
+
+Every grant bumps ``token`` (the fencing token). Heartbeats and completions that carry
+another token are rejected and their sender is told to stop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from gnomon.core.cron import CronSchedule
+from gnomon.core.errors import TransitionError
+from gnomon.core.jobs import JobState, JobStatus, RunSkipped, RunTriggered
+from gnomon.core.model import JobSpec
+from gnomon.core.retry import BackoffStrategy
+
+
+class RunStatus(StrEnum):
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED})
+
+_ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.SCHEDULED: frozenset({RunStatus.READY, RunStatus.CANCELLED, RunStatus.SKIPPED}),
+    RunStatus.READY: frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.RETRY_WAIT, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+    RunStatus.RETRY_WAIT: frozenset({RunStatus.READY, RunStatus.CANCELLED}),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+    RunStatus.SKIPPED: frozenset(),
+}
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    lease_ms: int = 30_000
+    redispatch_after_ms: int = 60_000  # READY and nobody claimed it: dispatch again
+    timeout_grace_ms: int = 30_000  # the processor fails an attempt past timeout + grace
+
+
+@dataclass(frozen=True)
+class RunState:
+    run_id: str
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    slot_ms: int
+    not_before_ms: int
+    manual: bool
+    status: RunStatus
+    created_at_ms: int
+    updated_at_ms: int
+    attempt: int = 0  # number of attempts granted so far
+    token: int = 0  # fencing token of the latest grant
+    worker_id: str | None = None
+    lease_until_ms: int | None = None
+    deadline_ms: int | None = None  # attempt start + timeout + grace
+    next_attempt_at_ms: int | None = None  # in RETRY_WAIT
+    dispatched_at_ms: int | None = None
+    started_at_ms: int | None = None  # first grant
+    finished_at_ms: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    reason: str | None = None  # why skipped / cancelled / failed
+
+    def timer_ms(self) -> int | None:
+        """When time alone next changes this run (the processor's timer index key)."""
+        if self.status is RunStatus.SCHEDULED:
+            return self.not_before_ms
+        if self.status is RunStatus.READY:
+            return (self.dispatched_at_ms or self.not_before_ms) + RunConfig().redispatch_after_ms
+        if self.status is RunStatus.RUNNING:
+            assert self.lease_until_ms is not None and self.deadline_ms is not None
+            return min(self.lease_until_ms, self.deadline_ms)
+        if self.status is RunStatus.RETRY_WAIT:
+            return self.next_attempt_at_ms
+        return None
+
+
+# ---- commands (gnomon.run-events, from workers and the API) --------------------------
+
+
+@dataclass(frozen=True)
+class ClaimRun:
+    run_id: str
+    worker_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    run_id: str
+    worker_id: str
+    token: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class CompleteAttempt:
+    run_id: str
+    worker_id: str
+    token: int
+    outcome: Outcome
+    at_ms: int
+    exit_code: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CancelRun:
+    run_id: str
+    at_ms: int
+    reason: str = "cancelled by user"
+
+
+RunCommand = RunTriggered | RunSkipped | ClaimRun | Heartbeat | CompleteAttempt | CancelRun
+
+
+# ---- events ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunCreated:
+    run_id: str
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    slot_ms: int
+    not_before_ms: int
+    manual: bool
+    at_ms: int
+    skipped_reason: str | None = None  # set: born SKIPPED
+
+
+@dataclass(frozen=True)
+class RunReleased:
+    """Ready for a worker: the processor puts it on gnomon.dispatch.<pool>.<priority>."""
+
+    run_id: str
+    attempt: int  # the attempt a claim will get
+    at_ms: int
+    spec: JobSpec | None = None  # set at first release: the job's definition at its slot
+
+
+@dataclass(frozen=True)
+class RunWithdrawn:
+    """A triggered run whose job was paused, deleted or rescheduled before its slot:
+    recorded as skipped with the reason (never silently dropped)."""
+
+    run_id: str
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class AttemptGranted:
+    run_id: str
+    worker_id: str
+    attempt: int
+    token: int
+    lease_until_ms: int
+    deadline_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class ClaimRejected:
+    run_id: str
+    worker_id: str
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseExtended:
+    run_id: str
+    token: int
+    lease_until_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class StaleRejected:
+    """A heartbeat/completion with a token that is not the current grant: tell it to stop."""
+
+    run_id: str
+    worker_id: str
+    token: int
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    run_id: str
+    token: int
+    outcome: Outcome | None  # None: the processor ended it (lease lost / deadline)
+    reason: str
+    at_ms: int
+    exit_code: int | None = None
+    error: str | None = None
+    retry_at_ms: int | None = None  # set: RETRY_WAIT; None and not ok: FAILED
+
+
+@dataclass(frozen=True)
+class RunCancelled:
+    run_id: str
+    worker_id: str | None  # the worker to stop, if it was running
+    token: int
+    reason: str
+    at_ms: int
+
+
+RunEvent = (
+    RunCreated | RunReleased | RunWithdrawn | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
+    | RunCancelled
+)
+
+
+# ---- decide ----------------------------------------------------------------------------
+
+
+def _guard(state: RunState, to: RunStatus) -> None:
+    if to not in _ALLOWED[state.status]:
+        raise TransitionError(f"run {state.run_id} is {state.status.value}; cannot become {to.value}")
+
+
+def _end_attempt(
+    state: RunState, outcome: Outcome | None, reason: str, now: int, exit_code: int | None, error: str | None
+) -> AttemptEnded:
+    if outcome is Outcome.SUCCEEDED:
+        return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error)
+    strategy = BackoffStrategy(state.spec.retry)
+    retry_at = now + strategy.delay_ms(state.run_id, state.attempt) if strategy.should_retry(state.attempt) else None
+    return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, retry_at)
+
+
+def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None) -> list[RunEvent]:
+    cfg = cfg or RunConfig()
+    now = cmd.at_ms
+    if isinstance(cmd, RunTriggered | RunSkipped):
+        if state is not None:
+            return []  # insert-if-absent: a replayed trigger makes no second run
+        return [
+            RunCreated(
+                cmd.run_id, cmd.job_id, cmd.tenant, cmd.spec, cmd.slot_ms,
+                cmd.not_before_ms if isinstance(cmd, RunTriggered) else cmd.slot_ms,
+                cmd.manual if isinstance(cmd, RunTriggered) else False,
+                now,
+                skipped_reason=cmd.reason if isinstance(cmd, RunSkipped) else None,
+            )
+        ]
+    if state is None:
+        if isinstance(cmd, ClaimRun):
+            return [ClaimRejected(cmd.run_id, cmd.worker_id, "unknown run", now)]
+        if isinstance(cmd, Heartbeat | CompleteAttempt):
+            return [StaleRejected(cmd.run_id, cmd.worker_id, cmd.token, "unknown run", now)]
+        return []
+    if isinstance(cmd, ClaimRun):
+        if state.status is not RunStatus.READY:
+            return [ClaimRejected(cmd.run_id, cmd.worker_id, f"run is {state.status.value}", now)]
+        _guard(state, RunStatus.RUNNING)
+        return [
+            AttemptGranted(
+                cmd.run_id, cmd.worker_id, state.attempt + 1, state.token + 1,
+                now + cfg.lease_ms, now + state.spec.timeout_s * 1000 + cfg.timeout_grace_ms, now,
+            )
+        ]
+    if isinstance(cmd, Heartbeat | CompleteAttempt):
+        if state.status is not RunStatus.RUNNING or cmd.token != state.token or cmd.worker_id != state.worker_id:
+            why = (
+                f"stale token {cmd.token} (current {state.token})" if cmd.token != state.token
+                else f"run is {state.status.value}"
+            )
+            return [StaleRejected(cmd.run_id, cmd.worker_id, cmd.token, why, now)]
+        if isinstance(cmd, Heartbeat):
+            return [LeaseExtended(cmd.run_id, cmd.token, now + cfg.lease_ms, now)]
+        return [_end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)]
+    if isinstance(cmd, CancelRun):
+        if state.status.terminal:
+            return []
+        return [RunCancelled(cmd.run_id, state.worker_id if state.status is RunStatus.RUNNING else None,
+                             state.token, cmd.reason, now)]
+    raise AssertionError(f"unknown command {cmd!r}")
+
+
+class _Unchecked:
+    """Marker: the caller did not look the job up (pure tests); release as triggered."""
+
+
+UNCHECKED = _Unchecked()
+
+
+def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
+                 job: JobState | _Unchecked | None = UNCHECKED) -> list[RunEvent]:
+    """What the passage of time does to a run (called when ``timer_ms() <= now``).
+
+    At its slot a scheduled run looks at its job as it is *now* (``job``, None = deleted):
+    a paused or deleted job, or a slot no longer in an updated schedule, withdraws the run
+    (recorded skipped); otherwise it is released with the job's current definition. So an
+    edit made while a run sits in the lookahead applies to that run. Manual runs only
+    check that the job still exists.
+    """
+    cfg = cfg or RunConfig()
+    due = state.timer_ms()
+    if due is None or due > now_ms:
+        return []
+    if state.status is RunStatus.SCHEDULED and not isinstance(job, _Unchecked):
+        if job is None:
+            return [RunWithdrawn(state.run_id, "job deleted before the slot", now_ms)]
+        if job.status is JobStatus.PAUSED and not state.manual:
+            return [RunWithdrawn(state.run_id, "paused", now_ms)]
+        if not state.manual and not _is_slot_of(job.spec, state.slot_ms):
+            return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
+        return [RunReleased(state.run_id, state.attempt + 1, now_ms, job.spec)]
+    if state.status in (RunStatus.SCHEDULED, RunStatus.RETRY_WAIT, RunStatus.READY):
+        # first release, release after backoff, or re-dispatch of an unclaimed run
+        return [RunReleased(state.run_id, state.attempt + 1, now_ms)]
+    if state.status is RunStatus.RUNNING:
+        assert state.lease_until_ms is not None and state.deadline_ms is not None
+        reason = "lease lost (no heartbeat)" if state.lease_until_ms <= now_ms else "deadline passed (timeout + grace)"
+        outcome = None if state.lease_until_ms <= now_ms else Outcome.TIMED_OUT
+        return [_end_attempt(state, outcome, reason, now_ms, None, None)]
+    return []
+
+
+def _is_slot_of(spec: JobSpec, slot_ms: int) -> bool:
+    if spec.schedule.run_at_ms is not None:
+        return spec.schedule.run_at_ms == slot_ms
+    assert spec.schedule.cron is not None
+    return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms - 1) == slot_ms
+
+
+# ---- evolve ----------------------------------------------------------------------------
+
+
+def evolve(state: RunState | None, event: RunEvent) -> RunState:
+    if isinstance(event, RunCreated):
+        assert state is None, f"run {event.run_id} created twice"
+        return RunState(
+            run_id=event.run_id, job_id=event.job_id, tenant=event.tenant, spec=event.spec,
+            slot_ms=event.slot_ms, not_before_ms=event.not_before_ms, manual=event.manual,
+            status=RunStatus.SKIPPED if event.skipped_reason else RunStatus.SCHEDULED,
+            created_at_ms=event.at_ms, updated_at_ms=event.at_ms,
+            reason=event.skipped_reason,
+            finished_at_ms=event.at_ms if event.skipped_reason else None,
+        )
+    assert state is not None, f"{type(event).__name__} for a missing run"
+    if isinstance(event, ClaimRejected | StaleRejected):
+        return state  # rejections change nothing; the processor tells the worker
+    if isinstance(event, RunWithdrawn):
+        _guard(state, RunStatus.SKIPPED)
+        return replace(state, status=RunStatus.SKIPPED, reason=event.reason, finished_at_ms=event.at_ms,
+                       updated_at_ms=event.at_ms)
+    if isinstance(event, RunReleased):
+        _guard(state, RunStatus.READY)
+        return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, dispatched_at_ms=event.at_ms, next_attempt_at_ms=None,
+                       worker_id=None, lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
+    if isinstance(event, AttemptGranted):
+        _guard(state, RunStatus.RUNNING)
+        assert event.token == state.token + 1, "fencing tokens grow by one per grant"
+        return replace(state, status=RunStatus.RUNNING, attempt=event.attempt, token=event.token,
+                       worker_id=event.worker_id, lease_until_ms=event.lease_until_ms,
+                       deadline_ms=event.deadline_ms,
+                       started_at_ms=state.started_at_ms or event.at_ms, updated_at_ms=event.at_ms)
+    if isinstance(event, LeaseExtended):
+        _guard(state, RunStatus.RUNNING)
+        return replace(state, lease_until_ms=event.lease_until_ms, updated_at_ms=event.at_ms)
+    if isinstance(event, AttemptEnded):
+        if event.outcome is Outcome.SUCCEEDED:
+            to = RunStatus.SUCCEEDED
+        elif event.retry_at_ms is not None:
+            to = RunStatus.RETRY_WAIT
+        else:
+            to = RunStatus.FAILED
+        _guard(state, to)
+        return replace(state, status=to, lease_until_ms=None, deadline_ms=None,
+                       next_attempt_at_ms=event.retry_at_ms, exit_code=event.exit_code, error=event.error,
+                       reason=event.reason,
+                       finished_at_ms=event.at_ms if to.terminal else None, updated_at_ms=event.at_ms)
+    if isinstance(event, RunCancelled):
+        _guard(state, RunStatus.CANCELLED)
+        return replace(state, status=RunStatus.CANCELLED, reason=event.reason, lease_until_ms=None,
+                       deadline_ms=None, finished_at_ms=event.at_ms, updated_at_ms=event.at_ms)
+    raise AssertionError(f"unknown event {event!r}")

@@ -1,0 +1,252 @@
+"""Turn user input (the JSON body of the API, the SDK's keyword arguments, the CLI's
+flags) into a ``JobSpec``, or raise ``ValidationError`` naming the offending field.
+
+The API, the SDK and the CLI all call ``parse_job_spec``: one set of rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+from gnomon.core.clock import iso_to_ms, ms_to_iso
+from gnomon.core.cron import CronSchedule, load_zone
+from gnomon.core.errors import ValidationError
+from gnomon.core.model import (
+    CatchUp,
+    JobSpec,
+    Priority,
+    RetryPolicy,
+    Schedule,
+    Target,
+    TargetType,
+)
+
+PAYLOAD_MAX_BYTES = 64 * 1024
+NAME_MAX_CHARS = 200
+TIMEOUT_MAX_S = 7 * 24 * 3600
+RETRY_MAX_ATTEMPTS = 25
+BACKOFF_MAX_S = 24 * 3600.0
+ARGV_MAX_ITEMS = 256
+ARGV_ITEM_MAX_CHARS = 4096
+URL_MAX_CHARS = 2048
+IDEMPOTENCY_KEY_MAX_CHARS = 128
+DEFAULT_POOLS = frozenset({"default", "batch"})
+
+_JOB_FIELDS = frozenset(
+    {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
+     "retry", "catchUp", "pool"}
+)
+_RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
+_TARGET_FIELDS = {
+    TargetType.HANDLER: frozenset({"type", "name"}),
+    TargetType.HTTP: frozenset({"type", "url"}),
+    TargetType.COMMAND: frozenset({"type", "argv"}),
+}
+_POOL_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def _reject_unknown(data: Mapping[str, Any], allowed: frozenset[str], prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise ValidationError(f"{prefix}{key}", f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+def _int(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field, f"must be an integer between {lo} and {hi}")
+    if not lo <= value <= hi:
+        raise ValidationError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _num(value: Any, field: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError(field, f"must be a number between {lo} and {hi}")
+    if not lo <= value <= hi:
+        raise ValidationError(field, f"must be between {lo} and {hi}, got {value}")
+    return float(value)
+
+
+def _enum(value: Any, field: str, enum: type[Priority] | type[CatchUp]) -> Any:
+    allowed = [m.value for m in enum]
+    if value not in allowed:
+        raise ValidationError(field, f"must be one of {', '.join(allowed)}, got {value!r}")
+    return enum(value)
+
+
+def parse_target(data: Any, field: str = "target") -> Target:
+    if not isinstance(data, Mapping):
+        raise ValidationError(field, 'must be an object such as {"type": "command", "argv": ["echo", "hi"]}')
+    kind = data.get("type")
+    if kind not in [t.value for t in TargetType]:
+        raise ValidationError(f"{field}.type", f"must be one of handler, http, command, got {kind!r}")
+    ttype = TargetType(kind)
+    _reject_unknown(data, _TARGET_FIELDS[ttype], f"{field}.")
+    if ttype is TargetType.HANDLER:
+        name = data.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,127}", name):
+            raise ValidationError(f"{field}.name", "must be a handler name (letters, digits, _ . : -)")
+        return Target(type=ttype, handler=name)
+    if ttype is TargetType.HTTP:
+        url = data.get("url")
+        if not isinstance(url, str) or len(url) > URL_MAX_CHARS:
+            raise ValidationError(f"{field}.url", "must be an http(s) URL")
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValidationError(f"{field}.url", f"must be an http(s) URL, got {url!r}")
+        return Target(type=ttype, url=url)
+    argv = data.get("argv")
+    if (
+        not isinstance(argv, list | tuple)
+        or not argv
+        or len(argv) > ARGV_MAX_ITEMS
+        or not all(isinstance(a, str) and len(a) <= ARGV_ITEM_MAX_CHARS for a in argv)
+        or not argv[0]
+    ):
+        raise ValidationError(f"{field}.argv", f"must be a non-empty list of at most {ARGV_MAX_ITEMS} strings")
+    return Target(type=ttype, argv=tuple(argv))
+
+
+def parse_retry(data: Any, field: str = "retry") -> RetryPolicy:
+    if data is None:
+        return RetryPolicy()
+    if not isinstance(data, Mapping):
+        raise ValidationError(field, 'must be an object such as {"max": 3, "backoffS": 1}')
+    _reject_unknown(data, _RETRY_FIELDS, f"{field}.")
+    default = RetryPolicy()
+    max_attempts = _int(data.get("max", default.max_attempts), f"{field}.max", 1, RETRY_MAX_ATTEMPTS)
+    base = _num(data.get("backoffS", default.backoff_base_s), f"{field}.backoffS", 0.0, BACKOFF_MAX_S)
+    cap = _num(data.get("backoffCapS", max(default.backoff_cap_s, base)), f"{field}.backoffCapS", 0.0, BACKOFF_MAX_S)
+    if cap < base:
+        raise ValidationError(f"{field}.backoffCapS", f"must be >= backoffS ({base})")
+    return RetryPolicy(max_attempts=max_attempts, backoff_base_s=base, backoff_cap_s=cap)
+
+
+def canonical_payload(value: Any, field: str = "payload") -> str:
+    try:
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(field, f"must be JSON-serialisable: {exc}") from None
+    if len(text.encode()) > PAYLOAD_MAX_BYTES:
+        raise ValidationError(field, f"is {len(text.encode())} bytes; the limit is {PAYLOAD_MAX_BYTES} bytes")
+    return text
+
+
+def parse_job_spec(
+    data: Any,
+    now_ms: int,
+    *,
+    pools: frozenset[str] = DEFAULT_POOLS,
+    run_at_must_be_future: bool = True,
+) -> JobSpec:
+    """Validate a job definition in the API's JSON shape. ``now_ms`` decides "in the past"."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("body", "must be a JSON object")
+    _reject_unknown(data, _JOB_FIELDS, "")
+
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX_CHARS:
+        raise ValidationError("name", f"must be a non-empty string of at most {NAME_MAX_CHARS} characters")
+
+    cron_expr, run_at = data.get("schedule"), data.get("runAt")
+    tz = data.get("timezone", "UTC")
+    if not isinstance(tz, str):
+        raise ValidationError("timezone", "must be an IANA zone name such as Europe/London")
+    load_zone(tz, "timezone")
+    if (cron_expr is None) == (run_at is None):
+        raise ValidationError("schedule", "give exactly one of schedule (a cron expression) or runAt (an ISO-8601 instant)")
+    if cron_expr is not None:
+        if not isinstance(cron_expr, str):
+            raise ValidationError("schedule", "must be a cron expression string")
+        cron = CronSchedule.parse(cron_expr, tz, "schedule")
+        schedule = Schedule(cron=cron.expr, tz=tz)
+    else:
+        if not isinstance(run_at, str):
+            raise ValidationError("runAt", "must be an ISO-8601 instant with offset, e.g. 2026-01-01T09:00:00Z")
+        try:
+            run_at_ms = iso_to_ms(run_at)
+        except ValueError as exc:
+            raise ValidationError("runAt", f"not an ISO-8601 instant with offset: {exc}") from None
+        run_at_ms -= run_at_ms % 1000  # slots are whole seconds
+        if run_at_must_be_future and run_at_ms < now_ms - 1000:
+            raise ValidationError("runAt", f"{ms_to_iso(run_at_ms)} is in the past (now {ms_to_iso(now_ms)})")
+        schedule = Schedule(run_at_ms=run_at_ms, tz=tz)
+
+    if "target" not in data:
+        raise ValidationError("target", "is required")
+    target = parse_target(data["target"])
+    payload_json = canonical_payload(data.get("payload"))
+    priority = _enum(data.get("priority", "normal"), "priority", Priority)
+    timeout_s = _int(data.get("timeoutS", 3600), "timeoutS", 1, TIMEOUT_MAX_S)
+    retry = parse_retry(data.get("retry"))
+    catch_up = _enum(data.get("catchUp", "once"), "catchUp", CatchUp)
+    pool = data.get("pool", "default")
+    if not isinstance(pool, str) or not _POOL_RE.match(pool):
+        raise ValidationError("pool", "must be a pool name (lowercase letters, digits, -)")
+    if pool not in pools:
+        raise ValidationError("pool", f"unknown pool {pool!r}; known: {', '.join(sorted(pools))}")
+    return JobSpec(
+        name=name.strip(),
+        schedule=schedule,
+        target=target,
+        payload_json=payload_json,
+        priority=priority,
+        timeout_s=timeout_s,
+        retry=retry,
+        catch_up=catch_up,
+        pool=pool,
+    )
+
+
+def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
+    """The inverse of ``parse_job_spec``: the API's JSON shape of a spec."""
+    out: dict[str, Any] = {"name": spec.name, "timezone": spec.schedule.tz}
+    if spec.schedule.cron is not None:
+        out["schedule"] = spec.schedule.cron
+    else:
+        assert spec.schedule.run_at_ms is not None
+        out["runAt"] = ms_to_iso(spec.schedule.run_at_ms)
+    t = spec.target
+    if t.type is TargetType.HANDLER:
+        out["target"] = {"type": "handler", "name": t.handler}
+    elif t.type is TargetType.HTTP:
+        out["target"] = {"type": "http", "url": t.url}
+    else:
+        out["target"] = {"type": "command", "argv": list(t.argv)}
+    out["payload"] = json.loads(spec.payload_json)
+    out["priority"] = spec.priority.value
+    out["timeoutS"] = spec.timeout_s
+    out["retry"] = {
+        "max": spec.retry.max_attempts,
+        "backoffS": spec.retry.backoff_base_s,
+        "backoffCapS": spec.retry.backoff_cap_s,
+    }
+    out["catchUp"] = spec.catch_up.value
+    out["pool"] = spec.pool
+    return out
+
+
+def apply_patch(spec: JobSpec, patch: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOLS) -> JobSpec:
+    """A PATCH merges top-level fields into the current spec and re-validates the whole."""
+    if not isinstance(patch, Mapping):
+        raise ValidationError("body", "must be a JSON object")
+    _reject_unknown(patch, _JOB_FIELDS, "")
+    merged = job_spec_to_json(spec)
+    if "schedule" in patch:
+        merged.pop("runAt", None)
+    if "runAt" in patch:
+        merged.pop("schedule", None)
+    merged.update(patch)
+    return parse_job_spec(merged, now_ms, pools=pools, run_at_must_be_future="runAt" in patch)
+
+
+def validate_idempotency_key(key: Any, field: str = "idempotencyKey") -> str:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValidationError(field, f"must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters of A-Z a-z 0-9 . _ : -")
+    return key

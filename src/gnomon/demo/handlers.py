@@ -1,0 +1,24 @@
+"""Python handlers that the default worker serves (used by the demo and the tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gnomon.core.messages import LogStream
+from gnomon.worker import AttemptContext, Worker
+
+
+def register(worker: Worker) -> None:
+    @worker.handler("echo")
+    def echo(ctx: AttemptContext) -> Any:
+        ctx.log(LogStream.STDOUT, f"echo handler: run {ctx.run_id} payload {ctx.payload!r}")
+        return None
+
+    @worker.handler("fail")
+    def fail(ctx: AttemptContext) -> Any:
+        raise RuntimeError(f"demo failure for {ctx.run_id}")
+
+    @worker.handler("noop")
+    def noop(ctx: AttemptContext) -> Any:
+        return None
+

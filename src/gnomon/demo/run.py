@@ -1,0 +1,138 @@
+"""`make run`: start everything and register a small demo, then show runs live.
+
+    .venv/bin/python -m gnomon.demo.run [--duration-s N]
+
+Starts Kafka and Cassandra (fetched from Maven Central on first use), then `gnomon dev`
+(processor, worker, projector, API), registers four jobs and refreshes a table of their
+latest runs every 2 s. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gnomon.client import Client
+from gnomon.config import load
+from gnomon.core.clock import ms_to_iso
+
+console = Console()
+
+
+class _Callback(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(f"demo endpoint got run {self.headers.get('Idempotency-Key')}".encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _wait_api(url: str, dev: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if dev.poll() is not None:
+            raise SystemExit("gnomon: `gnomon dev` exited; see the lines above")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"gnomon: the API did not answer at {url} within {timeout_s:.0f}s")
+
+
+def register_demo(client: Client, callback_url: str) -> dict[str, str]:
+    tag = secrets.token_hex(2)
+    in_a_minute = ms_to_iso((int(time.time()) + 60) * 1000)
+    jobs = {
+        "every 10 s (command)": {"schedule": "*/10 * * * * *",
+                                 "target": {"type": "command", "argv": ["sh", "-c", "echo tick $GNOMON_RUN_ID; date -u"]}},
+        "one-time, in a minute": {"runAt": in_a_minute, "target": {"type": "handler", "name": "echo"},
+                                  "payload": {"hello": "world"}},
+        "HTTP callback every 15 s": {"schedule": "*/15 * * * * *", "target": {"type": "http", "url": callback_url}},
+        "fails (retries, then dead letter)": {"schedule": "*/30 * * * * *", "retry": {"max": 2, "backoffS": 2},
+                                              "target": {"type": "command", "argv": ["sh", "-c", "echo oops >&2; exit 3"]}},
+    }
+    ids = {}
+    for name, body in jobs.items():
+        ids[name] = client.create_job({"name": f"demo {tag}: {name}", "timeoutS": 30, **body})["id"]
+    return ids
+
+
+def table(client: Client, ids: dict[str, str]) -> Table:
+    t = Table(title=f"gnomon demo — latest runs (UTC {time.strftime('%H:%M:%S', time.gmtime())}); Ctrl-C to stop")
+    for col in ("job", "slot", "status", "attempt", "lag s", "exit"):
+        t.add_column(col)
+    for name, job_id in ids.items():
+        try:
+            items = client.list_runs(job_id, limit=3)["items"]
+        except Exception as exc:  # the projection may lag at start
+            t.add_row(name, "", f"({type(exc).__name__})", "", "", "")
+            continue
+        if not items:
+            t.add_row(name, "", "waiting for first slot", "", "", "")
+        for r in items:
+            lag = ""
+            if r["startedAt"]:
+                from gnomon.core.clock import iso_to_ms
+
+                lag = f"{(iso_to_ms(r['startedAt']) - iso_to_ms(r['slot'])) / 1000:.2f}"
+            colour = {"succeeded": "green", "failed": "red", "running": "yellow"}.get(r["status"], "white")
+            t.add_row(name, r["slot"], f"[{colour}]{r['status']}[/]", str(r["attempt"]), lag,
+                      "" if r["exitCode"] is None else str(r["exitCode"]))
+            name = ""
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration-s", type=float, default=0, help="stop after this long (0 = until Ctrl-C)")
+    args = ap.parse_args()
+    s = load()
+    from gnomon.infra import manager
+
+    manager.up(s)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Callback)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"])
+    try:
+        _wait_api(s.api_url, dev)
+        client = Client()
+        ids = register_demo(client, f"http://127.0.0.1:{server.server_address[1]}/hook")
+        console.print(f"registered {len(ids)} demo jobs: " + ", ".join(ids.values()))
+        console.print("CLI: .venv/bin/gnomon jobs list · .venv/bin/gnomon runs list JOB_ID · "
+                      ".venv/bin/gnomon runs logs RUN_ID")
+        end = time.monotonic() + args.duration_s if args.duration_s else float("inf")
+        with Live(table(client, ids), console=console, refresh_per_second=1) as live:
+            while time.monotonic() < end and dev.poll() is None:
+                time.sleep(2)
+                live.update(table(client, ids))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if dev.poll() is None:
+            dev.send_signal(2)
+            try:
+                dev.wait(30)
+            except subprocess.TimeoutExpired:
+                dev.kill()
+        server.shutdown()
+        console.print("stopped gnomon (Kafka and Cassandra keep running: `make infra-down` stops them)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,485 @@
+"""``CassandraHistoryStore``: the HistoryStore on Cassandra (schema: ``schemas/cql``).
+
+* Every table stores the whole JobState / RunState as a ``state`` blob encoded with
+  ``gnomon.codec`` (rows round-trip exactly) next to the columns it is queried by.
+* All statements are prepared once, on first use; the connection is made lazily (the
+  API can start before Cassandra and answers 503 until it is there) or by ``connect()``.
+* Consistency LOCAL_QUORUM for reads and writes; token-aware routing.
+* Writes are idempotent upserts (the projector replays after a crash).
+* Paging uses clustering-key cursors (``gnomon.history._paging``), not driver paging
+  state: stable across nodes and releases, and resumable in the middle of a scan.
+* ``list_runs(status=...)`` filters on the ``status`` column client-side while scanning
+  the job's runs newest first, at most ``status_scan_max`` rows per call; a page can
+  then be short (even empty) yet carry a cursor.
+* Dead letters: ``put_run`` of a FAILED run also writes ``dead_letters_by_tenant``. A
+  non-failed state of the same run written later (a replay) makes the row stale; it is
+  not deleted on write (a blind delete per run update would fill the tenant's partition
+  with tombstones) but by ``list_dead_letters``, which checks each row against
+  ``runs_by_id``, drops stale rows from the page and deletes them with the write time of
+  the newer state (so a FAILED state written meanwhile survives).
+* Every driver exception becomes ``HistoryStoreError`` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gnomon.core.errors import HistoryStoreError, ValidationError
+from gnomon.core.jobs import JobState, JobStatus
+from gnomon.core.messages import LogLine, LogStream
+from gnomon.core.runs import RunState, RunStatus
+from gnomon.history import _paging as P
+from gnomon.history.base import STATUS_SCAN_MAX, HistoryBatch, parse_status
+from gnomon.ports import Page
+
+__all__ = ["CassandraHistoryStore", "connect", "translate_errors"]
+
+log = logging.getLogger(__name__)
+
+_MESSAGE_MAX = 300
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    if len(text) > _MESSAGE_MAX:
+        text = text[: _MESSAGE_MAX - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    from cassandra import DriverException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.connection import ConnectionException
+
+    return (DriverException, NoHostAvailable, ConnectionException, OSError)
+
+
+@contextmanager
+def translate_errors(op: str) -> Iterator[None]:
+    """Turn cassandra-driver (and socket) exceptions into ``HistoryStoreError``."""
+    try:
+        yield
+    except HistoryStoreError:
+        raise
+    except _driver_errors() as exc:
+        raise HistoryStoreError(f"cassandra {op}: {_one_line(exc)}") from exc
+
+
+def connect(
+    hosts: Sequence[str], port: int = 9042, *, connect_timeout_s: float = 5.0, request_timeout_s: float = 10.0
+) -> tuple[Any, Any]:
+    """A (Cluster, Session) with gnomon's settings; the caller shuts the cluster down.
+    Raises ``HistoryStoreError``."""
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra.policies import (
+        DCAwareRoundRobinPolicy,
+        ExponentialReconnectionPolicy,
+        TokenAwarePolicy,
+    )
+
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=ConsistencyLevel.LOCAL_QUORUM,
+        request_timeout=request_timeout_s,
+    )
+    where = ",".join(hosts) + f":{port}"
+    with translate_errors(f"connect to {where}"):
+        cluster = Cluster(
+            contact_points=list(hosts),
+            port=port,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            connect_timeout=connect_timeout_s,
+            control_connection_timeout=connect_timeout_s,
+            reconnection_policy=ExponentialReconnectionPolicy(0.5, 30.0),
+        )
+        try:
+            session = cluster.connect()
+        except BaseException:
+            cluster.shutdown()
+            raise
+    return cluster, session
+
+
+def _encode(obj: Any) -> bytes:
+    from gnomon.codec import encode
+
+    return encode(obj)
+
+
+def _decode(blob: bytes | None, cls: type, where: str) -> Any:
+    from gnomon.codec import DecodeError, decode
+
+    if blob is None:
+        raise HistoryStoreError(f"cassandra {where}: row without state")
+    try:
+        obj = decode(blob)
+    except DecodeError as exc:
+        raise HistoryStoreError(f"cassandra {where}: undecodable state ({exc.message})") from exc
+    if not isinstance(obj, cls):
+        raise HistoryStoreError(f"cassandra {where}: state is a {type(obj).__name__}, not a {cls.__name__}")
+    return obj
+
+
+@dataclass(frozen=True)
+class _Statements:
+    put_job_by_id: Any
+    put_job_by_tenant: Any
+    del_job_by_id: Any
+    del_job_by_tenant: Any
+    get_job: Any
+    get_job_tenant: Any
+    list_jobs_first: Any
+    list_jobs_after: Any
+    put_run_by_id: Any
+    put_run_by_job: Any
+    put_dead: Any
+    get_run: Any
+    get_run_check: Any
+    list_runs_first: Any
+    list_runs_after: Any
+    list_dead_first: Any
+    list_dead_after: Any
+    del_dead_at: Any
+    put_log: Any
+    logs_first: Any
+    logs_after: Any
+
+
+def _prepare(session: Any, ks: str) -> _Statements:
+    def p(cql: str) -> Any:
+        return session.prepare(cql.replace("{ks}", ks))
+
+    return _Statements(
+        put_job_by_id=p("INSERT INTO {ks}.jobs_by_id (job_id, tenant, status, version, updated_at_ms, state) "
+                        "VALUES (?, ?, ?, ?, ?, ?)"),
+        put_job_by_tenant=p("INSERT INTO {ks}.jobs_by_tenant (tenant, job_id, status, updated_at_ms, state) "
+                            "VALUES (?, ?, ?, ?, ?)"),
+        del_job_by_id=p("DELETE FROM {ks}.jobs_by_id WHERE job_id = ?"),
+        del_job_by_tenant=p("DELETE FROM {ks}.jobs_by_tenant WHERE tenant = ? AND job_id = ?"),
+        get_job=p("SELECT state FROM {ks}.jobs_by_id WHERE job_id = ?"),
+        get_job_tenant=p("SELECT tenant FROM {ks}.jobs_by_id WHERE job_id = ?"),
+        list_jobs_first=p("SELECT job_id, state FROM {ks}.jobs_by_tenant WHERE tenant = ? LIMIT ?"),
+        list_jobs_after=p("SELECT job_id, state FROM {ks}.jobs_by_tenant WHERE tenant = ? AND job_id > ? LIMIT ?"),
+        put_run_by_id=p("INSERT INTO {ks}.runs_by_id (run_id, job_id, tenant, slot_ms, status, updated_at_ms, state) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)"),
+        put_run_by_job=p("INSERT INTO {ks}.runs_by_job (job_id, slot_ms, run_id, status, attempt, updated_at_ms, "
+                         "state) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+        put_dead=p("INSERT INTO {ks}.dead_letters_by_tenant (tenant, slot_ms, run_id, job_id, failed_at_ms, state) "
+                   "VALUES (?, ?, ?, ?, ?, ?)"),
+        get_run=p("SELECT state FROM {ks}.runs_by_id WHERE run_id = ?"),
+        get_run_check=p("SELECT status, state, WRITETIME(state) AS written FROM {ks}.runs_by_id WHERE run_id = ?"),
+        list_runs_first=p("SELECT slot_ms, run_id, status, state FROM {ks}.runs_by_job WHERE job_id = ? LIMIT ?"),
+        list_runs_after=p("SELECT slot_ms, run_id, status, state FROM {ks}.runs_by_job "
+                          "WHERE job_id = ? AND (slot_ms, run_id) < (?, ?) LIMIT ?"),
+        list_dead_first=p("SELECT slot_ms, run_id, state FROM {ks}.dead_letters_by_tenant WHERE tenant = ? LIMIT ?"),
+        list_dead_after=p("SELECT slot_ms, run_id, state FROM {ks}.dead_letters_by_tenant "
+                          "WHERE tenant = ? AND (slot_ms, run_id) < (?, ?) LIMIT ?"),
+        del_dead_at=p("DELETE FROM {ks}.dead_letters_by_tenant USING TIMESTAMP ? "
+                      "WHERE tenant = ? AND slot_ms = ? AND run_id = ?"),
+        put_log=p("INSERT INTO {ks}.logs_by_run (run_id, attempt, seq, job_id, tenant, stream, line, at_ms) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+        logs_first=p("SELECT attempt, seq, job_id, tenant, stream, line, at_ms FROM {ks}.logs_by_run "
+                     "WHERE run_id = ? LIMIT ?"),
+        logs_after=p("SELECT attempt, seq, job_id, tenant, stream, line, at_ms FROM {ks}.logs_by_run "
+                     "WHERE run_id = ? AND (attempt, seq) > (?, ?) LIMIT ?"),
+    )
+
+
+@dataclass(frozen=True)
+class _Dead:
+    """A dead-letter row with the run's current state (None: stale, not listed)."""
+
+    state: RunState | None
+
+
+class CassandraHistoryStore:
+    """HistoryStore on Cassandra. Thread-safe. Connects on first use (or ``connect()``);
+    ``ensure_schema=True`` applies the ``schemas/cql`` migrations when connecting."""
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        port: int = 9042,
+        keyspace: str = "gnomon",
+        *,
+        ensure_schema: bool = False,
+        replication: str | None = None,
+        status_scan_max: int = STATUS_SCAN_MAX,
+        concurrency: int = 32,
+        connect_timeout_s: float = 5.0,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        from gnomon.history.migrate import check_keyspace_name
+
+        if isinstance(hosts, str):
+            hosts = [h for h in hosts.split(",") if h]
+        if not hosts:
+            raise ValidationError("hosts", "at least one Cassandra contact point is needed")
+        if status_scan_max < 1 or concurrency < 1:
+            raise ValidationError("status_scan_max", "status_scan_max and concurrency must be >= 1")
+        self.hosts = list(hosts)
+        self.port = port
+        self.keyspace = check_keyspace_name(keyspace)
+        self.ensure_schema = ensure_schema
+        self.replication = replication
+        self.status_scan_max = status_scan_max
+        self.concurrency = concurrency
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._lock = threading.Lock()
+        self._cluster: Any = None
+        self._session: Any = None
+        self._st: _Statements | None = None
+        self._closed = False
+
+    # ---- connection ----------------------------------------------------------------------
+
+    def connect(self) -> CassandraHistoryStore:
+        """Connect, apply the schema if asked, prepare statements. Idempotent."""
+        self._ready()
+        return self
+
+    def _ready(self) -> tuple[Any, _Statements]:
+        st = self._st
+        if st is not None:
+            return self._session, st
+        with self._lock:
+            if self._closed:
+                raise HistoryStoreError("cassandra history store is closed")
+            if self._st is None:
+                cluster, session = connect(self.hosts, self.port, connect_timeout_s=self.connect_timeout_s,
+                                           request_timeout_s=self.request_timeout_s)
+                try:
+                    if self.ensure_schema:
+                        from gnomon.history.migrate import migrate
+
+                        migrate(session, self.keyspace, replication=self.replication)
+                    with translate_errors(f"prepare statements in keyspace {self.keyspace}"):
+                        try:
+                            st = _prepare(session, self.keyspace)
+                        except Exception as exc:
+                            from cassandra import InvalidRequest
+
+                            if isinstance(exc, InvalidRequest):
+                                raise HistoryStoreError(
+                                    f"cassandra keyspace {self.keyspace} lacks the history schema "
+                                    f"(python -m gnomon.history.migrate --keyspace {self.keyspace}): "
+                                    f"{_one_line(exc)}"
+                                ) from exc
+                            raise
+                except BaseException:
+                    cluster.shutdown()
+                    raise
+                self._cluster, self._session, self._st = cluster, session, st
+            return self._session, self._st
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            cluster, self._cluster, self._session, self._st = self._cluster, None, None, None
+        if cluster is not None:
+            cluster.shutdown()
+
+    def _run(self, op: str, stmt: Any, params: Sequence[Any]) -> list[Any]:
+        session, _ = self._ready()
+        with translate_errors(op):
+            return list(session.execute(stmt, params))
+
+    def _run_all(self, op: str, stmts: Sequence[tuple[Any, Sequence[Any]]]) -> list[list[Any]]:
+        """Execute concurrently (at most ``concurrency`` in flight); all rows, in order."""
+        if not stmts:
+            return []
+        from cassandra.concurrent import execute_concurrent
+
+        session, _ = self._ready()
+        with translate_errors(op):
+            results = execute_concurrent(session, stmts, concurrency=self.concurrency, raise_on_first_error=False)
+            out: list[list[Any]] = []
+            failures = []
+            for ok, res in results:
+                if ok:
+                    out.append(list(res))
+                else:
+                    failures.append(res)
+                    out.append([])
+        if failures:
+            raise HistoryStoreError(
+                f"cassandra {op}: {len(failures)} of {len(stmts)} statements failed; first: {_one_line(failures[0])}"
+            )
+        return out
+
+    # ---- statements per change -----------------------------------------------------------
+
+    def _job_writes(self, st: _Statements, s: JobState) -> list[tuple[Any, Sequence[Any]]]:
+        blob = _encode(s)
+        out: list[tuple[Any, Sequence[Any]]] = [
+            (st.put_job_by_id, (s.job_id, s.tenant, s.status.value, s.version, s.updated_at_ms, blob))
+        ]
+        if s.status is JobStatus.DELETED:
+            out.append((st.del_job_by_tenant, (s.tenant, s.job_id)))
+        else:
+            out.append((st.put_job_by_tenant, (s.tenant, s.job_id, s.status.value, s.updated_at_ms, blob)))
+        return out
+
+    @staticmethod
+    def _run_writes(st: _Statements, r: RunState) -> list[tuple[Any, Sequence[Any]]]:
+        blob = _encode(r)
+        out: list[tuple[Any, Sequence[Any]]] = [
+            (st.put_run_by_id, (r.run_id, r.job_id, r.tenant, r.slot_ms, r.status.value, r.updated_at_ms, blob)),
+            (st.put_run_by_job, (r.job_id, r.slot_ms, r.run_id, r.status.value, r.attempt, r.updated_at_ms, blob)),
+        ]
+        if r.status is RunStatus.FAILED:
+            failed_at = r.finished_at_ms if r.finished_at_ms is not None else r.updated_at_ms
+            out.append((st.put_dead, (r.tenant, r.slot_ms, r.run_id, r.job_id, failed_at, blob)))
+        return out
+
+    @staticmethod
+    def _log_write(st: _Statements, x: LogLine) -> tuple[Any, Sequence[Any]]:
+        return (st.put_log, (x.run_id, x.attempt, x.seq, x.job_id, x.tenant, x.stream.value, x.line, x.at_ms))
+
+    # ---- jobs ----------------------------------------------------------------------------
+
+    def put_job(self, state: JobState) -> None:
+        _, st = self._ready()
+        self._run_all(f"put job {state.job_id}", self._job_writes(st, state))
+
+    def delete_job(self, tenant: str, job_id: str) -> None:
+        _, st = self._ready()
+        rows = self._run(f"delete job {job_id}", st.get_job_tenant, (job_id,))
+        writes: list[tuple[Any, Sequence[Any]]] = [(st.del_job_by_tenant, (tenant, job_id))]
+        if rows and rows[0].tenant == tenant:
+            writes.append((st.del_job_by_id, (job_id,)))
+        self._run_all(f"delete job {job_id}", writes)
+
+    def forget_job(self, job_id: str) -> None:
+        """Delete a job knowing only its id (a ``gnomon.jobs`` tombstone)."""
+        _, st = self._ready()
+        rows = self._run(f"delete job {job_id}", st.get_job_tenant, (job_id,))
+        if rows:
+            self.delete_job(rows[0].tenant, job_id)
+
+    def get_job(self, job_id: str) -> JobState | None:
+        _, st = self._ready()
+        rows = self._run(f"get job {job_id}", st.get_job, (job_id,))
+        return _decode(rows[0].state, JobState, f"jobs_by_id {job_id}") if rows else None
+
+    def list_jobs(self, tenant: str, limit: int, cursor: str | None) -> Page:
+        _, st = self._ready()
+
+        def fetch(after: P.Key | None, n: int) -> list[tuple[P.Key, Any]]:
+            if after is None:
+                rows = self._run("list jobs", st.list_jobs_first, (tenant, n))
+            else:
+                rows = self._run("list jobs", st.list_jobs_after, (tenant, after[0], n))
+            return [((r.job_id,), r) for r in rows]
+
+        items, nxt = P.page(P.JOBS, fetch, limit, cursor)
+        return Page([_decode(r.state, JobState, f"jobs_by_tenant {r.job_id}") for r in items], nxt)
+
+    # ---- runs ----------------------------------------------------------------------------
+
+    def put_run(self, state: RunState) -> None:
+        _, st = self._ready()
+        self._run_all(f"put run {state.run_id}", self._run_writes(st, state))
+
+    def get_run(self, run_id: str) -> RunState | None:
+        _, st = self._ready()
+        rows = self._run(f"get run {run_id}", st.get_run, (run_id,))
+        return _decode(rows[0].state, RunState, f"runs_by_id {run_id}") if rows else None
+
+    def list_runs(self, job_id: str, status: str | None, limit: int, cursor: str | None) -> Page:
+        wanted = parse_status(status)
+        _, st = self._ready()
+
+        def fetch(after: P.Key | None, n: int) -> list[tuple[P.Key, Any]]:
+            if after is None:
+                rows = self._run("list runs", st.list_runs_first, (job_id, n))
+            else:
+                rows = self._run("list runs", st.list_runs_after, (job_id, after[0], after[1], n))
+            return [((r.slot_ms, r.run_id), r) for r in rows]
+
+        keep = None if wanted is None else (lambda r: r.status == wanted.value)
+        items, nxt = P.page(P.RUNS, fetch, limit, cursor, keep, self.status_scan_max)
+        return Page([_decode(r.state, RunState, f"runs_by_job {r.run_id}") for r in items], nxt)
+
+    def list_dead_letters(self, tenant: str, limit: int, cursor: str | None) -> Page:
+        _, st = self._ready()
+
+        def fetch(after: P.Key | None, n: int) -> list[tuple[P.Key, _Dead]]:
+            if after is None:
+                rows = self._run("list dead letters", st.list_dead_first, (tenant, n))
+            else:
+                rows = self._run("list dead letters", st.list_dead_after, (tenant, after[0], after[1], n))
+            checks = self._run_all("list dead letters", [(st.get_run_check, (r.run_id,)) for r in rows])
+            out: list[tuple[P.Key, _Dead]] = []
+            stale: list[tuple[Any, Sequence[Any]]] = []
+            for r, found in zip(rows, checks, strict=True):
+                key = (r.slot_ms, r.run_id)
+                if not found:  # runs_by_id expired first: the dead letter stands on its own
+                    out.append((key, _Dead(_decode(r.state, RunState, f"dead_letters_by_tenant {r.run_id}"))))
+                elif found[0].status == RunStatus.FAILED.value:
+                    out.append((key, _Dead(_decode(found[0].state, RunState, f"runs_by_id {r.run_id}"))))
+                else:  # a newer non-failed state: stale; delete what was written before it
+                    out.append((key, _Dead(None)))
+                    stale.append((st.del_dead_at, (found[0].written, tenant, r.slot_ms, r.run_id)))
+            if stale:
+                try:
+                    self._run_all("delete stale dead letters", stale)
+                except HistoryStoreError as exc:  # harmless: retried by the next listing
+                    log.warning("%s", exc)
+            return out
+
+        items, nxt = P.page(P.DEAD, fetch, limit, cursor, lambda d: d.state is not None, self.status_scan_max)
+        return Page([d.state for d in items], nxt)
+
+    # ---- logs ----------------------------------------------------------------------------
+
+    def put_log(self, line: LogLine) -> None:
+        _, st = self._ready()
+        self._run_all(f"put log of {line.run_id}", [self._log_write(st, line)])
+
+    def get_logs(self, run_id: str, limit: int, cursor: str | None) -> Page:
+        _, st = self._ready()
+
+        def fetch(after: P.Key | None, n: int) -> list[tuple[P.Key, LogLine]]:
+            if after is None:
+                rows = self._run("get logs", st.logs_first, (run_id, n))
+            else:
+                rows = self._run("get logs", st.logs_after, (run_id, after[0], after[1], n))
+            return [((r.attempt, r.seq), self._line(run_id, r)) for r in rows]
+
+        return Page(*P.page(P.LOGS, fetch, limit, cursor))
+
+    @staticmethod
+    def _line(run_id: str, r: Any) -> LogLine:
+        try:
+            stream = LogStream(r.stream)
+        except ValueError:
+            raise HistoryStoreError(f"cassandra logs_by_run {run_id}: unknown stream {r.stream!r}") from None
+        return LogLine(run_id, r.job_id, r.tenant, r.attempt, r.seq, stream, r.line or "", r.at_ms)
+
+    # ---- batches -------------------------------------------------------------------------
+
+    def write_batch(self, batch: HistoryBatch) -> None:
+        """All writes of ``batch``, concurrently (at most ``concurrency`` in flight).
+        Raises ``HistoryStoreError`` if any failed (some may have been applied: retry
+        the whole batch; every write is idempotent)."""
+        _, st = self._ready()
+        writes: list[tuple[Any, Sequence[Any]]] = []
+        if batch.deleted_jobs:
+            found = self._run_all("look up deleted jobs", [(st.get_job_tenant, (j,)) for j in batch.deleted_jobs])
+            for job_id, rows in zip(batch.deleted_jobs, found, strict=True):
+                if rows:
+                    writes += [(st.del_job_by_tenant, (rows[0].tenant, job_id)), (st.del_job_by_id, (job_id,))]
+        for job in batch.jobs:
+            writes += self._job_writes(st, job)
+        for run in batch.runs:
+            writes += self._run_writes(st, run)
+        writes += [self._log_write(st, x) for x in batch.logs]
+        self._run_all(f"write batch of {len(batch)}", writes)

@@ -1,0 +1,311 @@
+"""``HistoryProjector``: Kafka -> HistoryStore (Cassandra in production).
+
+Consumes, in consumer group ``gnomon-history`` with ``isolation.level=read_committed``
+(only records of committed processor transactions) and manual commits:
+
+=====================  ==================  ===========================================
+topic                  key                 value
+=====================  ==================  ===========================================
+``gnomon.jobs``        job_id              JobState (codec); tombstone = job deleted
+``gnomon.runs``        run_id              RunState (codec); tombstones are ignored
+``gnomon.run-logs``    run_id              LogLine (codec)
+=====================  ==================  ===========================================
+
+Each batch (at most ``batch_max`` records) is decoded, coalesced to the last record per
+key (a job, a run, a log line), written with ``store.write_batch`` (concurrent
+statements, bounded), and only then are its offsets committed. So delivery into the
+store is at-least-once and every write is an idempotent upsert; a crash or a failed
+commit replays a few records, which converge to the same rows.
+
+A batch whose write fails is retried ``write_attempts`` times with backoff; then the
+consumer is rewound to the batch's first offsets (nothing is skipped) and
+``HistoryStoreError`` is raised from ``run_once``; ``run`` logs it, waits and goes on.
+
+Records that cannot be decoded (or carry the wrong type, or no usable key) are poison:
+``on_poison(msg, reason)`` is called, then the record is skipped and counted in
+``stats.poison``. The default hook logs; pass ``poison_sink`` (or override
+``on_poison``) to forward them, e.g. to ``gnomon.poison``. The hook may see a record
+again if its batch is replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gnomon.core.errors import EventLogError, HistoryStoreError
+from gnomon.core.jobs import JobState
+from gnomon.core.messages import LogLine
+from gnomon.core.runs import RunState
+from gnomon.history.base import HistoryBatch, ProjectionStore
+
+__all__ = ["GROUP_ID", "HistoryProjector", "ProjectorStats"]
+
+log = logging.getLogger("gnomon.history.projector")
+
+GROUP_ID = "gnomon-history"
+JOBS, RUNS, LOGS = "jobs", "runs", "logs"
+# The codec topic (schema subject) of each role, whatever the topic is called.
+_CODEC_TOPIC = {JOBS: "gnomon.jobs", RUNS: "gnomon.runs", LOGS: "gnomon.run-logs"}
+_TYPE = {JOBS: JobState, RUNS: RunState, LOGS: LogLine}
+
+
+@dataclass
+class ProjectorStats:
+    records: int = 0  # consumed (every record, poison included)
+    jobs: int = 0  # job states written (after coalescing)
+    jobs_deleted: int = 0
+    runs: int = 0
+    logs: int = 0
+    poison: int = 0
+    ignored: int = 0  # tombstones on gnomon.runs / gnomon.run-logs
+    batches: int = 0
+    write_failures: int = 0  # batches given up after write_attempts (then replayed)
+    commit_failures: int = 0
+
+
+class HistoryProjector:
+    def __init__(
+        self,
+        store: ProjectionStore,
+        bootstrap: str = "",
+        *,
+        topics: Mapping[str, str] | None = None,
+        group_id: str = GROUP_ID,
+        batch_max: int = 500,
+        poll_timeout_s: float = 0.5,
+        write_attempts: int = 5,
+        retry_backoff_s: float = 0.2,
+        retry_backoff_max_s: float = 5.0,
+        consumer: Any = None,
+        consumer_extra: Mapping[str, Any] | None = None,
+        poison_sink: Callable[[Any, str], None] | None = None,
+        owns_store: bool = False,
+    ) -> None:
+        """``topics`` maps roles ``jobs``/``runs``/``logs`` to topic names (default: the
+        topology's). ``consumer`` injects a ready, subscribed consumer (tests)."""
+        if batch_max < 1 or write_attempts < 1:
+            raise ValueError("batch_max and write_attempts must be >= 1")
+        self.store = store
+        if topics is None:
+            from gnomon.topology import load_topology
+
+            topo = load_topology()
+            topics = {JOBS: topo.jobs, RUNS: topo.runs, LOGS: topo.run_logs}
+        if set(topics) != {JOBS, RUNS, LOGS}:
+            raise ValueError(f"topics must map exactly {sorted(_CODEC_TOPIC)}; got {sorted(topics)}")
+        self.topics = dict(topics)
+        self._role = {name: role for role, name in self.topics.items()}
+        self.group_id = group_id
+        self.batch_max = batch_max
+        self.poll_timeout_s = poll_timeout_s
+        self.write_attempts = write_attempts
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self.poison_sink = poison_sink
+        self.owns_store = owns_store
+        self.stats = ProjectorStats()
+        self._stop = threading.Event()
+        if consumer is None:
+            from confluent_kafka import Consumer
+
+            from gnomon.adapters.kafka import consumer_config
+
+            if not bootstrap:
+                raise ValueError("bootstrap is required unless a consumer is given")
+            conf = consumer_config(bootstrap, group_id, **{
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": False,
+                **(consumer_extra or {}),
+            })
+            consumer = Consumer(conf)
+            consumer.subscribe(list(self.topics.values()))
+        self.consumer = consumer
+
+    @classmethod
+    def from_settings(cls, settings: Any, **kwargs: Any) -> HistoryProjector:
+        """The production projector: Cassandra from ``settings`` (schema applied if
+        missing), Kafka at ``settings.kafka_bootstrap``."""
+        from gnomon.history.cassandra import CassandraHistoryStore
+
+        store = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
+        return cls(store, settings.kafka_bootstrap, owns_store=True, **kwargs)
+
+    # ---- hooks ---------------------------------------------------------------------------
+
+    def on_poison(self, msg: Any, reason: str) -> None:
+        """A record that cannot be projected; it is skipped after this returns."""
+        self.stats.poison += 1
+        log.warning("poison %s[%s]@%s skipped: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+        if self.poison_sink is not None:
+            self.poison_sink(msg, reason)
+
+    # ---- loop ----------------------------------------------------------------------------
+
+    def run(self, stop_event: threading.Event, poll_timeout_s: float | None = None) -> None:
+        """Project until ``stop_event`` is set; then close the consumer (and the store,
+        if owned). Store outages are waited out (the batch is replayed, never skipped);
+        a fatal Kafka error raises ``EventLogError``."""
+        if poll_timeout_s is not None:
+            self.poll_timeout_s = poll_timeout_s
+        self._stop = stop_event
+        log.info("history projector: group %s, topics %s", self.group_id, ", ".join(self.topics.values()))
+        backoff = self.retry_backoff_s
+        try:
+            while not stop_event.is_set():
+                try:
+                    self.run_once(self.batch_max)
+                    backoff = self.retry_backoff_s
+                except HistoryStoreError as exc:
+                    log.error("history write failed, will replay the batch: %s", exc)
+                    stop_event.wait(backoff)
+                    backoff = min(backoff * 2, self.retry_backoff_max_s)
+        finally:
+            log.info("history projector stopping: %s", self.stats)
+            self.close()
+
+    def run_once(self, max_messages: int = 500, timeout_s: float | None = None) -> int:
+        """Consume up to ``max_messages`` (at most ``batch_max``) records, waiting up to
+        ``timeout_s`` for the first one; write them; commit. Returns records consumed."""
+        n = max(1, min(max_messages, self.batch_max))
+        first = self.consumer.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        if first is None:
+            return 0
+        msgs = [first]
+        if n > 1:
+            msgs += self.consumer.consume(n - 1, 0)
+        return self._process(msgs)
+
+    def _process(self, msgs: Sequence[Any]) -> int:
+        from confluent_kafka import KafkaError
+
+        jobs: dict[str, JobState | None] = {}
+        runs: dict[str, RunState] = {}
+        logs: dict[tuple[str, int, int], LogLine] = {}
+        first: dict[tuple[str, int], int] = {}
+        last: dict[tuple[str, int], int] = {}
+        count = 0
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise EventLogError(f"history projector: fatal Kafka error: {err.str()}")
+                log.warning("consume error: %s", err.str())
+                continue
+            count += 1
+            tp = (msg.topic(), msg.partition())
+            first.setdefault(tp, msg.offset())
+            last[tp] = msg.offset()
+            self._route(msg, jobs, runs, logs)
+        self.stats.records += count
+        if not last:
+            return count
+        batch = HistoryBatch(
+            jobs=[s for s in jobs.values() if s is not None],
+            deleted_jobs=[j for j, s in jobs.items() if s is None],
+            runs=list(runs.values()),
+            logs=list(logs.values()),
+        )
+        if len(batch):
+            self._write(batch, first)
+        self.stats.batches += 1
+        self.stats.jobs += len(batch.jobs)
+        self.stats.jobs_deleted += len(batch.deleted_jobs)
+        self.stats.runs += len(batch.runs)
+        self.stats.logs += len(batch.logs)
+        self._commit(last)
+        return count
+
+    def _route(
+        self,
+        msg: Any,
+        jobs: dict[str, JobState | None],
+        runs: dict[str, RunState],
+        logs: dict[tuple[str, int, int], LogLine],
+    ) -> None:
+        from gnomon.codec import DecodeError, decode
+
+        role = self._role.get(msg.topic())
+        if role is None:
+            self.on_poison(msg, f"not a topic of the history projector: {msg.topic()}")
+            return
+        value = msg.value()
+        if value is None:
+            if role != JOBS:
+                self.stats.ignored += 1  # runs stay in history after the ledger forgets them
+                return
+            try:
+                job_id = (msg.key() or b"").decode()
+            except UnicodeDecodeError:
+                job_id = ""
+            if not job_id:
+                self.on_poison(msg, "tombstone without a job_id key")
+                return
+            jobs.pop(job_id, None)
+            jobs[job_id] = None
+            return
+        try:
+            obj = decode(value, _CODEC_TOPIC[role])
+        except DecodeError as exc:
+            self.on_poison(msg, f"DecodeError: {exc.message}")
+            return
+        if not isinstance(obj, _TYPE[role]):
+            self.on_poison(msg, f"a {type(obj).__name__} on the {role} topic")
+            return
+        if isinstance(obj, JobState):
+            jobs.pop(obj.job_id, None)
+            jobs[obj.job_id] = obj
+        elif isinstance(obj, RunState):
+            runs[obj.run_id] = obj
+        else:
+            assert isinstance(obj, LogLine)
+            logs[(obj.run_id, obj.attempt, obj.seq)] = obj
+
+    def _write(self, batch: HistoryBatch, first: Mapping[tuple[str, int], int]) -> None:
+        backoff = self.retry_backoff_s
+        for attempt in range(1, self.write_attempts + 1):
+            try:
+                self.store.write_batch(batch)
+                return
+            except HistoryStoreError as exc:
+                if attempt == self.write_attempts or self._stop.is_set():
+                    self.stats.write_failures += 1
+                    self._rewind(first)
+                    raise
+                log.warning("history write attempt %d/%d failed: %s", attempt, self.write_attempts, exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.retry_backoff_max_s)
+
+    def _rewind(self, first: Mapping[tuple[str, int], int]) -> None:
+        """Make the consumer read the failed batch again."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        for (topic, partition), offset in first.items():
+            try:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as exc:  # revoked meanwhile: its new owner starts at the commit
+                log.warning("cannot rewind %s[%d] to %d: %s", topic, partition, offset, exc)
+
+    def _commit(self, last: Mapping[tuple[str, int], int]) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        offsets = [TopicPartition(t, p, off + 1) for (t, p), off in last.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # e.g. a rebalance: the records are replayed, idempotently
+            self.stats.commit_failures += 1
+            log.warning("offset commit failed (records will be re-applied): %s", exc)
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        except Exception as exc:  # closing twice, or a broker gone: nothing left to do
+            log.debug("consumer close: %s", exc)
+        if self.owns_store:
+            self.store.close()

@@ -1,0 +1,96 @@
+"""``python -m gnomon.infra up|down|status|topics [--kafka-nodes N] [--only kafka|cassandra]``.
+
+``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
+(``--bootstrap``, ``--replication-factor``); docker-compose.yml uses it.
+
+Exit codes: 0 ok, 1 a component failed (one line, then a log excerpt), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import NoReturn
+
+from gnomon.infra.errors import InfraError
+
+USAGE = (
+    "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] [--only kafka|cassandra] "
+    "[--json] [--bootstrap HOST:PORT] [--replication-factor N]"
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"gnomon: {message} (usage: {USAGE})", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m gnomon.infra",
+        usage=USAGE,
+        description="Fetch, start and stop Kafka (KRaft) and Cassandra; no Docker needed.",
+    )
+    p.add_argument("action", choices=("up", "down", "status", "topics"))
+    p.add_argument(
+        "--kafka-nodes",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="KRaft nodes on this host (up only; default 1)",
+    )
+    p.add_argument("--only", choices=("kafka", "cassandra"), help="act on one component")
+    p.add_argument("--json", action="store_true", help="status as JSON")
+    p.add_argument("--bootstrap", help="topics only: Kafka to use (default: settings)")
+    p.add_argument("--replication-factor", type=int, default=1, help="topics only (default 1)")
+    return p
+
+
+def _print_status(st: dict[str, dict[str, object]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+        return
+    for component, info in st.items():
+        details = ", ".join(f"{k}={v}" for k, v in info.items() if k != "state")
+        print(f"{component}: {info['state']}" + (f" ({details})" if details else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from gnomon.config import load
+    from gnomon.infra import manager
+
+    settings = load()
+    components = (args.only,) if args.only else manager.COMPONENTS
+    try:
+        if args.action == "up":
+            _print_status(
+                manager.up(settings, kafka_nodes=args.kafka_nodes, components=components), args.json
+            )
+        elif args.action == "down":
+            manager.down(settings, components=components)
+        elif args.action == "topics":
+            from gnomon.infra.topics import ensure_topics, topic_specs
+
+            bootstrap = args.bootstrap or settings.kafka_bootstrap
+            specs = topic_specs(settings.topology_path)
+            created = ensure_topics(bootstrap, specs, args.replication_factor)
+            print(f"{len(specs)} topics declared, {len(created)} created on {bootstrap}")
+        else:
+            _print_status(manager.status(settings), args.json)
+    except InfraError as exc:
+        print(f"gnomon: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "gnomon: interrupted (started processes keep running; `down` stops them)",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""``up``, ``down`` and ``status`` for the whole local stack (idempotent).
+
+``up`` starts every JVM first and only then waits, so Kafka (seconds) and Cassandra
+(tens of seconds on first boot) start concurrently; then it creates the topics declared in
+``Settings.topology_path``. A lock file serialises concurrent ``up``/``down`` calls.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from gnomon.config import Settings
+from gnomon.infra import cassandra, fetch, jvm, kafka, procs
+from gnomon.infra.errors import InfraError
+from gnomon.infra.progress import say
+from gnomon.infra.topics import ensure_topics, topic_specs
+
+COMPONENTS: tuple[str, ...] = ("kafka", "cassandra")
+MODULES = {"kafka": kafka, "cassandra": cassandra}
+STOP_TIMEOUT_S = 60.0
+
+
+def _check(components: Sequence[str], kafka_nodes: int) -> None:
+    unknown = [c for c in components if c not in COMPONENTS]
+    if unknown:
+        raise InfraError(f"unknown component {unknown[0]!r}; choose from {', '.join(COMPONENTS)}")
+    if kafka_nodes not in (1, 3):
+        raise InfraError(f"kafka_nodes must be 1 or 3, not {kafka_nodes}")
+
+
+@contextmanager
+def _lock(settings: Settings) -> Iterator[None]:
+    path = settings.state_dir / "run" / "infra.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("another `gnomon infra` command is running; waiting for it…")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def up(
+    settings: Settings, kafka_nodes: int = 1, components: Sequence[str] = COMPONENTS
+) -> dict[str, Any]:
+    """Fetch (first run), start and wait until each component serves; create topics.
+
+    Already-running components are only health-checked. Returns :func:`status`.
+    """
+    _check(components, kafka_nodes)
+    begun = time.monotonic()
+    with _lock(settings):
+        for component in components:  # check Java and download first, then start JVMs together
+            module = MODULES[component]
+            jvm.find_java(module.JAVA_VERSIONS, module.LABEL)
+            fetch.fetch(settings.state_dir, module.COMPONENT, module.LABEL)
+        if "kafka" in components:
+            kafka.start(settings, kafka_nodes)
+        if "cassandra" in components:
+            cassandra.start(settings)
+        if "kafka" in components:
+            kafka.wait_ready(settings, kafka_nodes)
+            rf, _ = kafka.replication(kafka_nodes)
+            specs = topic_specs(settings.topology_path)
+            created = ensure_topics(kafka.bootstrap(settings, kafka_nodes), specs, rf)
+            if created:
+                say(f"created {len(created)} topic(s) (replication factor {rf})")
+            say(f"Kafka is up on {kafka.bootstrap(settings, kafka_nodes)} ({kafka_nodes} node(s))")
+        if "cassandra" in components:
+            cassandra.wait_ready(settings)
+            say(f"Cassandra is up on {cassandra.address(settings)}")
+    say(f"ready in {time.monotonic() - begun:.0f}s")
+    return status(settings)
+
+
+def down(settings: Settings, components: Sequence[str] = COMPONENTS) -> list[str]:
+    """Stop what ``up`` started (SIGTERM all at once, SIGKILL after a timeout).
+
+    Returns the names of the processes stopped; nothing running is fine.
+    """
+    _check(components, 1)
+    with _lock(settings):
+        names: list[str] = []
+        if "cassandra" in components:
+            names += cassandra.running_names(settings)
+        if "kafka" in components:
+            names += kafka.running_names(settings)
+        if not names:
+            say("nothing to stop")
+            return []
+        say(f"stopping {', '.join(names)}…")
+        for name in names:  # signal everyone first: Kafka nodes must not wait for a lost quorum
+            procs.signal_term(settings.state_dir, name)
+        for name in names:
+            procs.stop(settings.state_dir, name, STOP_TIMEOUT_S)
+        say("stopped")
+        return names
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    """``{"kafka": {...}, "cassandra": {...}}``; each has ``state`` (up/starting/degraded/down)."""
+    return {"kafka": kafka.status(settings), "cassandra": cassandra.status(settings)}

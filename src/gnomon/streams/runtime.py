@@ -1,0 +1,266 @@
+"""The processor runtime on confluent-kafka's transactional API.
+
+One loop per process: consume a batch from the co-partitioned input topics, apply each
+record to its partition's ``PartitionTask`` (the pure core plus RocksDB state), run the
+partitions' ticks, then produce every output, the changelog records and the consumed
+offsets in ONE Kafka transaction. A zombie that lost its partitions cannot commit:
+``send_offsets_to_transaction`` carries the consumer group generation (KIP-447), so the
+broker refuses it. Why not Faust: docs/adr/0001-stack.md.
+
+State is restored from the compacted changelogs (gnomon.jobs, gnomon.runs) when a
+partition is assigned, and after an aborted transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from gnomon import codec
+from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.adapters.kv import RocksKV
+from gnomon.core import jobs as J
+from gnomon.core import runs as R
+from gnomon.core.clock import Clock, SystemClock
+from gnomon.core.errors import EventLogError, GnomonError
+from gnomon.core.messages import PoisonRecord
+from gnomon.streams.task import Output, PartitionTask
+from gnomon.topology import Topology, load_topology
+
+log = logging.getLogger("gnomon.processor")
+
+GROUP_ID = "gnomon-processor"
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    bootstrap: str
+    state_dir: Path
+    instance_id: str = field(default_factory=lambda: f"{socket.gethostname()}")
+    batch_max: int = 500
+    poll_timeout_s: float = 0.1
+    tick_interval_ms: int = 200
+    restore_timeout_s: float = 120.0
+    transaction_timeout_ms: int = 10_000
+    sched: J.SchedulerConfig = field(default_factory=J.SchedulerConfig)
+    runs: R.RunConfig = field(default_factory=R.RunConfig)
+
+
+class Processor:
+    def __init__(self, cfg: ProcessorConfig, clock: Clock | None = None, topology: Topology | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock or SystemClock()
+        self.topo = topology or load_topology()
+        self.tasks: dict[int, PartitionTask] = {}
+        self.inputs = [self.topo.job_commands, self.topo.run_events]
+        self._stop = threading.Event()
+        self._last_tick_ms = 0
+        self.poisoned = 0
+        self.transactions = 0
+        self.consumer = Consumer(
+            consumer_config(
+                cfg.bootstrap, GROUP_ID,
+                **{"partition.assignment.strategy": "range", "client.id": f"proc-{cfg.instance_id}"},
+            )
+        )
+        self.producer = Producer(
+            producer_config(
+                cfg.bootstrap,
+                **{
+                    "transactional.id": f"gnomon-processor-{cfg.instance_id}",
+                    "transaction.timeout.ms": cfg.transaction_timeout_ms,
+                    "message.timeout.ms": cfg.transaction_timeout_ms,
+                    "client.id": f"proc-{cfg.instance_id}",
+                },
+            )
+        )
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        try:
+            self.producer.init_transactions(30)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
+        self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
+        last_report = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self.step()
+                if time.monotonic() - last_report > 10:
+                    last_report = time.monotonic()
+                    log.info("partitions=%s txns=%d poisoned=%d", sorted(self.tasks), self.transactions, self.poisoned)
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        with contextlib.suppress(Exception):  # closing is best-effort
+            self.consumer.close()
+        for task in self.tasks.values():
+            task.kv.close()
+        self.tasks.clear()
+
+    # ---- rebalance -----------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        wanted = sorted({tp.partition for tp in partitions})
+        log.info("assigned partitions %s; restoring state", wanted)
+        for p in wanted:
+            if p not in self.tasks:
+                self.tasks[p] = self._restore(p)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        gone = sorted({tp.partition for tp in partitions})
+        log.info("revoked partitions %s", gone)
+        for p in gone:
+            task = self.tasks.pop(p, None)
+            if task is not None:
+                task.kv.close()
+
+    def _restore(self, partition: int) -> PartitionTask:
+        started = time.monotonic()
+        path = self.cfg.state_dir / "processor" / self.cfg.instance_id / f"p{partition:03d}"
+        task = PartitionTask(partition, RocksKV(path, fresh=True), self.topo, self.cfg.sched, self.cfg.runs)
+        n = 0
+        for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
+            for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s):
+                key = msg.key().decode() if msg.key() else ""
+                try:
+                    apply(key, msg.value())
+                    n += 1
+                except GnomonError as exc:
+                    log.error("changelog %s[%d]@%d undecodable, skipped: %s", topic, partition, msg.offset(), exc)
+        log.info("partition %d restored: %d records in %.2fs", partition, n, time.monotonic() - started)
+        return task
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def step(self) -> None:
+        msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
+        now = self.clock.now_ms()
+        due_tick = now - self._last_tick_ms >= self.cfg.tick_interval_ms
+        if not msgs and not due_tick:
+            return
+        outputs: list[Output] = []
+        offsets: dict[tuple[str, int], int] = {}
+        for msg in msgs:
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", msg.error())
+                continue
+            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            outputs.extend(self._apply(msg, now))
+        if due_tick:
+            self._last_tick_ms = now
+            for task in list(self.tasks.values()):
+                outputs.extend(task.tick(now))
+        if not outputs and not offsets:
+            return
+        self._commit(outputs, offsets)
+
+    def _apply(self, msg: Message, now: int) -> list[Output]:
+        task = self.tasks.get(msg.partition())
+        if task is None:  # revoked between fetch and apply
+            return []
+        try:
+            cmd = codec.decode(msg.value() or b"")
+            return task.handle(cmd)
+        except GnomonError as exc:
+            self.poisoned += 1
+            log.warning("poison %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+            rec = PoisonRecord(msg.topic(), msg.partition(), msg.offset(), f"{type(exc).__name__}: {exc}",
+                               msg.key(), msg.value(), now)
+            return [Output(self.topo.poison, msg.topic(), rec)]
+
+    def _commit(self, outputs: Iterable[Output], offsets: dict[tuple[str, int], int]) -> None:
+        try:
+            self.producer.begin_transaction()
+            for o in outputs:
+                value = None if o.value is None else codec.encode(o.value)
+                kwargs: dict[str, Any] = {"key": o.key.encode(), "value": value}
+                if o.partition is not None:
+                    kwargs["partition"] = o.partition
+                self._produce(o.topic, kwargs)
+            tps = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+            if not tps:
+                # a tick-only transaction still carries the group generation for fencing
+                tps = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+            if tps:
+                self.producer.send_offsets_to_transaction(tps, self.consumer.consumer_group_metadata(), 30)
+            self.producer.commit_transaction(30)
+            self.transactions += 1
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal():
+                log.error("fatal transaction error (fenced?): %s; exiting", err)
+                self._stop.set()
+                raise EventLogError(f"processor fenced or fatal Kafka error: {err}") from exc
+            log.warning("transaction failed (%s); aborting and restoring state", err)
+            try:
+                self.producer.abort_transaction(30)
+            except KafkaException as exc2:
+                log.error("abort failed: %s", exc2)
+            self._rewind()
+
+    def _produce(self, topic: str, kwargs: dict[str, Any]) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _rewind(self) -> None:
+        """After an abort: state and positions go back to the last commit."""
+        assignment = self.consumer.assignment()
+        committed = self.consumer.committed(assignment, 30)
+        for p in list(self.tasks):
+            self.tasks[p].kv.close()
+            self.tasks[p] = self._restore(p)
+        for tp in committed:
+            if tp.offset >= 0:
+                self.consumer.seek(tp)
+            else:
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, 0))
+
+
+def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float) -> Iterable[Message]:
+    """Every committed record of one partition, from the start to the current end."""
+    c = Consumer(consumer_config(bootstrap, "gnomon-restore", **{"enable.partition.eof": True}))
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
+        if high <= low:
+            return
+        c.assign([TopicPartition(topic, partition, low)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                pos = c.position([TopicPartition(topic, partition)])[0].offset
+                if pos >= high:
+                    return
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return
+                raise EventLogError(f"restoring {topic}[{partition}]: {msg.error()}")
+            yield msg
+            if msg.offset() + 1 >= high:
+                return
+        raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
+    finally:
+        c.close()

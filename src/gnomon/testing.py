@@ -1,0 +1,198 @@
+"""Ship the harness: run gnomon's whole core in memory, deterministically.
+
+``InMemoryCluster`` wires the same ``PartitionTask`` the Kafka runtime uses to
+in-memory queues, a ``FakeClock`` and fake workers whose behaviour is drawn from a
+seeded RNG. Every record that would have gone to Kafka is kept in ``log`` so a test
+can run a history checker over it. Any scenario replays exactly from its seed.
+
+    cluster = InMemoryCluster(seed=7)
+    cluster.submit(RegisterJob(...))
+    cluster.run_for(60_000)
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnomon import codec
+from gnomon.adapters.kafka import partition_for
+from gnomon.adapters.kv import MemoryKV
+from gnomon.core import jobs as J
+from gnomon.core import runs as R
+from gnomon.core.clock import FakeClock
+from gnomon.core.errors import GnomonError
+from gnomon.core.messages import DispatchRun, Grant, Stop
+from gnomon.streams.task import Output, PartitionTask
+from gnomon.topology import Topology
+
+# What a fake worker does with an attempt it was granted.
+SUCCEED, FAIL, CRASH, ZOMBIE = "succeed", "fail", "crash", "zombie"
+
+
+@dataclass
+class FakeWorkerPolicy:
+    """Probabilities of each behaviour and how long an attempt takes (ms)."""
+
+    p_fail: float = 0.0
+    p_crash: float = 0.0  # never completes, never heartbeats: the lease must lapse
+    p_zombie: float = 0.0  # stops heartbeating (SIGSTOP), then completes late with its old token
+    duration_ms: tuple[int, int] = (100, 2000)
+
+
+@dataclass
+class _Attempt:
+    grant: Grant
+    ends_at_ms: int
+    behaviour: str
+    last_heartbeat_ms: int = 0
+
+
+@dataclass
+class InMemoryCluster:
+    partitions: int = 4
+    seed: int = 0
+    clock: FakeClock = field(default_factory=FakeClock)
+    sched_cfg: J.SchedulerConfig = field(default_factory=J.SchedulerConfig)
+    run_cfg: R.RunConfig = field(default_factory=R.RunConfig)
+    policy: FakeWorkerPolicy = field(default_factory=FakeWorkerPolicy)
+    workers: int = 3
+    encode_through_codec: bool = True
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.topo = Topology(partitions=self.partitions, pools=("default", "batch"),
+                             priorities=("high", "normal", "low"), dispatch_format="gnomon.dispatch.{pool}.{priority}")
+        self.tasks = {p: PartitionTask(p, MemoryKV(), self.topo, self.sched_cfg, self.run_cfg)
+                      for p in range(self.partitions)}
+        self.inputs: dict[int, deque[Any]] = {p: deque() for p in range(self.partitions)}
+        self.dispatch: deque[DispatchRun] = deque()
+        self.inbox: deque[Grant | Stop] = deque()
+        self.attempts: dict[tuple[str, str], _Attempt] = {}
+        self.log: list[tuple[int, Any]] = []  # (time, record) of every input and output
+        self.rejected: list[tuple[Any, str]] = []
+        self.stale_accepted: list[Any] = []  # completions/heartbeats with a stale token that changed a run
+        self.hooks: list[Callable[[Output], None]] = []
+
+    # ---- input -------------------------------------------------------------------------
+
+    def submit(self, cmd: Any) -> None:
+        job_id = cmd.job_id if hasattr(cmd, "job_id") else cmd.run_id.partition("@")[0]
+        self._enqueue(partition_for(job_id, self.partitions), cmd)
+
+    def _enqueue(self, partition: int, cmd: Any) -> None:
+        if self.encode_through_codec:
+            cmd = codec.decode(codec.encode(cmd))
+        self.log.append((self.clock.now_ms(), cmd))
+        self.inputs[partition].append(cmd)
+
+    # ---- processing --------------------------------------------------------------------
+
+    def _route(self, outs: list[Output]) -> None:
+        for o in outs:
+            for hook in self.hooks:
+                hook(o)
+            if o.topic == self.topo.run_events:
+                assert o.partition is not None
+                self._enqueue(o.partition, o.value)
+            elif o.topic.startswith("gnomon.dispatch."):
+                self.log.append((self.clock.now_ms(), o.value))
+                self.dispatch.append(o.value)
+            elif o.topic == self.topo.worker_inbox:
+                self.log.append((self.clock.now_ms(), o.value))
+                self.inbox.append(o.value)
+            elif o.topic in (self.topo.runs, self.topo.jobs, self.topo.dead_letters):
+                self.log.append((self.clock.now_ms(), (o.topic, o.value)))
+
+    def drain(self, max_rounds: int = 1000) -> None:
+        """Process queued inputs and worker messages until quiet (bounded)."""
+        for _ in range(max_rounds):
+            busy = False
+            for p, q in self.inputs.items():
+                while q:
+                    busy = True
+                    cmd = q.popleft()
+                    before = self.tasks[p].run(cmd.run_id) if isinstance(cmd, R.CompleteAttempt | R.Heartbeat) else None
+                    try:
+                        self._route(self.tasks[p].handle(cmd))
+                        if before is not None and (cmd.token != before.token or cmd.worker_id != before.worker_id):
+                            after = self.tasks[p].run(cmd.run_id)
+                            if after != before:
+                                self.stale_accepted.append(cmd)
+                    except GnomonError as exc:
+                        self.rejected.append((cmd, str(exc)))
+            busy |= self._workers_step()
+            if not busy:
+                return
+        raise AssertionError("cluster did not quiesce")
+
+    def tick(self) -> None:
+        now = self.clock.now_ms()
+        for task in self.tasks.values():
+            self._route(task.tick(now))
+        self.drain()
+
+    def run_for(self, duration_ms: int, step_ms: int = 100) -> None:
+        end = self.clock.now_ms() + duration_ms
+        while self.clock.now_ms() < end:
+            self.clock.advance(step_ms)
+            self.tick()
+
+    # ---- fake workers ------------------------------------------------------------------
+
+    def _workers_step(self) -> bool:
+        now = self.clock.now_ms()
+        busy = False
+        while self.dispatch:
+            busy = True
+            hint = self.dispatch.popleft()
+            worker = f"w{self.rng.randrange(self.workers)}"
+            self.submit(R.ClaimRun(hint.run_id, worker, now))
+        while self.inbox:
+            busy = True
+            msg = self.inbox.popleft()
+            if isinstance(msg, Grant):
+                r = self.rng.random()
+                pol = self.policy
+                behaviour = (CRASH if r < pol.p_crash else ZOMBIE if r < pol.p_crash + pol.p_zombie
+                             else FAIL if r < pol.p_crash + pol.p_zombie + pol.p_fail else SUCCEED)
+                lo, hi = self.policy.duration_ms
+                if behaviour == ZOMBIE:
+                    lo, hi = self.run_cfg.lease_ms + 1000, self.run_cfg.lease_ms * 2
+                self.attempts[(msg.worker_id, msg.run_id)] = _Attempt(
+                    msg, now + self.rng.randint(lo, hi), behaviour, now)
+            elif isinstance(msg, Stop):
+                self.attempts.pop((msg.worker_id, msg.run_id), None)
+        for key, att in list(self.attempts.items()):
+            g = att.grant
+            if att.behaviour == CRASH:
+                continue
+            if now >= att.ends_at_ms:
+                del self.attempts[key]
+                outcome = R.Outcome.FAILED if att.behaviour == FAIL else R.Outcome.SUCCEEDED
+                self.submit(R.CompleteAttempt(g.run_id, g.worker_id, g.token, outcome, now,
+                                              0 if outcome is R.Outcome.SUCCEEDED else 1))
+                busy = True
+            elif att.behaviour != ZOMBIE and now - att.last_heartbeat_ms >= self.run_cfg.lease_ms // 3:
+                att.last_heartbeat_ms = now
+                self.submit(R.Heartbeat(g.run_id, g.worker_id, g.token, now))
+        return busy
+
+    # ---- inspection --------------------------------------------------------------------
+
+    def run_state(self, run_id: str) -> R.RunState | None:
+        job_id = run_id.partition("@")[0]
+        return self.tasks[partition_for(job_id, self.partitions)].run(run_id)
+
+    def job_state(self, job_id: str) -> J.JobState | None:
+        return self.tasks[partition_for(job_id, self.partitions)].job(job_id)
+
+    def runs_of(self, job_id: str) -> list[R.RunState]:
+        out: dict[str, R.RunState] = {}
+        for _, rec in self.log:
+            if isinstance(rec, tuple) and rec[0] == self.topo.runs and rec[1].job_id == job_id:
+                out[rec[1].run_id] = rec[1]
+        return sorted(out.values(), key=lambda r: r.slot_ms)

@@ -1,0 +1,1 @@
+from harness import callback_server, stack  # noqa: F401  (fixtures)

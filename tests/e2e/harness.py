@@ -1,0 +1,122 @@
+"""The real stack as separate processes: processor, worker, projector and API, on the
+Kafka and Cassandra that `gnomon infra up` started. Shared by the e2e tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gnomon.client import Client
+
+API_PORT = int(os.environ.get("GNOMON_TEST_API_PORT", "18787"))
+TOKEN, OTHER_TOKEN = "test-token-acme", "test-token-other"
+
+
+@dataclass
+class Stack:
+    api_url: str
+    client: Client
+    procs: dict[str, subprocess.Popen[bytes]]
+    logs: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        p = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=self.env, stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        p = self.procs.pop(name)
+        if p.poll() is None:
+            os.killpg(p.pid, sig)
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from gnomon.config import load
+    from gnomon.infra import manager
+
+    manager.up(load())
+    logs = tmp_path_factory.mktemp("stack-logs")
+    env = dict(os.environ)
+    env.update({"GNOMON_API_TOKENS": f"{TOKEN}:acme,{OTHER_TOKEN}:other", "GNOMON_API_PORT": str(API_PORT),
+                "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{API_PORT}"
+    st = Stack(url, Client(url, TOKEN), {}, logs, env)
+    st.start("processor", "processor", "--instance-id", "e2e-0")
+    st.start("worker", "worker", "--worker-id", "e2e-w1", "--concurrency", "16")
+    st.start("projector", "projector")
+    st.start("api", "api", "--port", str(API_PORT))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        for name, p in st.procs.items():
+            if p.poll() is not None:
+                pytest.fail(f"{name} exited early:\n" + (logs / f"{name}.log").read_text()[-3000:])
+        if time.monotonic() > deadline:
+            pytest.fail("API did not come up in 60 s")
+        time.sleep(0.3)
+    yield st
+    for name in list(st.procs):
+        st.stop(name)
+    print(f"\nstack logs in {logs}")
+
+
+class Recorder(BaseHTTPRequestHandler):
+    calls: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length).decode()
+        Recorder.calls.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        status = 500 if self.path.startswith("/fail") else 200
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(b"recorded")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def callback_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last={last!r}")

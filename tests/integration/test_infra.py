@@ -1,0 +1,134 @@
+"""The local stack from ``gnomon.infra``: processes, topics, and both Python Kafka clients."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import ConfigResource
+
+from gnomon.config import Settings
+from gnomon.infra import cassandra, fetch, kafka, manager, topics
+
+pytestmark = pytest.mark.integration
+
+
+def test_status_reports_both_up(infra: Settings) -> None:
+    st = manager.status(infra)
+    assert st["kafka"]["state"] == "up"
+    assert st["kafka"]["version"].startswith("3.9.")
+    assert st["cassandra"]["state"] == "up"
+    assert st["cassandra"]["version"].startswith("5.0.")
+
+
+def test_topics_match_topology(infra: Settings) -> None:
+    specs = topics.topic_specs(infra.topology_path)
+    client = kafka.admin(infra.kafka_bootstrap)
+    existing = client.list_topics(timeout=10).topics
+    resources = [ConfigResource("topic", s.name) for s in specs]
+    configs = {r.name: f.result() for r, f in client.describe_configs(resources).items()}
+    for spec in specs:
+        assert spec.name in existing, spec.name
+        assert len(existing[spec.name].partitions) == spec.partitions, spec.name
+        assert configs[spec.name]["cleanup.policy"].value == spec.cleanup_policy, spec.name
+        if spec.retention_ms is not None:
+            assert configs[spec.name]["retention.ms"].value == str(spec.retention_ms), spec.name
+
+
+def test_up_again_is_idempotent(infra: Settings) -> None:
+    before = manager.status(infra)
+    started = time.monotonic()
+    after = manager.up(infra, kafka_nodes=before["kafka"]["nodes"])
+    assert time.monotonic() - started < 15
+    assert after["kafka"]["pids"] == before["kafka"]["pids"]
+    assert after["cassandra"]["pid"] == before["cassandra"]["pid"]
+    specs = topics.topic_specs(infra.topology_path)
+    assert topics.ensure_topics(infra.kafka_bootstrap, specs, replication_factor=1) == []
+
+
+def test_cassandra_answers_cql(infra: Settings) -> None:
+    assert cassandra.release_version(infra).startswith("5.0.")
+
+
+def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settings) -> None:
+    """The broker version must serve both clients: confluent-kafka and aiokafka (Faust's)."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = f"test.infra.{uuid.uuid4().hex[:8]}"
+    bootstrap = infra.kafka_bootstrap
+
+    async def scenario() -> list[bytes]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
+        finally:
+            await admin.close()
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+        )
+        producer.produce(topic, key=b"job-1", value=b"from-confluent")
+        assert producer.flush(10) == 0
+        tx = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-{topic}")
+        await tx.start()
+        try:
+            async with tx.transaction():
+                await tx.send_and_wait(topic, key=b"job-1", value=b"from-aiokafka-tx")
+        finally:
+            await tx.stop()
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=f"g-{topic}",
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        try:
+            got: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while len(got) < 2 and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=1000)
+                got += [m.value for msgs in batch.values() for m in msgs if m.value is not None]
+            await consumer.commit()
+            return got
+        finally:
+            await consumer.stop()
+
+    try:
+        got = asyncio.run(scenario())
+    finally:
+        kafka.admin(bootstrap).delete_topics([topic])
+    # same key -> same partition under murmur2 in both clients, so order is preserved
+    assert got == [b"from-confluent", b"from-aiokafka-tx"]
+
+
+@pytest.mark.slow
+def test_three_node_cluster(infra: Settings, tmp_path: Path) -> None:
+    """Three KRaft nodes on other ports: replication factor 3, min ISR 2; then down."""
+    settings = Settings(state_dir=tmp_path, kafka_port=19092, kafka_controller_port=19093)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "kafka").symlink_to(fetch.lib_dir(infra.state_dir, "kafka"))  # no refetch
+    try:
+        st = manager.up(settings, kafka_nodes=3, components=("kafka",))
+        assert st["kafka"]["state"] == "up" and len(st["kafka"]["pids"]) == 3
+        client = kafka.admin(kafka.bootstrap(settings, 3))
+        md = client.list_topics(timeout=10)
+        assert sorted(md.brokers) == [1, 2, 3]
+        assert all(len(p.replicas) == 3 for p in md.topics["gnomon.runs"].partitions.values())
+        res = ConfigResource("topic", "gnomon.runs")
+        assert client.describe_configs([res])[res].result()["min.insync.replicas"].value == "2"
+    finally:
+        stopped = manager.down(settings)
+    assert sorted(stopped) == ["kafka-1", "kafka-2", "kafka-3"]
+    assert manager.status(settings)["kafka"]["state"] == "down"

@@ -1,0 +1,297 @@
+"""The HistoryStore contract on InMemoryHistoryStore, paging properties, and the
+projector's batching / poison / retry logic on a fake consumer (all pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.register_assert_rewrite("gnomon.history.contract")
+
+from gnomon.codec import encode  # noqa: E402
+from gnomon.core.errors import HistoryStoreError  # noqa: E402
+from gnomon.core.runs import RunStatus  # noqa: E402
+from gnomon.history import _paging as P  # noqa: E402
+from gnomon.history.base import HistoryBatch  # noqa: E402
+from gnomon.history.contract import (  # noqa: E402
+    MINUTE,
+    T0,
+    HistoryStoreContract,
+    all_pages,
+    failed,
+    job,
+    line,
+    run,
+)
+from gnomon.history.memory import InMemoryHistoryStore  # noqa: E402
+from gnomon.history.projector import HistoryProjector  # noqa: E402
+
+
+class TestInMemoryContract(HistoryStoreContract):
+    @pytest.fixture
+    def make_store(self) -> Callable[..., InMemoryHistoryStore]:
+        shared = InMemoryHistoryStore()
+
+        def make(status_scan_max: int | None = None) -> InMemoryHistoryStore:
+            if status_scan_max is None:
+                return shared
+            other = InMemoryHistoryStore(status_scan_max=status_scan_max)
+            other.__dict__.update({k: v for k, v in shared.__dict__.items() if k.startswith("_")})
+            return other
+
+        return make
+
+
+# ---- paging properties -------------------------------------------------------------------
+
+STATUSES = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.RUNNING]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    slots=st.lists(st.tuples(st.integers(0, 30), st.sampled_from(STATUSES), st.booleans()), max_size=40),
+    limit=st.integers(1, 7),
+    scan_max=st.integers(1, 12),
+    status=st.none() | st.sampled_from(STATUSES),
+)
+def test_pages_cover_the_listing_exactly_once(
+    slots: list[tuple[int, RunStatus, bool]], limit: int, scan_max: int, status: RunStatus | None
+) -> None:
+    store = InMemoryHistoryStore(status_scan_max=scan_max)
+    runs = {}
+    for i, (slot, st_, manual) in enumerate(slots):
+        r = run("job_p", T0 + slot * MINUTE, st_, manual_key=f"k{i}" if manual else None)
+        runs[r.run_id] = r
+        store.put_run(r)
+    expected = sorted(runs.values(), key=lambda r: (r.slot_ms, r.run_id), reverse=True)
+    if status is not None:
+        expected = [r for r in expected if r.status is status]
+    items, pages = all_pages(lambda n, c: store.list_runs("job_p", status and status.value, n, c), limit)
+    assert items == expected
+    assert all(len(p.items) <= limit for p in pages)
+    if status is None:
+        assert all(len(p.items) == limit for p in pages[:-1])
+        assert len(pages) == max(1, -(-len(expected) // limit))
+
+
+@given(st.sampled_from([P.JOBS, P.RUNS, P.LOGS, P.DEAD]), st.data())
+def test_cursor_round_trip(kind: str, data: st.DataObject) -> None:
+    parts = {str: st.text(max_size=30), int: st.integers(-(2**63), 2**63 - 1)}
+    key = tuple(data.draw(parts[t]) for t in P._SHAPES[kind])
+    assert P.decode_cursor(kind, P.encode_cursor(kind, key)) == key
+
+
+def test_dead_letters_follow_the_latest_state_in_memory() -> None:
+    store = InMemoryHistoryStore()
+    r = failed("job_d", T0, "t1")
+    store.put_run(r)
+    store.put_run(run("job_d", T0, RunStatus.READY, "t1"))
+    assert store.list_dead_letters("t1", 10, None).items == []
+
+
+# ---- projector on a fake consumer --------------------------------------------------------
+
+TOPICS = {"jobs": "gnomon.jobs", "runs": "gnomon.runs", "logs": "gnomon.run-logs"}
+
+
+@dataclass
+class FakeMsg:
+    _topic: str
+    _partition: int
+    _offset: int
+    _key: bytes | None
+    _value: bytes | None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def error(self) -> None:
+        return None
+
+
+@dataclass
+class FakeConsumer:
+    """Serves queued messages from a position per partition, like a Kafka consumer."""
+
+    log: dict[tuple[str, int], list[FakeMsg]] = field(default_factory=dict)
+    pos: dict[tuple[str, int], int] = field(default_factory=dict)
+    commits: list[dict[tuple[str, int], int]] = field(default_factory=list)
+    seeks: list[tuple[str, int, int]] = field(default_factory=list)
+    closed: bool = False
+
+    def add(self, topic: str, key: str | None, value: bytes | None, partition: int = 0) -> None:
+        tp = (topic, partition)
+        msgs = self.log.setdefault(tp, [])
+        msgs.append(FakeMsg(topic, partition, len(msgs), key.encode() if key is not None else None, value))
+
+    def _pending(self) -> list[FakeMsg]:
+        out = []
+        for tp, msgs in sorted(self.log.items()):
+            out += msgs[self.pos.get(tp, 0):]
+        return out
+
+    def poll(self, timeout: float) -> FakeMsg | None:
+        got = self.consume(1, timeout)
+        return got[0] if got else None
+
+    def consume(self, n: int, timeout: float) -> list[FakeMsg]:
+        got = self._pending()[:n]
+        for m in got:
+            self.pos[(m.topic(), m.partition())] = m.offset() + 1
+        return got
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        assert not asynchronous
+        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def seek(self, tp: Any) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+        self.pos[(tp.topic, tp.partition)] = tp.offset
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FlakyStore(InMemoryHistoryStore):
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.attempts = 0
+
+    def write_batch(self, batch: HistoryBatch) -> None:
+        self.attempts += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise HistoryStoreError("cassandra write batch: OperationTimedOut: errors={}")
+        super().write_batch(batch)
+
+
+def projector(store: Any, consumer: FakeConsumer, **kw: Any) -> HistoryProjector:
+    kw.setdefault("retry_backoff_s", 0.0)
+    return HistoryProjector(store, topics=TOPICS, consumer=consumer, **kw)
+
+
+def test_projector_writes_coalesced_batches_then_commits() -> None:
+    store, c = InMemoryHistoryStore(), FakeConsumer()
+    j1, j2 = job("job_a", "t1", 1), job("job_a", "t1", 2)
+    c.add("gnomon.jobs", "job_a", encode(j1))
+    c.add("gnomon.jobs", "job_a", encode(j2))
+    c.add("gnomon.jobs", "job_b", encode(job("job_b", "t1")), partition=1)
+    states = [run("job_a", T0, RunStatus.RUNNING, "t1", attempt=1, token=1, worker_id="w", lease_until_ms=T0,
+                  deadline_ms=T0), failed("job_a", T0, "t1")]
+    for s in states:
+        c.add("gnomon.runs", s.run_id, encode(s))
+    lines = [line(states[0].run_id, 1, i) for i in range(3)]
+    for x in [*lines, lines[0]]:
+        c.add("gnomon.run-logs", x.run_id, encode(x))
+    p = projector(store, c)
+    assert p.run_once(100) == 9
+    assert store.get_job("job_a") == j2
+    assert [j.job_id for j in store.list_jobs("t1", 10, None).items] == ["job_a", "job_b"]
+    assert store.get_run(states[0].run_id) == states[1]
+    assert store.list_dead_letters("t1", 10, None).items == [states[1]]
+    assert store.get_logs(states[0].run_id, 10, None).items == lines
+    assert p.stats.jobs == 2 and p.stats.runs == 1 and p.stats.logs == 3 and p.stats.records == 9
+    assert c.commits == [{("gnomon.jobs", 0): 2, ("gnomon.jobs", 1): 1, ("gnomon.runs", 0): 2,
+                          ("gnomon.run-logs", 0): 4}]
+    assert p.run_once(100) == 0
+
+
+def test_projector_batches_are_bounded() -> None:
+    store, c = InMemoryHistoryStore(), FakeConsumer()
+    for i in range(7):
+        x = line("job_a@x", 1, i)
+        c.add("gnomon.run-logs", x.run_id, encode(x))
+    p = projector(store, c, batch_max=3)
+    assert [p.run_once(100) for _ in range(4)] == [3, 3, 1, 0]
+    assert [cm[("gnomon.run-logs", 0)] for cm in c.commits] == [3, 6, 7]
+    assert len(store.get_logs("job_a@x", 10, None).items) == 7
+
+
+def test_projector_job_tombstone_deletes_and_run_tombstone_is_ignored() -> None:
+    store, c = InMemoryHistoryStore(), FakeConsumer()
+    store.put_job(job("job_a", "t1"))
+    store.put_job(job("job_b", "t1"))
+    r = run("job_a", T0)
+    store.put_run(r)
+    c.add("gnomon.jobs", "job_a", None)
+    c.add("gnomon.jobs", "job_b", None)
+    c.add("gnomon.jobs", "job_b", encode(job("job_b", "t1", 5)))  # re-created after the tombstone
+    c.add("gnomon.runs", r.run_id, None)
+    p = projector(store, c)
+    p.run_once(100)
+    assert store.get_job("job_a") is None
+    assert store.get_job("job_b") == job("job_b", "t1", 5)
+    assert store.get_run(r.run_id) == r
+    assert p.stats.ignored == 1 and p.stats.jobs_deleted == 1
+
+
+def test_projector_skips_poison_through_the_hook_and_still_commits() -> None:
+    store, c = InMemoryHistoryStore(), FakeConsumer()
+    seen: list[tuple[int, str]] = []
+    good = job("job_a", "t1")
+    c.add("gnomon.jobs", "job_x", b"\x00\x00\x00\x00\x63garbage")
+    c.add("gnomon.jobs", "job_y", b"not avro")
+    c.add("gnomon.jobs", "job_a", encode(good))
+    c.add("gnomon.runs", "r", encode(good))  # a JobState on the runs topic
+    c.add("gnomon.jobs", None, None)  # a tombstone without a key
+    p = projector(store, c, poison_sink=lambda m, why: seen.append((m.offset(), why)))
+    assert p.run_once(100) == 5
+    assert store.get_job("job_a") == good
+    assert p.stats.poison == 4 and len(seen) == 4
+    assert all("DecodeError" in why for _, why in seen[:2])
+    assert c.commits[-1][("gnomon.jobs", 0)] == 4 and c.commits[-1][("gnomon.runs", 0)] == 1
+
+
+def test_projector_retries_then_rewinds_without_committing() -> None:
+    store, c = FlakyStore(failures=3), FakeConsumer()
+    r = failed("job_a", T0, "t1")
+    c.add("gnomon.runs", "other", encode(run("job_z", T0)))
+    p0 = len(c.log[("gnomon.runs", 0)])
+    c.add("gnomon.runs", r.run_id, encode(r))
+    p = projector(store, c, write_attempts=2)
+    with pytest.raises(HistoryStoreError):
+        p.run_once(100)
+    assert store.attempts == 2 and c.commits == [] and c.seeks == [("gnomon.runs", 0, 0)]
+    assert p.stats.write_failures == 1
+    assert p.run_once(100) == p0 + 1  # replayed: one more failure, then written
+    assert store.attempts == 4 and store.get_run(r.run_id) == r
+    assert c.commits == [{("gnomon.runs", 0): 2}]
+
+
+def test_projector_run_loop_stops_and_closes() -> None:
+    import threading
+
+    store, c = FlakyStore(failures=1), FakeConsumer()
+    c.add("gnomon.runs", "x", encode(run("job_a", T0)))
+    stop = threading.Event()
+    p = projector(store, c, write_attempts=1, owns_store=True)
+
+    original = p.run_once
+
+    def once(n: int, timeout_s: float | None = None) -> int:
+        got = original(n, 0)
+        if got == 0 and store.get_run(run("job_a", T0).run_id) is not None:
+            stop.set()
+        return got
+
+    p.run_once = once  # type: ignore[method-assign]
+    p.run(stop, poll_timeout_s=0)
+    assert c.closed and store.closed and store.get_run(run("job_a", T0).run_id) is not None

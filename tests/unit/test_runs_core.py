@@ -1,0 +1,143 @@
+"""The run state machine: insert-if-absent, grants and fencing, leases, retries."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnomon.core import runs as R
+from gnomon.core.clock import iso_to_ms
+from gnomon.core.jobs import RunTriggered
+from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core.retry import BackoffStrategy
+
+T0 = iso_to_ms("2026-11-29T08:00:00Z")
+SPEC = JobSpec(name="j", schedule=Schedule(cron="* * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
+               timeout_s=60, retry=RetryPolicy(max_attempts=2, backoff_base_s=1, backoff_cap_s=10))
+RID = "job1@2026-11-29T08:00:00Z"
+
+
+def trig(at: int = T0 - 10_000) -> RunTriggered:
+    return RunTriggered(RID, "job1", "t", SPEC, T0, T0, False, at, advances=True, advance_to_ms=T0 + 60_000)
+
+
+def step(state: R.RunState | None, cmd: R.RunCommand) -> tuple[R.RunState | None, list[R.RunEvent]]:
+    evs = R.decide(state, cmd)
+    for e in evs:
+        state = R.evolve(state, e)
+    return state, evs
+
+
+def timer(state: R.RunState, now: int) -> tuple[R.RunState, list[R.RunEvent]]:
+    evs = R.decide_timer(state, now)
+    for e in evs:
+        state = R.evolve(state, e)
+    return state, evs
+
+
+def ready() -> R.RunState:
+    s, _ = step(None, trig())
+    assert s is not None and s.status is R.RunStatus.SCHEDULED and s.timer_ms() == T0
+    s, evs = timer(s, T0 - 1)
+    assert evs == []
+    s, evs = timer(s, T0)
+    assert [type(e) for e in evs] == [R.RunReleased] and s.status is R.RunStatus.READY
+    return s
+
+
+def test_replayed_trigger_makes_no_second_run() -> None:
+    s, _ = step(None, trig())
+    s2, evs = step(s, trig(at=T0))
+    assert evs == [] and s2 == s
+
+
+def test_one_grant_at_a_time_with_growing_tokens() -> None:
+    s = ready()
+    s, evs = step(s, R.ClaimRun(RID, "w1", T0 + 5))
+    (g,) = evs
+    assert isinstance(g, R.AttemptGranted) and g.token == 1 and s.status is R.RunStatus.RUNNING
+    s, evs = step(s, R.ClaimRun(RID, "w2", T0 + 6))
+    assert isinstance(evs[0], R.ClaimRejected) and s.token == 1 and s.worker_id == "w1"
+
+
+def test_stale_token_is_rejected_and_told_to_stop() -> None:
+    s = ready()
+    s, _ = step(s, R.ClaimRun(RID, "w1", T0 + 5))
+    lease = s.lease_until_ms
+    assert lease is not None
+    s, evs = timer(s, lease)  # w1 went silent: lease lapses, attempt 1 failed, retry
+    assert s.status is R.RunStatus.RETRY_WAIT and s.next_attempt_at_ms is not None
+    s, _ = timer(s, s.next_attempt_at_ms)
+    s, _ = step(s, R.ClaimRun(RID, "w2", lease + 20_000))
+    assert s.token == 2 and s.attempt == 2
+    s2, evs = step(s, R.CompleteAttempt(RID, "w1", 1, R.Outcome.SUCCEEDED, lease + 21_000))
+    assert isinstance(evs[0], R.StaleRejected) and s2 == s
+    s, evs = step(s, R.CompleteAttempt(RID, "w2", 2, R.Outcome.SUCCEEDED, lease + 22_000, 0))
+    assert s.status is R.RunStatus.SUCCEEDED and s.finished_at_ms == lease + 22_000
+
+
+def test_exhausted_retries_fail_terminally() -> None:
+    s = ready()
+    for attempt in (1, 2):
+        s, _ = step(s, R.ClaimRun(RID, "w", T0 + attempt * 100_000))
+        s, _evs = step(s, R.CompleteAttempt(RID, "w", attempt, R.Outcome.FAILED, T0 + attempt * 100_000 + 1, 3, "exit 3"))
+        if attempt == 1:
+            assert s.status is R.RunStatus.RETRY_WAIT
+            s, _ = timer(s, s.next_attempt_at_ms or 0)
+    assert s.status is R.RunStatus.FAILED and s.exit_code == 3 and s.status.terminal
+
+
+def test_cancel_stops_running_worker() -> None:
+    s = ready()
+    s, _ = step(s, R.ClaimRun(RID, "w1", T0 + 5))
+    s, evs = step(s, R.CancelRun(RID, T0 + 6))
+    assert isinstance(evs[0], R.RunCancelled) and evs[0].worker_id == "w1" and s.status is R.RunStatus.CANCELLED
+    assert step(s, R.CancelRun(RID, T0 + 7))[1] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=25), st.floats(min_value=0, max_value=100), st.floats(min_value=0, max_value=1000))
+def test_backoff_is_bounded_and_deterministic(attempt: int, base: float, cap_extra: float) -> None:
+    strat = BackoffStrategy(RetryPolicy(max_attempts=25, backoff_base_s=base, backoff_cap_s=base + cap_extra))
+    d = strat.delay_ms("r", attempt)
+    assert 0 <= d <= (base + cap_extra) * 1000
+    assert d == strat.delay_ms("r", attempt)
+
+
+COMMANDS = st.one_of(
+    st.builds(lambda w, dt: ("claim", w, dt), st.sampled_from(["w1", "w2", "w3"]), st.integers(0, 5000)),
+    st.builds(lambda w, tok, dt: ("hb", w, tok, dt), st.sampled_from(["w1", "w2", "w3"]), st.integers(0, 4), st.integers(0, 5000)),
+    st.builds(lambda w, tok, ok, dt: ("done", w, tok, ok, dt), st.sampled_from(["w1", "w2", "w3"]), st.integers(0, 4),
+              st.booleans(), st.integers(0, 5000)),
+    st.builds(lambda dt: ("time", dt), st.integers(0, 60_000)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(COMMANDS, max_size=60))
+def test_fencing_invariants_under_any_interleaving(script: list[tuple]) -> None:  # type: ignore[type-arg]
+    """Whatever workers send in whatever order: tokens only grow by one per grant, only the
+    current token's holder can change the run, and terminal states are final."""
+    s = ready()
+    now = T0
+    for item in script:
+        now += item[-1]
+        before = s
+        if item[0] == "claim":
+            s, evs = step(s, R.ClaimRun(RID, item[1], now))
+        elif item[0] == "hb":
+            s, evs = step(s, R.Heartbeat(RID, item[1], item[2], now))
+        elif item[0] == "done":
+            out = R.Outcome.SUCCEEDED if item[3] else R.Outcome.FAILED
+            s, evs = step(s, R.CompleteAttempt(RID, item[1], item[2], out, now))
+        else:
+            s, evs = timer(s, now)
+        assert s is not None
+        assert s.token in (before.token, before.token + 1)
+        if before.status.terminal:
+            assert s == before
+        if item[0] in ("hb", "done") and (item[2] != before.token or item[1] != before.worker_id):
+            # a heartbeat/completion from anyone but the current grant's holder changes nothing
+            assert s == before
+            assert all(isinstance(e, R.StaleRejected) for e in evs)
+        assert s.attempt == s.token <= SPEC.retry.max_attempts

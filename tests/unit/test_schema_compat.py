@@ -1,0 +1,256 @@
+"""The schema registry (schemas/avro/registry.json) stays append-only and backward compatible.
+
+* a registered .avsc file is never edited in place (its sha256 is pinned);
+* for every subject, every registered version can be read with the latest one, checked
+  statically (gnomon.codec.compat, the Avro resolution rules) and with data (samples
+  written with the old schema, read with the latest by fastavro, decoded by the codec);
+* the check itself is proven on schemas built here: a new version that adds a field
+  without a default (or drops an enum symbol) is rejected, one that adds an optional
+  field is accepted and old records decode through it.
+
+The procedure for changing a schema is in schemas/README.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from fastavro.read import SchemaResolutionError
+from fastavro.utils import generate_many
+
+from gnomon.codec import Codec, DecodeError, default_codec, encode
+from gnomon.codec.__main__ import check, main, register
+from gnomon.codec.compat import incompatibilities
+from gnomon.codec.registry import (
+    Reference,
+    Registry,
+    RegistryError,
+    SchemaVersion,
+    build_schema,
+    file_sha256,
+    load_registry,
+)
+from gnomon.core.messages import LogLine, LogStream
+from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.core.runs import RunState, RunStatus
+
+REGISTRY: Registry = default_codec.registry
+SCHEMA_DIR: Path = REGISTRY.directory
+SAMPLES = 40
+
+OLD_VERSIONS = [
+    pytest.param(v, id=f"{v.subject}-v{v.version}") for s in REGISTRY.subjects() for v in REGISTRY.versions(s)
+]
+
+
+def _write(schema: Any, record: Any) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, record)
+    return buf.getvalue()
+
+
+def _read(data: bytes, writer: Any, reader: Any) -> Any:
+    return fastavro.schemaless_reader(io.BytesIO(data), writer, reader, return_record_name=True)
+
+
+def _readable_with_data(writer: Any, reader: Any, n: int = SAMPLES) -> None:
+    """Samples generated from ``writer`` must resolve against ``reader``. The reader is
+    re-parsed so fastavro cannot skip resolution when the two are equal."""
+    reader = fastavro.parse_schema(json.loads(json.dumps({k: v for k, v in reader.items() if k[:2] != "__"})))
+    for record in generate_many(writer, n):
+        _read(_write(writer, record), writer, reader)
+
+
+# ---- the registry is append-only -------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_registered_file_is_unchanged(version: SchemaVersion) -> None:
+    actual = file_sha256(SCHEMA_DIR / version.file)
+    assert actual == version.sha256, (
+        f"{version.file} (schema id {version.id}, {version.subject} v{version.version}) was edited "
+        "after it was registered. Registered files are immutable: restore it (git checkout) and "
+        "put the change in a new versioned file, see schemas/README.md."
+    )
+
+
+def test_registry_is_well_formed() -> None:
+    doc = json.loads((SCHEMA_DIR / "registry.json").read_text())
+    ids = [int(k) for k in doc["schemas"]]
+    assert ids == sorted(ids) and all(i > 0 for i in ids), "ids are positive and listed in order"
+    for subject in REGISTRY.subjects():
+        versions = [v.version for v in REGISTRY.versions(subject)]
+        assert versions == list(range(1, len(versions) + 1)), f"{subject}: versions {versions}"
+        ids_in_order = [v.id for v in REGISTRY.versions(subject)]
+        assert ids_in_order == sorted(ids_in_order), f"{subject}: a later version has a smaller id"
+    for v in REGISTRY:
+        assert len(v.sha256) == 64, f"schema id {v.id} has no sha256"
+        for ref in v.references:
+            assert REGISTRY.lookup(ref.subject, ref.version).id < v.id
+    registered = {v.file for v in REGISTRY}
+    on_disk = {p.name for p in SCHEMA_DIR.glob("*.avsc")}
+    assert on_disk == registered, f"unregistered: {on_disk - registered}; missing: {registered - on_disk}"
+
+
+def test_cli_check_passes_on_the_checked_in_registry() -> None:
+    assert check(REGISTRY) == []
+    assert main(["check"]) == 0
+
+
+# ---- every historical version is readable by the latest --------------------------------
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_version_is_readable_by_latest(version: SchemaVersion) -> None:
+    latest = REGISTRY.latest(version.subject)
+    assert incompatibilities(version.schema, latest.schema) == []
+    _readable_with_data(version.schema, latest.schema)
+    # ... and the codec turns such a record into its dataclass.
+    header = b"\x00" + version.id.to_bytes(4, "big")
+    for record in generate_many(version.schema, 10):
+        obj = default_codec.decode(header + _write(version.schema, record))
+        assert type(obj).__module__.startswith("gnomon.core.")
+
+
+# ---- the check works: schemas built here -----------------------------------------------
+
+
+def _raw(file: str) -> Any:
+    return json.loads((SCHEMA_DIR / file).read_text())
+
+
+JOBSPEC_V1 = Reference("gnomon.JobSpec", "gnomon.JobSpec", 1)
+
+
+def _parse(raw: Any, *refs: Reference) -> Any:
+    """The self-contained parsed schema of ``raw``, as the registry would build it."""
+    return build_schema(raw, refs, REGISTRY)
+
+
+def _with_field(raw: Any, field: dict[str, Any]) -> Any:
+    out = copy.deepcopy(raw)
+    out["fields"].append(field)
+    return out
+
+
+RUN_V1 = REGISTRY.latest("gnomon.runs-value")
+
+
+def test_new_required_field_is_incompatible() -> None:
+    v2 = _parse(_with_field(_raw(RUN_V1.file), {"name": "shard", "type": "long"}), JOBSPEC_V1)
+    problems = incompatibilities(RUN_V1.schema, v2)
+    assert len(problems) == 1 and "shard" in problems[0] and "default" in problems[0]
+    with pytest.raises(SchemaResolutionError):
+        _readable_with_data(RUN_V1.schema, v2)
+
+
+def test_new_optional_field_with_default_is_compatible() -> None:
+    field = {"name": "note", "type": ["null", "string"], "default": None}
+    v2 = _parse(_with_field(_raw(RUN_V1.file), field), JOBSPEC_V1)
+    assert incompatibilities(RUN_V1.schema, v2) == []
+    _readable_with_data(RUN_V1.schema, v2)
+
+
+def test_removed_enum_symbol_and_changed_type_are_incompatible() -> None:
+    raw = _raw(RUN_V1.file)
+    status = next(f for f in raw["fields"] if f["name"] == "status")
+    status["type"]["symbols"].remove("skipped")
+    attempt = next(f for f in raw["fields"] if f["name"] == "attempt")
+    attempt.update(type="string", default="0")
+    problems = incompatibilities(RUN_V1.schema, _parse(raw, JOBSPEC_V1))
+    assert any("skipped" in p for p in problems)
+    assert any("attempt" in p for p in problems)
+
+
+def test_removed_union_branch_is_incompatible() -> None:
+    commands = REGISTRY.latest("gnomon.job-commands-value")
+    raw = _raw(commands.file)
+    raw["fields"][0]["type"] = [b for b in raw["fields"][0]["type"] if b["name"] != "TriggerJob"]
+    problems = incompatibilities(commands.schema, _parse(raw, JOBSPEC_V1))
+    assert any("TriggerJob" in p for p in problems)
+
+
+def test_promotions_are_compatible() -> None:
+    writer = fastavro.parse_schema({"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]})
+    reader = fastavro.parse_schema({"type": "record", "name": "X", "fields": [{"name": "a", "type": "double"}]})
+    assert incompatibilities(writer, reader) == []
+    assert incompatibilities(reader, writer) != []
+
+
+# ---- the procedure end to end, on a copy of the registry -------------------------------
+
+
+@pytest.fixture
+def registry_copy(tmp_path: Path) -> Path:
+    directory = tmp_path / "avro"
+    shutil.copytree(SCHEMA_DIR, directory)
+    return directory
+
+
+def _add_field_file(directory: Path, source: str, target: str, field: dict[str, Any]) -> None:
+    raw = json.loads((directory / source).read_text())
+    (directory / target).write_text(json.dumps(_with_field(raw, field), indent=2) + "\n")
+
+
+def test_procedure_new_version_and_old_records(registry_copy: Path) -> None:
+    line = LogLine("r", "j", "t", 1, 7, LogStream.SYSTEM, "started", 5)
+    old_bytes = encode(line)  # written with LogLine v1 by today's codec
+    _add_field_file(registry_copy, "LogLine.v1.avsc", "LogLine.v2.avsc",
+                    {"name": "host", "type": ["null", "string"], "default": None})
+    entry = register(registry_copy, "gnomon.run-logs-value", "LogLine.v2.avsc", None)
+    assert entry["version"] == 2 and entry["id"] == max(REGISTRY.by_id) + 1
+
+    codec = Codec(load_registry(registry_copy))
+    assert codec.schema_id_for_topic("gnomon.run-logs") == entry["id"]
+    assert codec.decode(old_bytes) == line  # v1 record, resolved to the v2 reader schema
+    new_bytes = codec.encode(line)
+    assert new_bytes[1:5] == entry["id"].to_bytes(4, "big")
+    assert codec.decode(new_bytes) == line
+    assert check(load_registry(registry_copy)) == []
+    with pytest.raises(DecodeError, match="unknown schema id"):
+        default_codec.decode(new_bytes)  # an old deployment does not know the new id
+
+
+def test_procedure_shared_type_new_version(registry_copy: Path) -> None:
+    """JobSpec changes: a new JobSpec version, then a new version of each subject that
+    references it (here RunState), pointing at the new JobSpec."""
+    spec = JobSpec("n", Schedule(cron="* * * * *"), Target(TargetType.HANDLER, handler="h"))
+    run = RunState("r", "j", "t", spec, 1, 2, True, RunStatus.SCHEDULED, 3, 4)
+    old_bytes = encode(run)
+    _add_field_file(registry_copy, "JobSpec.v1.avsc", "JobSpec.v2.avsc",
+                    {"name": "labels", "type": {"type": "map", "values": "string"}, "default": {}})
+    register(registry_copy, "gnomon.JobSpec", "JobSpec.v2.avsc", None)
+    shutil.copy(registry_copy / "RunState.v1.avsc", registry_copy / "RunState.v2.avsc")
+    entry = register(registry_copy, "gnomon.runs-value", "RunState.v2.avsc", ["gnomon.JobSpec:2"])
+    assert entry["references"] == [{"name": "gnomon.JobSpec", "subject": "gnomon.JobSpec", "version": 2}]
+
+    registry = load_registry(registry_copy)
+    labels = next(f for f in registry.latest("gnomon.runs-value").schema["fields"] if f["name"] == "spec")
+    assert "labels" in [f["name"] for f in labels["type"]["fields"]]
+    codec = Codec(registry)
+    assert codec.decode(old_bytes) == run
+    assert codec.decode(codec.encode(run)) == run
+
+
+def test_procedure_refuses_an_incompatible_version(registry_copy: Path) -> None:
+    _add_field_file(registry_copy, "LogLine.v1.avsc", "LogLine.v2.avsc", {"name": "host", "type": "string"})
+    before = (registry_copy / "registry.json").read_text()
+    with pytest.raises(RegistryError, match="host"):
+        register(registry_copy, "gnomon.run-logs-value", "LogLine.v2.avsc", None)
+    assert (registry_copy / "registry.json").read_text() == before
+
+
+def test_editing_a_registered_file_is_detected(registry_copy: Path) -> None:
+    raw = json.loads((registry_copy / "LogLine.v1.avsc").read_text())
+    raw["fields"].append({"name": "host", "type": "string"})  # the mistake: edit in place
+    (registry_copy / "LogLine.v1.avsc").write_text(json.dumps(raw))
+    problems = check(load_registry(registry_copy))
+    assert len(problems) == 1 and "LogLine.v1.avsc changed" in problems[0]
+    assert main(["--dir", str(registry_copy), "check"]) == 1
