@@ -80,7 +80,8 @@ class HistoryChecker:
             prev: RunState | None = None
             for s in states:
                 if prev is not None:
-                    if prev.status.terminal and s != prev:
+                    replayed = prev.status is RunStatus.FAILED and s.replays == prev.replays + 1
+                    if prev.status.terminal and s != prev and not replayed:
                         rep.stale_accepted += 1
                         rep.problems.append(f"{run_id} changed after terminal {prev.status.value}")
                     if s.token not in (prev.token, prev.token + 1):

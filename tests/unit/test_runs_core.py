@@ -141,3 +141,27 @@ def test_fencing_invariants_under_any_interleaving(script: list[tuple]) -> None:
             assert s == before
             assert all(isinstance(e, R.StaleRejected) for e in evs)
         assert s.attempt == s.token <= SPEC.retry.max_attempts
+
+
+def test_replay_gives_a_dead_letter_a_fresh_retry_budget() -> None:
+    import pytest
+
+    from gnomon.core.errors import TransitionError
+
+    s = ready()
+    with pytest.raises(TransitionError):
+        R.decide(s, R.ReplayRun(RID, T0))
+    now = T0
+    for attempt in (1, 2):
+        now += 100_000
+        s, _ = step(s, R.ClaimRun(RID, "w", now))
+        s, _ = step(s, R.CompleteAttempt(RID, "w", attempt, R.Outcome.FAILED, now + 1, 1))
+        if attempt == 1:
+            s, _ = timer(s, s.next_attempt_at_ms or 0)
+    assert s.status is R.RunStatus.FAILED
+    s, evs = step(s, R.ReplayRun(RID, now + 10))
+    assert s.status is R.RunStatus.READY and s.replays == 1 and s.attempts_before_replay == 2
+    assert any(isinstance(e, R.RunReleased) and e.attempt == 3 for e in evs)
+    s, _ = step(s, R.ClaimRun(RID, "w", now + 20))
+    s, _ = step(s, R.CompleteAttempt(RID, "w", 3, R.Outcome.FAILED, now + 21, 1))
+    assert s.status is R.RunStatus.RETRY_WAIT, "the replay brought a full budget of attempts"

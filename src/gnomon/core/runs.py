@@ -51,7 +51,7 @@ _ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     ),
     RunStatus.RETRY_WAIT: frozenset({RunStatus.READY, RunStatus.CANCELLED}),
     RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset(),
+    RunStatus.FAILED: frozenset({RunStatus.READY}),  # only by an explicit replay of a dead letter
     RunStatus.CANCELLED: frozenset(),
     RunStatus.SKIPPED: frozenset(),
 }
@@ -94,6 +94,8 @@ class RunState:
     exit_code: int | None = None
     error: str | None = None
     reason: str | None = None  # why skipped / cancelled / failed
+    replays: int = 0  # times this dead letter was replayed
+    attempts_before_replay: int = 0  # attempts spent before the latest replay (retry budget base)
 
     def timer_ms(self) -> int | None:
         """When time alone next changes this run (the processor's timer index key)."""
@@ -145,7 +147,16 @@ class CancelRun:
     reason: str = "cancelled by user"
 
 
-RunCommand = RunTriggered | RunSkipped | ClaimRun | Heartbeat | CompleteAttempt | CancelRun
+@dataclass(frozen=True)
+class ReplayRun:
+    """Give a dead-lettered (FAILED) run a fresh retry budget and release it again."""
+
+    run_id: str
+    at_ms: int
+    requested_by: str = "user"
+
+
+RunCommand = RunTriggered | RunSkipped | ClaimRun | Heartbeat | CompleteAttempt | CancelRun | ReplayRun
 
 
 # ---- events ----------------------------------------------------------------------------
@@ -243,8 +254,14 @@ class RunCancelled:
     at_ms: int
 
 
+@dataclass(frozen=True)
+class RunReplayed:
+    run_id: str
+    at_ms: int
+
+
 RunEvent = (
-    RunCreated | RunReleased | RunWithdrawn | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
+    RunCreated | RunReleased | RunWithdrawn | RunReplayed | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
     | RunCancelled
 )
 
@@ -263,7 +280,8 @@ def _end_attempt(
     if outcome is Outcome.SUCCEEDED:
         return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error)
     strategy = BackoffStrategy(state.spec.retry)
-    retry_at = now + strategy.delay_ms(state.run_id, state.attempt) if strategy.should_retry(state.attempt) else None
+    spent = state.attempt - state.attempts_before_replay
+    retry_at = now + strategy.delay_ms(state.run_id, state.attempt) if strategy.should_retry(spent) else None
     return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, retry_at)
 
 
@@ -308,6 +326,10 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
         if isinstance(cmd, Heartbeat):
             return [LeaseExtended(cmd.run_id, cmd.token, now + cfg.lease_ms, now)]
         return [_end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)]
+    if isinstance(cmd, ReplayRun):
+        if state.status is not RunStatus.FAILED:
+            raise TransitionError(f"run {cmd.run_id} is {state.status.value}; only failed (dead-lettered) runs can be replayed")
+        return [RunReplayed(cmd.run_id, now), RunReleased(cmd.run_id, state.attempt + 1, now)]
     if isinstance(cmd, CancelRun):
         if state.status.terminal:
             return []
@@ -380,6 +402,9 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
     assert state is not None, f"{type(event).__name__} for a missing run"
     if isinstance(event, ClaimRejected | StaleRejected):
         return state  # rejections change nothing; the processor tells the worker
+    if isinstance(event, RunReplayed):
+        return replace(state, replays=state.replays + 1, attempts_before_replay=state.attempt,
+                       finished_at_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, RunWithdrawn):
         _guard(state, RunStatus.SKIPPED)
         return replace(state, status=RunStatus.SKIPPED, reason=event.reason, finished_at_ms=event.at_ms,
