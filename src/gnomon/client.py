@@ -113,6 +113,22 @@ class Client:
     def get_logs(self, run_id: str, limit: int = 500) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{quote(run_id, safe='@:')}/logs", params={"limit": limit})  # type: ignore[no-any-return]
 
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        """Cancel a run that has not finished (a running attempt is stopped)."""
+        return self._call("POST", f"/v1/runs/{quote(run_id, safe='@:')}:cancel")  # type: ignore[no-any-return]
+
+    def replay(self, run_id: str) -> dict[str, Any]:
+        """Run a failed (dead-lettered) run again, with a fresh retry budget."""
+        return self._call("POST", f"/v1/runs/{quote(run_id, safe='@:')}:replay")  # type: ignore[no-any-return]
+
+    # dead letters
+    def dead_letters(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        """This tenant's failed runs (retries exhausted), newest first: ``{"items", "cursor"}``."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor:
+            params["cursor"] = cursor
+        return self._call("GET", "/v1/dead-letters", params=params)  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._http.close()
 

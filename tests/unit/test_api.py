@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from gnomon import codec
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator
+from gnomon.cli import jobs as cli_jobs
+from gnomon.cli import main as cli_main
+from gnomon.client import ApiError, Client
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock, iso_to_ms
+from gnomon.core.model import job_id_of
+from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
+from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.topology import load_topology
 
@@ -24,7 +33,7 @@ class ListProducer:
         self.sent: list[tuple[str, str, Any]] = []
 
     def send(self, topic: str, key: str, value: bytes) -> None:
-        self.sent.append((topic, key, codec.decode(value)))
+        self.sent.append((topic, key, codec.decode(value, topic=topic)))
 
 
 @pytest.fixture
@@ -91,7 +100,7 @@ def _registered(env: Any) -> str:
 
 
 def test_trigger_is_idempotent_by_key(env: Any) -> None:
-    client, producer, _ = env
+    client, _, _ = env
     job_id = _registered(env)
     r1 = client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=AUTH)
     r2 = client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=AUTH)
@@ -124,3 +133,195 @@ def test_openapi_is_served(env: Any) -> None:
     client, _, _ = env
     paths = client.get("/openapi.json").json()["paths"]
     assert "/v1/jobs" in paths and "/v1/jobs/{job_id}:trigger" in paths and "/v1/runs/{run_id}/logs" in paths
+
+
+# ---- runs: cancel, replay, dead letters ------------------------------------------------
+
+OTHER = {"Authorization": "Bearer tok-b"}
+SPEC = parse_job_spec({"name": "n", "runAt": "2026-11-29T08:00:05Z", "target": {"type": "command", "argv": ["false"]},
+                       "retry": {"max": 3, "backoffS": 1}}, NOW)
+
+
+def _run(history: InMemoryHistoryStore, run_id: str, status: RunStatus = RunStatus.SCHEDULED,
+         tenant: str = "acme", slot: str = "2026-11-29T08:00:05Z", **over: Any) -> RunState:
+    slot_ms = iso_to_ms(slot)
+    run = RunState(run_id, job_id_of(run_id), tenant, SPEC, slot_ms, slot_ms, "@manual:" in run_id, status,
+                   NOW, NOW, **over)
+    history.put_run(run)
+    return run
+
+
+SCHEDULED_ID = "job_ab@2026-11-29T08:00:05Z"
+MANUAL_ID = "job_ab@manual:key"
+COLON_ID = "job_ab@manual:x:cancel"  # an idempotency key may contain ':' (and end with an action name)
+
+
+def _run_commands(producer: ListProducer) -> list[tuple[str, str, Any]]:
+    return [s for s in producer.sent if s[0] == "gnomon.run-events"]
+
+
+@pytest.mark.parametrize("run_id", [SCHEDULED_ID, MANUAL_ID, COLON_ID])
+def test_get_run_by_id_with_at_and_colons(env: Any, run_id: str) -> None:
+    client, producer, history = env
+    _run(history, run_id)
+    resp = client.get(f"/v1/runs/{run_id}", headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["id"] == run_id and resp.json()["jobId"] == "job_ab"
+    quoted = client.get(f"/v1/runs/{quote(run_id, safe='')}", headers=AUTH)  # %40 / %3A work too
+    assert quoted.status_code == 200 and quoted.json()["id"] == run_id
+    assert client.get(f"/v1/runs/{run_id}/logs", headers=AUTH).status_code == 200
+    assert producer.sent == []
+
+
+@pytest.mark.parametrize("run_id", [SCHEDULED_ID, MANUAL_ID, COLON_ID])
+@pytest.mark.parametrize("status", [RunStatus.SCHEDULED, RunStatus.READY, RunStatus.RUNNING, RunStatus.RETRY_WAIT])
+def test_cancel_produces_cancel_run_keyed_by_job_id(env: Any, run_id: str, status: RunStatus) -> None:
+    client, producer, history = env
+    _run(history, run_id, status)
+    resp = client.post(f"/v1/runs/{run_id}:cancel", headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    assert resp.json() == {"runId": run_id, "accepted": "cancel"}
+    assert producer.sent == [("gnomon.run-events", "job_ab", CancelRun(run_id, NOW))]
+
+
+@pytest.mark.parametrize("status", [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED])
+def test_cancel_of_a_finished_run_is_409(env: Any, status: RunStatus) -> None:
+    client, producer, history = env
+    _run(history, MANUAL_ID, status)
+    resp = client.post(f"/v1/runs/{MANUAL_ID}:cancel", headers=AUTH)
+    assert resp.status_code == 409 and resp.headers["content-type"] == "application/problem+json"
+    assert status.value in resp.json()["detail"]
+    assert producer.sent == []
+
+
+def test_replay_of_a_failed_run_produces_replay_run(env: Any) -> None:
+    client, producer, history = env
+    _run(history, COLON_ID, RunStatus.FAILED, attempt=3, token=3)
+    resp = client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    assert resp.json() == {"runId": COLON_ID, "accepted": "replay"}
+    assert producer.sent == [("gnomon.run-events", "job_ab", ReplayRun(COLON_ID, NOW))]
+
+
+@pytest.mark.parametrize("status", [s for s in RunStatus if s is not RunStatus.FAILED])
+def test_replay_of_a_run_that_is_not_failed_is_409(env: Any, status: RunStatus) -> None:
+    client, producer, history = env
+    _run(history, SCHEDULED_ID, status)
+    resp = client.post(f"/v1/runs/{SCHEDULED_ID}:replay", headers=AUTH)
+    assert resp.status_code == 409 and resp.json()["type"].endswith("/conflict")
+    assert producer.sent == []
+
+
+@pytest.mark.parametrize("action", ["cancel", "replay"])
+def test_run_actions_404_for_unknown_or_other_tenants_run(env: Any, action: str) -> None:
+    client, producer, history = env
+    _run(history, SCHEDULED_ID, RunStatus.FAILED, tenant="other")
+    for headers, run_id in ((AUTH, SCHEDULED_ID), (AUTH, "job_ab@manual:nope"), (OTHER, MANUAL_ID)):
+        resp = client.post(f"/v1/runs/{run_id}:{action}", headers=headers)
+        assert resp.status_code == 404, (run_id, resp.text)
+        assert resp.headers["content-type"] == "application/problem+json"
+    assert client.get(f"/v1/runs/{SCHEDULED_ID}", headers=AUTH).status_code == 404
+    assert client.post(f"/v1/runs/{SCHEDULED_ID}:{action}", headers={}).status_code == 401
+    bad = client.post(f"/v1/runs/no-at-sign:{action}", headers=AUTH)
+    assert bad.status_code == 422 and bad.json()["field"] == "runId"
+    assert client.post(f"/v1/runs/{SCHEDULED_ID}:explode", headers=OTHER).status_code in (404, 405)
+    assert producer.sent == []
+
+
+def test_run_commands_can_use_their_own_sink(env: Any) -> None:
+    producer, runs_producer, history = ListProducer(), ListProducer(), InMemoryHistoryStore()
+    topo = load_topology()
+    app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
+                     run_commands=CommandSink(runs_producer, topo.run_events),
+                     auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(NOW))
+    _run(history, SCHEDULED_ID)
+    assert TestClient(app).post(f"/v1/runs/{SCHEDULED_ID}:cancel", headers=AUTH).status_code == 202
+    assert producer.sent == [] and [t for t, _, _ in runs_producer.sent] == ["gnomon.run-events"]
+
+
+def test_dead_letters_newest_first_paged_and_per_tenant(env: Any) -> None:
+    client, _, history = env
+    for i in range(5):
+        _run(history, f"job_ab@2026-11-29T08:0{i}:00Z", RunStatus.FAILED, slot=f"2026-11-29T08:0{i}:00Z",
+             attempt=3, error="exit status 1")
+    _run(history, "job_ab@2026-11-29T09:00:00Z", RunStatus.RETRY_WAIT, slot="2026-11-29T09:00:00Z")
+    _run(history, "job_cd@2026-11-29T08:30:00Z", RunStatus.FAILED, tenant="other", slot="2026-11-29T08:30:00Z")
+    first = client.get("/v1/dead-letters", params={"limit": 3}, headers=AUTH).json()
+    assert [r["id"] for r in first["items"]] == [f"job_ab@2026-11-29T08:0{i}:00Z" for i in (4, 3, 2)]
+    assert first["cursor"]
+    second = client.get("/v1/dead-letters", params={"limit": 3, "cursor": first["cursor"]}, headers=AUTH).json()
+    assert [r["id"] for r in second["items"]] == [f"job_ab@2026-11-29T08:0{i}:00Z" for i in (1, 0)]
+    assert second["cursor"] is None
+    item = first["items"][0]
+    assert (item["status"], item["attempt"], item["maxAttempts"], item["replays"], item["error"]) == (
+        "failed", 3, 3, 0, "exit status 1")
+    other = client.get("/v1/dead-letters", headers=OTHER).json()
+    assert [r["id"] for r in other["items"]] == ["job_cd@2026-11-29T08:30:00Z"]
+    assert client.get("/v1/dead-letters", params={"limit": 0}, headers=AUTH).json()["field"] == "limit"
+    assert client.get("/v1/dead-letters").status_code == 401
+
+
+def test_run_view_shows_retry_state_and_replays(env: Any) -> None:
+    client, _, history = env
+    _run(history, SCHEDULED_ID, RunStatus.RETRY_WAIT, attempt=2, token=2,
+         next_attempt_at_ms=iso_to_ms("2026-11-29T08:00:07Z"), error="exit status 1")
+    view = client.get(f"/v1/runs/{SCHEDULED_ID}", headers=AUTH).json()
+    assert (view["status"], view["attempt"], view["maxAttempts"], view["nextAttemptAt"], view["replays"]) == (
+        "retry_wait", 2, 3, "2026-11-29T08:00:07Z", 0)
+    # replayed once after 3 attempts: a fresh budget of 3 on top, now on attempt 4
+    _run(history, SCHEDULED_ID, RunStatus.RUNNING, attempt=4, token=4, replays=1, attempts_before_replay=3)
+    view = client.get(f"/v1/runs/{SCHEDULED_ID}", headers=AUTH).json()
+    assert (view["status"], view["attempt"], view["maxAttempts"], view["nextAttemptAt"], view["replays"]) == (
+        "running", 4, 6, None, 1)
+
+
+def test_openapi_lists_run_actions_and_dead_letters(env: Any) -> None:
+    client, _, _ = env
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/runs/{run_id}:cancel", "/v1/runs/{run_id}:replay", "/v1/dead-letters"} <= set(paths)
+
+
+# ---- the SDK and the CLI against the in-process API ------------------------------------
+
+
+@pytest.fixture
+def sdk(env: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Client, ListProducer, InMemoryHistoryStore]:
+    client, producer, history = env
+    sdk = Client(url="http://testserver", token="tok-a")
+    sdk._http = client  # a TestClient is an httpx.Client
+    client.headers.update(AUTH)
+    monkeypatch.setattr(cli_jobs, "Client", lambda: sdk)
+    return sdk, producer, history
+
+
+def test_sdk_cancel_replay_dead_letters(sdk: Any) -> None:
+    c, producer, history = sdk
+    _run(history, COLON_ID)
+    _run(history, SCHEDULED_ID, RunStatus.FAILED, attempt=3)
+    assert c.cancel(COLON_ID) == {"runId": COLON_ID, "accepted": "cancel"}
+    assert c.replay(SCHEDULED_ID) == {"runId": SCHEDULED_ID, "accepted": "replay"}
+    assert [r["id"] for r in c.dead_letters(limit=10)["items"]] == [SCHEDULED_ID]
+    assert [type(cmd) for _, _, cmd in _run_commands(producer)] == [CancelRun, ReplayRun]
+    with pytest.raises(ApiError) as info:
+        c.replay(COLON_ID)
+    assert info.value.status == 409
+
+
+def test_cli_runs_cancel_replay_and_dead_letters_list(sdk: Any) -> None:
+    _, producer, history = sdk
+    runner = CliRunner()
+    _run(history, MANUAL_ID, RunStatus.RUNNING)
+    _run(history, SCHEDULED_ID, RunStatus.FAILED, attempt=3, error="exit status 1")
+    out = runner.invoke(cli_main.app, ["runs", "cancel", MANUAL_ID])
+    assert out.exit_code == 0 and MANUAL_ID in out.stdout
+    out = runner.invoke(cli_main.app, ["runs", "replay", SCHEDULED_ID, "--json"])
+    assert out.exit_code == 0 and json.loads(out.stdout) == {"runId": SCHEDULED_ID, "accepted": "replay"}
+    out = runner.invoke(cli_main.app, ["dead-letters", "list", "--json"])
+    assert out.exit_code == 0 and [r["id"] for r in json.loads(out.stdout)["items"]] == [SCHEDULED_ID]
+    out = runner.invoke(cli_main.app, ["dead-letters", "list"])
+    assert out.exit_code == 0 and "exit status 1" in out.stdout
+    assert [type(cmd) for _, _, cmd in _run_commands(producer)] == [CancelRun, ReplayRun]
+    out = runner.invoke(cli_main.app, ["runs", "replay", MANUAL_ID])  # running, not failed: 409
+    assert out.exit_code == 2 and "gnomon:" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = runner.invoke(cli_main.app, ["runs", "cancel", "job_zz@manual:nope"])
+    assert out.exit_code == 2

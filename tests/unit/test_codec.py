@@ -29,7 +29,15 @@ from gnomon.core.errors import ValidationError
 from gnomon.core.jobs import JobState, JobStatus, RegisterJob
 from gnomon.core.messages import DispatchRun, LogLine, LogStream, PoisonRecord
 from gnomon.core.model import JobSpec, Priority, Schedule, Target, TargetType
-from gnomon.core.runs import ClaimRun, CompleteAttempt, Outcome, RunState, RunStatus
+from gnomon.core.runs import (
+    CancelRun,
+    ClaimRun,
+    CompleteAttempt,
+    Outcome,
+    ReplayRun,
+    RunState,
+    RunStatus,
+)
 
 # ---- strategies ------------------------------------------------------------------------
 # Derived from the dataclass type hints, for *every* field (defaulted ones included), so a
@@ -121,6 +129,9 @@ def test_round_trip_examples() -> None:
         CLAIM,
         RegisterJob("acme.nightly", "acme", SPEC, 5),
         CompleteAttempt("r", "w", 3, Outcome.TIMED_OUT, 9, exit_code=None, error="boom"),
+        CancelRun("acme.nightly@manual:k", 9),
+        ReplayRun("acme.nightly@2024-01-01T02:00:00Z", 10, requested_by="ops"),
+        dataclasses.replace(RUN, status=RunStatus.FAILED, replays=2, attempts_before_replay=6),
         JobState("j", "t", JobSpec("j", Schedule(run_at_ms=7), Target(TargetType.HTTP, url="http://x")),
                  JobStatus.DONE, None, 2, 1, 2),
         LogLine("r", "j", "t", 1, 0, LogStream.STDERR, "héllo ☃", 1),

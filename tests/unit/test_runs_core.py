@@ -165,3 +165,15 @@ def test_replay_gives_a_dead_letter_a_fresh_retry_budget() -> None:
     s, _ = step(s, R.ClaimRun(RID, "w", now + 20))
     s, _ = step(s, R.CompleteAttempt(RID, "w", 3, R.Outcome.FAILED, now + 21, 1))
     assert s.status is R.RunStatus.RETRY_WAIT, "the replay brought a full budget of attempts"
+
+
+def test_lease_is_not_expired_while_the_partition_is_read_behind() -> None:
+    s = ready()
+    s, _ = step(s, R.ClaimRun(RID, "w1", T0))
+    lease = s.lease_until_ms
+    assert lease is not None
+    # wall clock is past the lease, but the processor has only read input up to lease - 1:
+    # the heartbeat may be in the unread backlog, so nothing happens yet
+    assert R.decide_timer(s, lease + 60_000, read_up_to_ms=lease - 1) == []
+    (ev,) = R.decide_timer(s, lease + 60_000, read_up_to_ms=lease)
+    assert isinstance(ev, R.AttemptEnded) and ev.outcome is None

@@ -140,7 +140,7 @@ def _with_field(raw: Any, field: dict[str, Any]) -> Any:
     return out
 
 
-RUN_V1 = REGISTRY.latest("gnomon.runs-value")
+RUN_V1 = REGISTRY.latest("gnomon.runs-value")  # the latest RunState version, the base of a "next" one
 
 
 def test_new_required_field_is_incompatible() -> None:
@@ -227,8 +227,10 @@ def test_procedure_shared_type_new_version(registry_copy: Path) -> None:
     _add_field_file(registry_copy, "JobSpec.v1.avsc", "JobSpec.v2.avsc",
                     {"name": "labels", "type": {"type": "map", "values": "string"}, "default": {}})
     register(registry_copy, "gnomon.JobSpec", "JobSpec.v2.avsc", None)
-    shutil.copy(registry_copy / "RunState.v1.avsc", registry_copy / "RunState.v2.avsc")
-    entry = register(registry_copy, "gnomon.runs-value", "RunState.v2.avsc", ["gnomon.JobSpec:2"])
+    latest = REGISTRY.latest("gnomon.runs-value")
+    target = f"RunState.v{latest.version + 1}.avsc"
+    shutil.copy(registry_copy / latest.file, registry_copy / target)
+    entry = register(registry_copy, "gnomon.runs-value", target, ["gnomon.JobSpec:2"])
     assert entry["references"] == [{"name": "gnomon.JobSpec", "subject": "gnomon.JobSpec", "version": 2}]
 
     registry = load_registry(registry_copy)
@@ -254,3 +256,44 @@ def test_editing_a_registered_file_is_detected(registry_copy: Path) -> None:
     problems = check(load_registry(registry_copy))
     assert len(problems) == 1 and "LogLine.v1.avsc changed" in problems[0]
     assert main(["--dir", str(registry_copy), "check"]) == 1
+
+
+# ---- RunState v2 / RunCommand v2 (replay of dead letters) -------------------------------
+
+
+def _v1_bytes(subject: str, record: Any) -> bytes:
+    v1 = REGISTRY.lookup(subject, 1)
+    return b"\x00" + v1.id.to_bytes(4, "big") + _write(v1.schema, record)
+
+
+def test_run_state_v1_records_decode_with_the_new_defaults() -> None:
+    spec = JobSpec("n", Schedule(run_at_ms=5), Target(TargetType.COMMAND, argv=("false",)))
+    run = RunState("j@x", "j", "t", spec, 1, 2, False, RunStatus.FAILED, 3, 4, attempt=3, token=3,
+                   finished_at_ms=9, error="exit 1", reason="failed")
+    v1 = REGISTRY.lookup("gnomon.runs-value", 1)
+    record = {f["name"]: getattr(run, f["name"]) for f in v1.schema["fields"]}
+    record["spec"] = fastavro.schemaless_reader(  # the spec as the v1 writer sees it
+        io.BytesIO(encode(run)[5:]), REGISTRY.latest("gnomon.runs-value").schema)["spec"]
+    for subject in ("gnomon.runs-value", "gnomon.dead-letters-value"):
+        decoded = default_codec.decode(_v1_bytes(subject, record))
+        assert decoded == run
+        assert (decoded.replays, decoded.attempts_before_replay) == (0, 0)
+    assert REGISTRY.latest("gnomon.runs-value").file == REGISTRY.latest("gnomon.dead-letters-value").file
+
+
+def test_run_command_v1_records_decode_and_replay_is_the_last_branch() -> None:
+    from gnomon.core.runs import CancelRun, ReplayRun
+
+    cancel = CancelRun("j@x", 7, "because")
+    data = _v1_bytes("gnomon.run-events-value",
+                     {"body": ("gnomon.CancelRun", {"run_id": "j@x", "at_ms": 7, "reason": "because"})})
+    assert default_codec.decode(data) == cancel
+    branches = REGISTRY.latest("gnomon.run-events-value").schema["fields"][0]["type"]
+    v1_branches = REGISTRY.lookup("gnomon.run-events-value", 1).schema["fields"][0]["type"]
+    names = [b["name"] if isinstance(b, dict) else b for b in branches]
+    assert names[-1] == "gnomon.ReplayRun"
+    assert names[: len(v1_branches)] == [b["name"] if isinstance(b, dict) else b for b in v1_branches]
+    replay = ReplayRun("j@x", 8)
+    out = encode(replay)
+    assert int.from_bytes(out[1:5], "big") == REGISTRY.latest("gnomon.run-events-value").id
+    assert default_codec.decode(out, topic="gnomon.run-events") == replay

@@ -1,6 +1,8 @@
-"""The FastAPI application. Handlers validate with the core, produce one command to
-gnomon.job-commands (returning only after Kafka acknowledged it), and read history
-from the HistoryStore (Cassandra)."""
+"""The FastAPI application. Handlers validate with the core, produce one command
+(returning only after Kafka acknowledged it) and read history from the HistoryStore
+(Cassandra). Job commands go to gnomon.job-commands keyed by job id; run commands
+(cancel, replay) go to gnomon.run-events keyed by the run's job id, where the run
+processor owns the run."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from gnomon.api import problems
 from gnomon.api.auth import Authenticator
 from gnomon.api.views import job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import NotFound, ValidationError
+from gnomon.core.errors import Conflict, NotFound, ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
     JobState,
@@ -28,6 +30,7 @@ from gnomon.core.jobs import (
     UpdateJob,
 )
 from gnomon.core.model import job_id_of, manual_run_id
+from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
@@ -43,15 +46,26 @@ class CommandSink:
         self._producer = producer
         self._topic = topic
 
+    @property
+    def topic(self) -> str:
+        return self._topic
+
     def send(self, job_id: str, command: Any) -> None:
-        self._producer.send(self._topic, job_id, codec.encode(command))
+        self._producer.send(self._topic, job_id, codec.encode(command, self._topic))
+
+    def to(self, topic: str) -> CommandSink:
+        """The same producer, another topic."""
+        return CommandSink(self._producer, topic)
 
 
 def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
-    clock: Clock | None = None,
+    clock: Clock | None = None, run_commands: CommandSink | None = None,
 ) -> FastAPI:
+    """``commands`` produces to ``topology.job_commands``; ``run_commands`` to
+    ``topology.run_events`` (default: ``commands``' producer on that topic)."""
     clock = clock or SystemClock()
+    run_sink = run_commands if run_commands is not None else commands.to(topology.run_events)
     pools = frozenset(topology.pools)
     app = FastAPI(
         title="gnomon",
@@ -161,14 +175,19 @@ def create_app(
                   authorization: str | None = Header(None)) -> dict[str, Any]:
         tenant = auth.tenant_for(authorization)
         owned_job(tenant, job_id)
-        from gnomon.core.runs import RunStatus
-
         if status is not None and status not in [s.value for s in RunStatus]:
             raise ValidationError("status", f"must be one of {', '.join(s.value for s in RunStatus)}")
         page = history.list_runs(job_id, status, limit_of(limit), cursor)
         return {"items": [run_view(r) for r in page.items], "cursor": page.cursor}
 
-    def owned_run(tenant: str, run_id: str) -> Any:
+    @app.get("/v1/dead-letters", summary="This tenant's failed runs (retries exhausted), newest first")
+    def list_dead_letters(cursor: str | None = None, limit: int = 50,
+                          authorization: str | None = Header(None)) -> dict[str, Any]:
+        tenant = auth.tenant_for(authorization)
+        page = history.list_dead_letters(tenant, limit_of(limit), cursor)
+        return {"items": [run_view(r) for r in page.items], "cursor": page.cursor}
+
+    def owned_run(tenant: str, run_id: str) -> RunState:
         try:
             job_id_of(run_id)
         except ValueError:
@@ -177,6 +196,28 @@ def create_app(
         if run is None or run.tenant != tenant:
             raise NotFound(f"no run {run_id!r}")
         return run
+
+    # Declared before GET /v1/runs/{run_id}. A run id contains "@" and may contain ":"
+    # (manual runs: job@manual:key); the path parameter matches greedily, so the action is
+    # always the last ":<action>" of the path and GET /v1/runs/<id> never matches these.
+    @app.post("/v1/runs/{run_id}:cancel", status_code=202, summary="Cancel a run that has not finished")
+    def cancel_run(run_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
+        tenant = auth.tenant_for(authorization)
+        run = owned_run(tenant, run_id)
+        if run.status.terminal:
+            raise Conflict(f"run {run_id!r} is {run.status.value}; only a run that has not finished can be cancelled")
+        run_sink.send(job_id_of(run_id), CancelRun(run_id, clock.now_ms()))
+        return {"runId": run_id, "accepted": "cancel"}
+
+    @app.post("/v1/runs/{run_id}:replay", status_code=202,
+              summary="Run a failed (dead-lettered) run again with a fresh retry budget")
+    def replay_run(run_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
+        tenant = auth.tenant_for(authorization)
+        run = owned_run(tenant, run_id)
+        if run.status is not RunStatus.FAILED:
+            raise Conflict(f"run {run_id!r} is {run.status.value}; only a failed (dead-lettered) run can be replayed")
+        run_sink.send(job_id_of(run_id), ReplayRun(run_id, clock.now_ms()))
+        return {"runId": run_id, "accepted": "replay"}
 
     @app.get("/v1/runs/{run_id}/logs", summary="Log lines of a run")
     def run_logs(run_id: str, cursor: str | None = None, limit: int = 500,

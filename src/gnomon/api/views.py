@@ -35,13 +35,16 @@ def run_view(run: RunState) -> dict[str, Any]:
         "status": run.status.value,
         "slot": _iso(run.slot_ms),
         "manual": run.manual,
+        # attempt: attempts granted so far (counting every replay); maxAttempts: where the
+        # current retry budget ends (a replay gives a fresh one on top of the attempts spent).
         "attempt": run.attempt,
-        "maxAttempts": run.spec.retry.max_attempts,
+        "maxAttempts": run.attempts_before_replay + run.spec.retry.max_attempts,
+        "replays": run.replays,
         "worker": run.worker_id,
         "createdAt": _iso(run.created_at_ms),
         "startedAt": _iso(run.started_at_ms),
         "finishedAt": _iso(run.finished_at_ms),
-        "nextAttemptAt": _iso(run.next_attempt_at_ms),
+        "nextAttemptAt": _iso(run.next_attempt_at_ms),  # set in retry_wait: when the next attempt is released
         "exitCode": run.exit_code,
         "error": run.error,
         "reason": run.reason,

@@ -16,5 +16,8 @@ def build_app(settings: Settings) -> FastAPI:
 
     topo = load_topology()
     history = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
-    sink = CommandSink(SyncProducer(settings.kafka_bootstrap), topo.job_commands)
-    return create_app(history=history, commands=sink, auth=Authenticator(load_tokens(settings)), topology=topo)
+    producer = SyncProducer(settings.kafka_bootstrap)
+    sink = CommandSink(producer, topo.job_commands)
+    run_sink = CommandSink(producer, topo.run_events)
+    return create_app(history=history, commands=sink, run_commands=run_sink,
+                      auth=Authenticator(load_tokens(settings)), topology=topo)

@@ -1,4 +1,4 @@
-"""``gnomon jobs ...`` and ``gnomon runs ...``: talk to the API."""
+"""``gnomon jobs ...``, ``gnomon runs ...`` and ``gnomon dead-letters ...``: talk to the API."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from gnomon.client import Client
 from gnomon.core.errors import ValidationError
 
 jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
-runs_app = typer.Typer(help="Inspect runs and their logs.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect runs and their logs; cancel or replay a run.", no_args_is_help=True)
+dead_app = typer.Typer(help="Failed runs whose retries are exhausted (replay them with `gnomon runs replay`).",
+                       no_args_is_help=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
@@ -160,3 +162,43 @@ def runs_logs(run_id: str, json_: JsonOpt = False) -> None:
         return
     for line in page["items"]:
         typer.echo(f"[{line['attempt']}:{line['stream']}] {line['line']}")
+
+
+@runs_app.command("cancel")
+@command
+def runs_cancel(run_id: str, json_: JsonOpt = False) -> None:
+    """Cancel a run that has not finished (a running attempt is stopped)."""
+    out = Client().cancel(run_id)
+    if json_:
+        print_json(out)
+    else:
+        typer.echo(f"cancel: {run_id}")
+
+
+@runs_app.command("replay")
+@command
+def runs_replay(run_id: str, json_: JsonOpt = False) -> None:
+    """Run a failed (dead-lettered) run again with a fresh retry budget."""
+    out = Client().replay(run_id)
+    if json_:
+        print_json(out)
+    else:
+        typer.echo(f"replay: {run_id}")
+
+
+@dead_app.command("list")
+@command
+def dead_list(limit: int = 50, cursor: Annotated[str | None, typer.Option(help="from a previous page")] = None,
+              json_: JsonOpt = False) -> None:
+    """This tenant's failed runs, newest first."""
+    page = Client().dead_letters(limit, cursor)
+    if json_:
+        print_json(page)
+        return
+    table = Table("run", "attempt", "finished", "exit", "error")
+    for r in page["items"]:
+        table.add_row(r["id"], f"{r['attempt']}/{r['maxAttempts']}", r["finishedAt"] or "",
+                      "" if r["exitCode"] is None else str(r["exitCode"]), r["error"] or r["reason"] or "")
+    console.print(table)
+    if page.get("cursor"):
+        console.print(f"more: --cursor {page['cursor']}", highlight=False)

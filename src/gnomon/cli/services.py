@@ -33,20 +33,23 @@ def _stop_on_signals(stop: threading.Event | object) -> None:
 @command
 def processor(
     instance_id: Annotated[str | None, typer.Option(help="stable id of this instance (transactional id)")] = None,
-    lookahead_s: Annotated[int, typer.Option(help="trigger jobs due within this many seconds")] = 30,
+    lookahead_s: Annotated[int, typer.Option(min=0, max=3600, help="trigger jobs due within this many seconds")] = 30,
+    lease_s: Annotated[int, typer.Option(min=2, max=3600, help="a grant's lease; workers heartbeat every lease/3")] = 30,
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
     import socket
 
     from gnomon.core.jobs import SchedulerConfig
+    from gnomon.core.runs import RunConfig
     from gnomon.streams.runtime import Processor, ProcessorConfig
 
     _logging(verbose)
     s = load()
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(),
-                          sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000))
+                          sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
+                          runs=RunConfig(lease_ms=lease_s * 1000))
     proc = Processor(cfg)
     _stop_on_signals(proc)
     proc.run()

@@ -26,7 +26,7 @@ from gnomon.core.jobs import (
 )
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, LogLine, PoisonRecord, Stop
 from gnomon.core.model import JobSpec
-from gnomon.core.runs import CancelRun, ClaimRun, CompleteAttempt, Heartbeat, RunState
+from gnomon.core.runs import CancelRun, ClaimRun, CompleteAttempt, Heartbeat, ReplayRun, RunState
 
 MAGIC = 0
 HEADER_LEN = 5
@@ -60,7 +60,8 @@ TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
                 (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob), "gnomon.JobCommand"),
     TopicSchema("gnomon.run-events", "gnomon.run-events-value",
-                (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun), "gnomon.RunCommand"),
+                (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun),
+                "gnomon.RunCommand"),
     TopicSchema("gnomon.jobs", "gnomon.jobs-value", (JobState,), None),
     TopicSchema("gnomon.runs", "gnomon.runs-value", (RunState,), None),
     TopicSchema("gnomon.dead-letters", "gnomon.dead-letters-value", (RunState,), None),

@@ -346,7 +346,8 @@ UNCHECKED = _Unchecked()
 
 
 def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
-                 job: JobState | _Unchecked | None = UNCHECKED) -> list[RunEvent]:
+                 job: JobState | _Unchecked | None = UNCHECKED, read_up_to_ms: int | None = None,
+                 ) -> list[RunEvent]:
     """What the passage of time does to a run (called when ``timer_ms() <= now``).
 
     At its slot a scheduled run looks at its job as it is *now* (``job``, None = deleted):
@@ -354,6 +355,11 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
     (recorded skipped); otherwise it is released with the job's current definition. So an
     edit made while a run sits in the lookahead applies to that run. Manual runs only
     check that the job still exists.
+
+    ``read_up_to_ms``: how far (in record time) the processor has read this partition's
+    input. A lease or deadline is judged lapsed only against min(now, read_up_to_ms), so a
+    processor catching up on a backlog never expires a lease whose heartbeat or completion
+    is still unread in that backlog.
     """
     cfg = cfg or RunConfig()
     due = state.timer_ms()
@@ -372,8 +378,11 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         return [RunReleased(state.run_id, state.attempt + 1, now_ms)]
     if state.status is RunStatus.RUNNING:
         assert state.lease_until_ms is not None and state.deadline_ms is not None
-        reason = "lease lost (no heartbeat)" if state.lease_until_ms <= now_ms else "deadline passed (timeout + grace)"
-        outcome = None if state.lease_until_ms <= now_ms else Outcome.TIMED_OUT
+        judged = now_ms if read_up_to_ms is None else min(now_ms, read_up_to_ms)
+        if min(state.lease_until_ms, state.deadline_ms) > judged:
+            return []
+        reason = "lease lost (no heartbeat)" if state.lease_until_ms <= judged else "deadline passed (timeout + grace)"
+        outcome = None if state.lease_until_ms <= judged else Outcome.TIMED_OUT
         return [_end_attempt(state, outcome, reason, now_ms, None, None)]
     return []
 

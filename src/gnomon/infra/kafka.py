@@ -232,9 +232,9 @@ def admin(bootstrap_servers: str, **extra: Any) -> Any:
     return AdminClient(config)
 
 
-def _brokers_serving(bootstrap_servers: str) -> int:
-    md = admin(bootstrap_servers).list_topics(timeout=5)
-    return len(md.brokers)
+def _brokers_seen(nodes_: list[KafkaNode]) -> int:
+    """The fewest brokers any node reports (each asked through its own fresh client)."""
+    return min(len(admin(n.address).list_topics(timeout=5).brokers) for n in nodes_)
 
 
 def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> float:
@@ -254,10 +254,10 @@ def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> floa
                 )
         if all(port_open("127.0.0.1", n.port) for n in ns):
             try:
-                seen = _brokers_serving(servers)
+                seen = _brokers_seen(ns)
                 if seen >= count:
                     return ticker.elapsed_s
-                last_error = f"{seen}/{count} brokers registered"
+                last_error = f"a node sees {seen}/{count} brokers"
             except Exception as exc:  # KafkaException, timeouts: keep waiting
                 last_error = str(exc)
         ticker.tick()

@@ -130,26 +130,33 @@ def ensure_topics(
             if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue  # a concurrent `up` won the race
             raise InfraError(f"cannot create topic {name}: {err}") from exc
-    _wait_until_led(client, {s.name: s.partitions for s in missing}, timeout_s)
+    _wait_until_led(bootstrap, {s.name: s.partitions for s in missing}, timeout_s)
     return sorted(created)
 
 
-def _wait_until_led(client: Any, partitions: dict[str, int], timeout_s: float) -> None:
-    """Wait until the metadata shows every partition of ``partitions`` with a leader.
+def _wait_until_led(bootstrap: str, partitions: dict[str, int], timeout_s: float) -> None:
+    """Wait until every listed broker's metadata shows all ``partitions`` with a leader.
 
-    CreateTopics returns once the controller accepted; brokers learn it a moment later.
+    CreateTopics returns once the controller accepted; brokers learn it a moment later, and
+    on a busy host one broker can lag for seconds. Each address in ``bootstrap`` is asked
+    through its own fresh client, whose first request goes to that address.
     """
+    from gnomon.infra.kafka import admin
+
     deadline = time.monotonic() + timeout_s
-    pending = dict(partitions)
-    while pending and time.monotonic() < deadline:
-        topics = client.list_topics(timeout=timeout_s).topics
-        for name, count in list(pending.items()):
-            parts = topics[name].partitions if name in topics else {}
-            if len(parts) == count and all(p.leader >= 0 for p in parts.values()):
-                del pending[name]
-        if pending:
-            time.sleep(0.2)
-    if pending:
-        raise InfraError(
-            f"topics created but without leaders after {timeout_s:.0f}s: {sorted(pending)}"
-        )
+    for address in bootstrap.split(","):
+        client = admin(address)
+        pending = dict(partitions)
+        while pending:
+            topics = client.list_topics(timeout=timeout_s).topics
+            for name, count in list(pending.items()):
+                parts = topics[name].partitions if name in topics else {}
+                if len(parts) == count and all(p.leader >= 0 for p in parts.values()):
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                raise InfraError(
+                    f"{address} does not show topics {sorted(pending)} "
+                    f"{timeout_s:.0f}s after creating them"
+                )
+            if pending:
+                time.sleep(0.2)

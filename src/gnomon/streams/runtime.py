@@ -64,12 +64,15 @@ class Processor:
         self.inputs = [self.topo.job_commands, self.topo.run_events]
         self._stop = threading.Event()
         self._last_tick_ms = 0
+        self._read_ts: dict[int, int] = {}  # run-events partition -> timestamp of the last record read
         self.poisoned = 0
         self.transactions = 0
         self.consumer = Consumer(
             consumer_config(
                 cfg.bootstrap, GROUP_ID,
-                **{"partition.assignment.strategy": "range", "client.id": f"proc-{cfg.instance_id}"},
+                **{"partition.assignment.strategy": "range", "client.id": f"proc-{cfg.instance_id}",
+                   # a killed processor's partitions move after 6 s (the broker's minimum)
+                   "session.timeout.ms": 6_000},
             )
         )
         self.producer = Producer(
@@ -120,6 +123,7 @@ class Processor:
         wanted = sorted({tp.partition for tp in partitions})
         log.info("assigned partitions %s; restoring state", wanted)
         for p in wanted:
+            self._read_ts.pop(p, None)
             if p not in self.tasks:
                 self.tasks[p] = self._restore(p)
 
@@ -163,14 +167,37 @@ class Processor:
                     log.warning("consume error: %s", msg.error())
                 continue
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            if msg.topic() == self.topo.run_events:
+                self._read_ts[msg.partition()] = msg.timestamp()[1]
             outputs.extend(self._apply(msg, now))
         if due_tick:
             self._last_tick_ms = now
-            for task in list(self.tasks.values()):
-                outputs.extend(task.tick(now))
+            behind = self._behind()
+            for p, task in list(self.tasks.items()):
+                # a partition with unread run events judges leases by how far it has read
+                outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None))
         if not outputs and not offsets:
             return
         self._commit(outputs, offsets)
+
+    def _behind(self) -> set[int]:
+        """Partitions of run-events with unread records (cached high watermark and local
+        position: no broker round trip)."""
+        tps = [TopicPartition(self.topo.run_events, p) for p in self.tasks]
+        behind = set()
+        try:
+            positions = self.consumer.position(tps)
+        except KafkaException:
+            return set(self.tasks)  # unknown: be conservative, expire nothing
+        for tp in positions:
+            try:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                behind.add(tp.partition)
+                continue
+            if tp.offset < 0 or high < 0 or high > tp.offset:
+                behind.add(tp.partition)
+        return behind
 
     def _apply(self, msg: Message, now: int) -> list[Output]:
         task = self.tasks.get(msg.partition())

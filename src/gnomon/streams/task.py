@@ -225,8 +225,10 @@ class PartitionTask:
 
     # ---- time --------------------------------------------------------------------------
 
-    def tick(self, now_ms: int) -> list[Output]:
-        """Time-driven work of this partition: due jobs, run timers. Bounded by due_max."""
+    def tick(self, now_ms: int, read_up_to_ms: int | None = None) -> list[Output]:
+        """Time-driven work of this partition: due jobs, run timers. Bounded by due_max.
+        ``read_up_to_ms``: record time up to which this partition's input was read, when it
+        is behind (see ``runs.decide_timer``); None when caught up."""
         out: list[Output] = []
         horizon = now_ms + self.sched_cfg.lookahead_ms
         due_jobs = [k[len(b"jd/") + _TIME_W + 1:].decode()
@@ -245,5 +247,5 @@ class PartitionTask:
             if run is None:
                 continue
             job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
-            out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job)))
+            out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms)))
         return out

@@ -195,7 +195,8 @@ class Worker:
         remaining_s = max(1.0, min(grant.spec.timeout_s, (grant.deadline_ms - self.clock.now_ms()) / 1000))
         holder: list[_Attempt] = []
 
-        def emit(stream: LogStream, line: str) -> None:
+        def emit(stream: LogStream | str, line: str) -> None:
+            stream = LogStream(stream)  # handlers may pass "stdout" / "stderr"
             att = holder[0]
             with att.lock:
                 att.seq += 1

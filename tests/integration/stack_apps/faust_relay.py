@@ -14,11 +14,12 @@ and the kill -9 experiment (bench/faust_eos_kill.py) can run it as a subprocess:
     STACK_TABLE         1 = also count records per key in a table
     STACK_CHANGELOG     the table's changelog topic (pre-created, compacted)
     STACK_INSTANCE      a label written into every output value
+    STACK_SUBSCRIBE_SINK  1 = also run a no-op agent on the output topic (see below)
 
 Output value: JSON {"id": <input value's id>, "key": <key>, "instance": ..., "count": n}
 where count is the table's count for the key after this record (0 without a table).
 
-Run:  python faust_relay.py worker -l info   (cwd = this directory)
+Run:  python faust_relay.py worker --without-web -l info   (cwd = this directory)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ GUARANTEE = os.environ.get("STACK_GUARANTEE", "at_least_once")
 WITH_TABLE = os.environ.get("STACK_TABLE", "0") == "1"
 CHANGELOG = os.environ.get("STACK_CHANGELOG", f"{IN_TOPIC}.changelog")
 INSTANCE = os.environ.get("STACK_INSTANCE", "a")
+SUBSCRIBE_SINK = os.environ.get("STACK_SUBSCRIBE_SINK", "0") == "1"
 
 app = faust.App(
     APP_ID,
@@ -47,6 +49,8 @@ app = faust.App(
     datadir=DATADIR,
     store=STORE,
     processing_guarantee=GUARANTEE,
+    # web_enabled=False alone does not stop `worker` from binding 6066: run it with
+    # `worker --without-web` (two instances on one host would otherwise collide).
     web_enabled=False,
     topic_partitions=PARTITIONS,
     topic_replication_factor=1,
@@ -96,6 +100,19 @@ async def relay(stream: faust.StreamT) -> None:
         out = {"id": body["id"], "key": key.decode(), "instance": INSTANCE, "count": count}
         # Same partition as the input, as a co-partitioned processor would do.
         await sink.send(key=key, value=json.dumps(out).encode(), partition=event.message.partition)
+
+
+if SUBSCRIBE_SINK:
+    # faust-streaming 0.15.3, exactly_once: TransactionManager.send() picks the
+    # transactional producer from the *consumer's* metadata; for a topic the app does not
+    # consume, key_partition() returns None and the record goes out on the plain,
+    # non-transactional producer (seen as isTransactional=false in the log segments).
+    # Consuming the sink makes its metadata known, so outputs join the transaction of
+    # the input partition with the same number. bench/faust_eos_kill.py measures both.
+    @app.agent(sink)
+    async def sink_metadata(stream: faust.StreamT) -> None:
+        async for _ in stream.events():
+            pass
 
 
 @app.task

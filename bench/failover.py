@@ -1,0 +1,111 @@
+"""Processor failover: kill -9 one of two processors under load and measure how long
+its partitions go quiet, and the start lag of runs whose slots fall in the failover.
+
+    .venv/bin/python bench/failover.py [--jobs 200] [--kills 3]
+
+Starts 2 processors and 2 workers as separate processes on the running broker
+(`gnomon infra up` first), registers N jobs firing every second, and kills -9 a
+processor `--kills` times (restarting it each time). For each kill it prints the gap
+from the kill until the first ledger write on each of the victim's partitions, and the
+start-lag percentiles (slot -> attempt granted) of runs whose slot is within 30 s after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gnomon.adapters.kafka import partition_for
+from gnomon.config import load
+from gnomon.core.jobs import PauseJob, RegisterJob
+from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.topology import load_topology
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+from harness import Scenario
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+
+
+def owned_partitions(logfile: Path) -> list[int]:
+    found: list[int] = []
+    for line in logfile.read_text(errors="replace").splitlines():
+        m = re.search(r"assigned partitions \[([0-9, ]*)\]", line)
+        if m:
+            found = [int(x) for x in m.group(1).split(",") if x.strip()]
+        if "revoked partitions" in line:
+            found = []
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--between-s", type=float, default=25)
+    args = ap.parse_args()
+    s, topo = load(), load_topology()
+    from gnomon.infra import manager
+
+    manager.up(s)
+    tag = "fo" + secrets.token_hex(3)
+    logs = Path(s.state_dir) / "bench-logs" / tag
+    logs.mkdir(parents=True, exist_ok=True)
+    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30)
+    kills: list[tuple[int, list[int]]] = []
+    try:
+        sc.processor("pA")
+        sc.processor("pB")
+        sc.worker("w1", 64)
+        sc.worker("w2", 64)
+        time.sleep(12)
+        spec = JobSpec(name="fo", schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.HANDLER, handler="noop"),
+                       timeout_s=30)
+        now = int(time.time() * 1000)
+        for i in range(args.jobs):
+            sc.send(RegisterJob(f"{tag}-{i:05d}", "bench", spec, now))
+        sc.flush()
+        time.sleep(15)
+        for k in range(args.kills):
+            victim = "pA" if k % 2 == 0 else "pB"
+            parts = owned_partitions(logs / f"{victim}.log")
+            t_kill = int(time.time() * 1000)
+            sc.signal(victim, signal.SIGKILL)
+            kills.append((t_kill, parts))
+            print(f"kill {k + 1}: {victim} owned partitions {parts}", file=sys.stderr)
+            time.sleep(args.between_s)
+            sc.processor(victim)
+            time.sleep(10)
+        now = int(time.time() * 1000)
+        for i in range(args.jobs):
+            sc.send(PauseJob(f"{tag}-{i:05d}", "bench", now))
+        sc.flush()
+        time.sleep(5)
+    finally:
+        sc.stop_all()
+    runs, _, _ = sc.history()
+    print(f"jobs={args.jobs} (every 1 s) processors=2 workers=2 kills={len(kills)}")
+    for k, (t_kill, parts) in enumerate(kills, 1):
+        first_write: dict[int, int] = {}
+        for r in runs:
+            p = partition_for(r.job_id, topo.partitions)
+            if p in parts and r.updated_at_ms > t_kill:
+                first_write[p] = min(first_write.get(p, 1 << 62), r.updated_at_ms)
+        gaps = [(first_write.get(p, 1 << 62) - t_kill) / 1000 for p in parts]
+        lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in {x.run_id: x for x in runs}.values()
+                if r.started_at_ms and t_kill <= r.slot_ms < t_kill + 30_000]
+        print(f"kill {k}: partitions {parts} quiet for {min(gaps):.1f}-{max(gaps):.1f} s; "
+              f"start lag of slots in the next 30 s: p50={pct(lags, 50):.2f} p99={pct(lags, 99):.2f} "
+              f"max={max(lags) if lags else float('nan'):.2f} s (n={len(lags)})")
+
+
+if __name__ == "__main__":
+    main()

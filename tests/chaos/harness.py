@@ -1,0 +1,147 @@
+"""Chaos harness: real gnomon processes on the real broker, killed on purpose, and a
+reader that feeds every ledger/inbox record of the scenario to the history checker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from gnomon import codec
+from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.checker import CheckReport, HistoryChecker
+from gnomon.config import load
+from gnomon.core.jobs import JobState
+from gnomon.core.runs import RunState
+from gnomon.topology import load_topology
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def end_offsets(bootstrap: str, topic: str) -> list[TopicPartition]:
+    c = Consumer(consumer_config(bootstrap, "chaos-offsets"))
+    try:
+        md = c.list_topics(topic, timeout=10)
+        return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), 10)[1])
+                for p in sorted(md.topics[topic].partitions)]
+    finally:
+        c.close()
+
+
+def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> list[Any]:
+    """Every committed record from ``start`` to the current end, decoded, in partition order."""
+    topic = start[0].topic
+    ends = {tp.partition: tp.offset for tp in end_offsets(bootstrap, topic)}
+    c = Consumer(consumer_config(bootstrap, "chaos-reader", **{"enable.partition.eof": True}))
+    out: list[Any] = []
+    try:
+        c.assign(start)
+        pending = {tp.partition for tp in start if ends[tp.partition] > tp.offset}
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                pending.discard(msg.partition())  # EOF (at the last stable offset)
+                continue
+            if msg.value() is not None:
+                out.append(codec.decode(msg.value()))
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+    finally:
+        c.close()
+    return out
+
+
+@dataclass
+class Scenario:
+    tag: str
+    logs: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    lease_s: int = 8
+    lookahead_s: int = 10
+
+    def __post_init__(self) -> None:
+        self.settings = load()
+        self.topo = load_topology()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.start_offsets = {t: end_offsets(self.settings.kafka_bootstrap, t)
+                              for t in (self.topo.runs, self.topo.jobs, self.topo.worker_inbox)}
+        self.producer = Producer(producer_config(self.settings.kafka_bootstrap))
+
+    def start(self, name: str, *args: str) -> None:
+        out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=self.env,
+                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        log(f"started {name} (pid {self.procs[name].pid})")
+
+    def processor(self, name: str) -> None:
+        self.start(name, "processor", "--instance-id", f"{self.tag}-{name}", "--lease-s", str(self.lease_s),
+                   "--lookahead-s", str(self.lookahead_s))
+
+    def worker(self, name: str, concurrency: int = 32) -> None:
+        self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency))
+
+    def signal(self, name: str, sig: int) -> None:
+        p = self.procs[name]
+        os.killpg(p.pid, sig)
+        log(f"sent {signal.Signals(sig).name} to {name} (pid {p.pid})")
+        if sig == signal.SIGKILL:
+            p.wait(10)
+            del self.procs[name]
+
+    def stop_all(self) -> None:
+        for name, p in list(self.procs.items()):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGTERM)
+        for name, p in list(self.procs.items()):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            del self.procs[name]
+
+    def send(self, command: Any) -> None:
+        self.producer.produce(self.topo.job_commands, key=command.job_id.encode(), value=codec.encode(command))
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        self.producer.flush(30)
+
+    # ---- reading the history back --------------------------------------------------------
+
+    def history(self) -> tuple[list[RunState], list[JobState], list[Any]]:
+        b = self.settings.kafka_bootstrap
+        prefix = f"{self.tag}-"
+        runs = [r for r in read_range(b, self.start_offsets[self.topo.runs]) if r.job_id.startswith(prefix)]
+        jobs = [j for j in read_range(b, self.start_offsets[self.topo.jobs])
+                if isinstance(j, JobState) and j.job_id.startswith(prefix)]
+        inbox = [m for m in read_range(b, self.start_offsets[self.topo.worker_inbox])
+                 if getattr(m, "worker_id", "").startswith(prefix)]
+        return runs, jobs, inbox
+
+    def check(self, now_ms: int) -> tuple[CheckReport, list[RunState], dict[str, JobState]]:
+        runs, jobs, inbox = self.history()
+        checker = HistoryChecker()
+        for rec in [*runs, *inbox]:
+            checker.observe(rec)
+        first: dict[str, int] = {}
+        last: dict[str, JobState] = {}
+        for j in jobs:
+            if j.job_id not in first and j.next_run_at_ms is not None:
+                first[j.job_id] = j.next_run_at_ms
+            last[j.job_id] = j
+        report = checker.check(list(last.values()), now_ms, first_slots=first)
+        return report, runs, last
