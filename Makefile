@@ -20,15 +20,20 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## install gnomon and its dev tools into .venv/ (so .venv/bin/gnomon works)
 
-run: setup ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live
-	$(BIN)/python -m gnomon.demo.run
+run: setup ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live (DURATION=s to stop by itself)
+	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
 
-test: setup ## everything CI runs: lint, unit, integration (real Kafka + Cassandra), e2e
+test: setup ## everything CI runs: lint, types, unit, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src/gnomon/core
 	$(BIN)/python -m pytest tests/unit -q
 	$(BIN)/python -m gnomon.infra up
-	$(BIN)/python -m pytest tests/integration tests/e2e -q -m "integration" -p no:cacheprovider
+	$(BIN)/python -m pytest tests/integration -q -m integration
+	$(BIN)/python -m pytest tests/e2e -q -m integration
+	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
+
+test-chaos: setup ## the chaos suite alone (starts infra; about 5 minutes)
+	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
 test-unit: setup ## pure tests only (no services)
 	$(BIN)/python -m pytest tests/unit -q

@@ -1,9 +1,17 @@
 """Does Faust's processing_guarantee="exactly_once" survive kill -9?  (ADR 0001)
 
-    .venv/bin/python bench/faust_eos_kill.py [--records 20000] [--kills 4] [--budget 420]
+    .venv/bin/python bench/faust_eos_kill.py [--records 10000] [--kills 3] [--budget 420]
 
-Needs the broker from `python -m gnomon.infra up`. For each guarantee (exactly_once, then
-at_least_once for comparison):
+Needs the broker from `python -m gnomon.infra up`. Three modes, one after the other:
+
+* exactly_once       the Faust app as one would write it (agent reads the input topic,
+                     updates a table, sends one record to the output topic);
+* exactly_once+sink  the same app plus a no-op agent on the output topic: in
+                     faust-streaming 0.15.3 a send to a topic the app does not consume
+                     bypasses the transaction (see stack_apps/faust_relay.py);
+* at_least_once      the same app as the first mode, without transactions (comparison).
+
+For each mode:
 
 1. create ``stackproof.eos-in-<tag>`` / ``stackproof.eos-out-<tag>`` (4 partitions) and the
    table's changelog ``stackproof.eos-changelog-<tag>`` (compacted);
@@ -20,8 +28,10 @@ at_least_once for comparison):
 
 Columns: outputs = committed output records; dupes = outputs - distinct ids; missing =
 inputs without an output; aborted = records visible read_uncommitted but not
-read_committed (work of killed transactions); table_bad = keys whose final committed
-table count differs from the number of inputs with that key; seq_bad = keys whose
+read_committed (work of killed transactions); lag = input records past the app group's
+committed offsets when the app was stopped (missing > 0 with lag 0 = lost); table_bad = keys whose final committed
+table count differs from the number of inputs with that key; table_over = sum of the
+final committed counts minus N (> 0: increments counted twice); seq_bad = keys whose
 committed outputs do not carry the counts 1..n exactly once.
 
 The whole script stops itself after --budget seconds (default 420) plus a margin.
@@ -44,7 +54,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gnomon.adapters.kafka import partition_for, producer_config
@@ -116,7 +132,7 @@ class Reader:
 
 @dataclass
 class Result:
-    guarantee: str
+    mode: str
     inputs: int
     outputs: int = 0
     distinct: int = 0
@@ -126,6 +142,8 @@ class Result:
     kills: int = 0
     crashes: int = 0
     table_bad: int = 0
+    table_over: int = 0
+    lag: int = 0
     seq_bad: int = 0
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -182,6 +200,31 @@ def cleanup(admin: AdminClient, topics: list[str], group: str) -> None:
             log(f"(could not delete topic {name}: {exc})")
 
 
+def input_lag(admin: AdminClient, group: str, topic: str, ends: dict[int, int]) -> int | None:
+    """Input records not yet covered by the group's committed offsets (None: unknown)."""
+    try:
+        fut = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+        committed = {
+            tp.partition: tp.offset for tp in fut.result(timeout=10).topic_partitions
+            if tp.topic == topic
+        }
+    except Exception:
+        return None
+    return sum(end - max(committed.get(p, 0), 0) for p, end in ends.items())
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "stackproof-eos-ends"})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in md.partitions
+        }
+    finally:
+        c.close()
+
+
 def produce_inputs(bootstrap: str, topic: str, n: int, keys: int) -> Counter[str]:
     p = Producer(producer_config(bootstrap, **{"compression.type": "none", "linger.ms": 20}))
     per_key: Counter[str] = Counter()
@@ -200,10 +243,20 @@ def produce_inputs(bootstrap: str, topic: str, n: int, keys: int) -> Counter[str
     return per_key
 
 
-def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir: Path) -> Result:
+MODES = {
+    # mode: (processing_guarantee, subscribe the sink topic)
+    "exactly_once": ("exactly_once", False),
+    "exactly_once+sink": ("exactly_once", True),
+    "at_least_once": ("at_least_once", False),
+}
+
+
+def run_mode(args: argparse.Namespace, mode: str, budget_s: float, workdir: Path) -> Result:
     bootstrap = args.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    tag = f"{'eos' if guarantee == 'exactly_once' else 'alo'}-{uuid.uuid4().hex[:6]}"
+    guarantee, subscribe_sink = MODES[mode]
+    short = {"exactly_once": "eos", "exactly_once+sink": "eoss", "at_least_once": "alo"}[mode]
+    tag = f"{short}-{uuid.uuid4().hex[:6]}"
     topics = {
         "in": f"stackproof.eos-in-{tag}",
         "out": f"stackproof.eos-out-{tag}",
@@ -211,14 +264,15 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
     }
     app_id = f"stackproof-eos-{tag}"
     rng = random.Random(args.seed if args.seed is not None else None)
-    res = Result(guarantee, args.records)
+    res = Result(mode, args.records)
     mode_deadline = time.monotonic() + budget_s
     create_topics(admin, topics, args.partitions)
     proc: subprocess.Popen[bytes] | None = None
     progress: Reader | None = None
     try:
-        log(f"{guarantee}: producing {args.records} inputs to {topics['in']}")
+        log(f"{mode}: producing {args.records} inputs to {topics['in']}")
         per_key = produce_inputs(bootstrap, topics["in"], args.records, args.keys)
+        in_ends = end_offsets(bootstrap, topics["in"])
 
         thresholds = sorted(int(args.records * rng.uniform(0.05, 0.85)) for _ in range(args.kills))
         datadir = workdir / f"{tag}-data"
@@ -241,6 +295,7 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
                 "STACK_GUARANTEE": guarantee,
                 "STACK_TABLE": "1",
                 "STACK_INSTANCE": f"run{incarnation}",
+                "STACK_SUBSCRIBE_SINK": "1" if subscribe_sink else "0",
             }
             return subprocess.Popen(
                 [sys.executable, APP.name, "worker", "--without-web", "-l", "info"],
@@ -264,7 +319,7 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
                 n = len(progress.records)
                 if proc.poll() is not None:
                     res.crashes += 1
-                    log(f"{guarantee}: app exited by itself (rc={proc.returncode}); restarting")
+                    log(f"{mode}: app exited by itself (rc={proc.returncode}); restarting")
                     incarnation += 1
                     proc = start(incarnation)
                     started_at_count = n
@@ -280,7 +335,7 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
             res.kills += 1
             progress.pump(0.1)
             res.kill_points.append(len(progress.records))
-            log(f"{guarantee}: kill -9 #{res.kills} at {len(progress.records)} committed outputs")
+            log(f"{mode}: kill -9 #{res.kills} at {len(progress.records)} committed outputs")
             incarnation += 1
             proc = start(incarnation)
             started_at_count = len(progress.records)
@@ -299,17 +354,24 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
             quiet = time.monotonic() - last_growth
             if len(seen) >= args.records and quiet >= 5:
                 break
+            # Every input offset committed and nothing new for 5 s: the app is done, even
+            # if some ids never made it to the output (that is then a loss, not a lag).
+            if quiet >= 5 and input_lag(admin, app_id, topics["in"], in_ends) == 0:
+                res.note = res.note or "input fully committed with ids missing from the output"
+                break
             if quiet >= args.settle:
                 res.note = res.note or f"output stopped growing for {args.settle:.0f}s"
                 break
             if proc.poll() is not None:
                 res.crashes += 1
-                log(f"{guarantee}: app exited by itself (rc={proc.returncode}); restarting")
+                log(f"{mode}: app exited by itself (rc={proc.returncode}); restarting")
                 incarnation += 1
                 proc = start(incarnation)
         else:
             res.note = res.note or "budget ran out while waiting for the output to settle"
         res.wall_s = time.monotonic() - t0
+        lag = input_lag(admin, app_id, topics["in"], in_ends)
+        res.lag = -1 if lag is None else lag
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(20)
@@ -346,6 +408,7 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
             if k is not None and v is not None:
                 final[decode_key(k)] = json.loads(v)
         res.table_bad = sum(1 for key, n in per_key.items() if final.get(key) != n)
+        res.table_over = sum(final.get(key, 0) for key in per_key) - args.records
         counts: dict[str, list[int]] = defaultdict(list)
         for o in outs:
             counts[o["key"]].append(o["count"])
@@ -370,10 +433,10 @@ def run_mode(args: argparse.Namespace, guarantee: str, budget_s: float, workdir:
 
 def table(results: list[Result], args: argparse.Namespace) -> str:
     cols = [
-        ("guarantee", "guarantee", 14), ("inputs", "inputs", 7), ("outputs", "outputs", 8),
+        ("mode", "mode", 17), ("inputs", "inputs", 7), ("outputs", "outputs", 8),
         ("distinct", "distinct", 8), ("dupes", "dupes", 6), ("missing", "missing", 7),
         ("aborted", "aborted", 7), ("kills", "kills", 5), ("crashes", "crashes", 7),
-        ("table_bad", "table_bad", 9), ("seq_bad", "seq_bad", 7), ("wall_s", "wall_s", 7),
+        ("table_bad", "table_bad", 9), ("table_over", "table_over", 10), ("seq_bad", "seq_bad", 7), ("lag", "lag", 5), ("wall_s", "wall_s", 7),
     ]
     head = " ".join(f"{title:>{w}}" for _, title, w in cols)
     lines = [
@@ -390,7 +453,7 @@ def table(results: list[Result], args: argparse.Namespace) -> str:
             cells.append(f"{v:>{w}.1f}" if isinstance(v, float) else f"{v!s:>{w}}")
         lines.append(" ".join(cells))
     for r in results:
-        lines.append(f"{r.guarantee}: kill points (committed outputs) {r.kill_points}"
+        lines.append(f"{r.mode}: kill points (committed outputs) {r.kill_points}"
                      + (f"; note: {r.note}" if r.note else ""))
     return "\n".join(lines)
 
@@ -398,16 +461,16 @@ def table(results: list[Result], args: argparse.Namespace) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--bootstrap", default=load().kafka_bootstrap)
-    ap.add_argument("--records", type=int, default=20_000)
-    ap.add_argument("--kills", type=int, default=4)
+    ap.add_argument("--records", type=int, default=10_000)
+    ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--keys", type=int, default=64)
     ap.add_argument("--store", default="rocksdb://")
     ap.add_argument("--fresh-datadir", action="store_true")
-    ap.add_argument("--settle", type=float, default=30.0)
+    ap.add_argument("--settle", type=float, default=45.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run")
-    ap.add_argument("--guarantees", default="exactly_once,at_least_once")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {list(MODES)}")
     ap.add_argument("--keep-logs", default=None, help="directory for the app logs and state")
     args = ap.parse_args()
 
@@ -415,18 +478,21 @@ def main() -> int:
         raise TimeoutError("faust_eos_kill.py exceeded its budget; stopping")
 
     signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(int(args.budget + 45))  # last resort; each mode has its own deadline
+    signal.alarm(int(args.budget + 30))  # last resort; each mode has its own deadline
 
-    guarantees = [g.strip() for g in args.guarantees.split(",") if g.strip()]
+    modes = [g.strip() for g in args.modes.split(",") if g.strip()]
+    unknown = [g for g in modes if g not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
     started = time.monotonic()
     results: list[Result] = []
     if args.keep_logs:
         Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="faust-eos-kill-") as tmp_dir:
         tmp = args.keep_logs or tmp_dir
-        for i, g in enumerate(guarantees):
+        for i, g in enumerate(modes):
             remaining = args.budget - (time.monotonic() - started)
-            share = remaining / (len(guarantees) - i)
+            share = remaining / (len(modes) - i)
             log(f"=== {g}: budget {share:.0f}s ===")
             try:
                 results.append(run_mode(args, g, share - 15, Path(tmp)))
@@ -440,16 +506,16 @@ def main() -> int:
     for r in results:
         if r.dupe_pairs:
             pairs = ", ".join(f"{k}: {v}" for k, v in r.dupe_pairs.most_common(8))
-            print(f"{r.guarantee}: duplicated ids by incarnations that wrote them: {pairs}")
+            print(f"{r.mode}: duplicated ids by incarnations that wrote them: {pairs}")
         if r.missing_by_partition:
-            print(f"{r.guarantee}: missing ids by input partition: "
+            print(f"{r.mode}: missing ids by input partition: "
                   f"{dict(sorted(r.missing_by_partition.items()))}")
     for r in results:
         if r.errors:
             distinct: dict[str, str] = {}
             for e in r.errors:
                 distinct.setdefault(e.split("] ", 3)[-1][:120], e)
-            print(f"\n{r.guarantee}: {len(r.errors)} ERROR lines in the app logs; distinct:")
+            print(f"\n{r.mode}: {len(r.errors)} ERROR lines in the app logs; distinct:")
             for e in list(distinct.values())[:8]:
                 print(f"  {e}")
     print(f"\ntotal wall time {time.monotonic() - started:.0f}s")

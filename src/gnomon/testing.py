@@ -117,7 +117,7 @@ class InMemoryCluster:
                     cmd = q.popleft()
                     before = self.tasks[p].run(cmd.run_id) if isinstance(cmd, R.CompleteAttempt | R.Heartbeat) else None
                     try:
-                        self._route(self.tasks[p].handle(cmd))
+                        self._route(self.tasks[p].handle(cmd, self.clock.now_ms()))
                         if before is not None and (cmd.token != before.token or cmd.worker_id != before.worker_id):
                             after = self.tasks[p].run(cmd.run_id)
                             if after != before:

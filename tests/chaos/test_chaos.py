@@ -19,7 +19,7 @@ import time
 from collections import Counter
 
 import pytest
-from harness import Scenario, log
+from chaoslib import Scenario, log
 
 from gnomon.core.jobs import PauseJob, RegisterJob
 from gnomon.core.model import CatchUp, JobSpec, RetryPolicy, Schedule, Target, TargetType
@@ -82,7 +82,7 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
         end_ms = int(time.time() * 1000)
     finally:
         sc.stop_all()
-    report, runs, last = sc.check(end_ms)
+    report, runs, _last = sc.check(end_ms)
     log("checker: " + report.summary())
     for problem in report.problems[:20]:
         log("problem: " + problem)

@@ -205,3 +205,33 @@ def test_pause_stops_triggers_and_resume_continues_from_next_slot(stack: Stack) 
     wait_for(lambda: any(iso_to_ms(r["slot"]) >= resumed_at * 1000 and r["status"] == "succeeded"
                          for r in runs(c, job_id)), 30, "a run after resume")
     c.delete(job_id)
+
+
+def test_malformed_event_goes_to_poison_and_the_processor_keeps_going(stack: Stack) -> None:
+    s, topo = load(), load_topology()
+    cons = Consumer(consumer_config(s.kafka_bootstrap, "e2e-poison-" + secrets.token_hex(3)))
+    md = cons.list_topics(topo.poison, timeout=10)
+    starts = [TopicPartition(topo.poison, p, cons.get_watermark_offsets(TopicPartition(topo.poison, p), 10)[1])
+              for p in md.topics[topo.poison].partitions]
+    cons.assign(starts)
+    garbage = b"\x00\x00\x00\x00\x63not avro at all " + secrets.token_bytes(8)
+    p = Producer(producer_config(s.kafka_bootstrap))
+    p.produce(topo.job_commands, key=b"job_poisoned", value=garbage)
+    p.produce(topo.run_events, key=b"job_poisoned", value=b"")
+    p.flush(10)
+    found = []
+    deadline = time.monotonic() + 30
+    while len(found) < 2 and time.monotonic() < deadline:
+        msg = cons.poll(0.5)
+        if msg is not None and not msg.error():
+            rec = codec.decode(msg.value())
+            if rec.value in (garbage, b"") and rec.key == b"job_poisoned":
+                found.append(rec)
+    cons.close()
+    assert {r.source_topic for r in found} == {topo.job_commands, topo.run_events}
+    assert all("Decode" in r.reason for r in found), [r.reason for r in found]
+    # and the processor is still scheduling
+    c = stack.client
+    job_id = create(c, schedule=None, runAt=ms_to_iso(int(time.time() + 3) * 1000),
+                    target={"type": "command", "argv": ["true"]})
+    wait_for(lambda: (r := runs(c, job_id, "succeeded")) and r, 30, "a run after the poison records")

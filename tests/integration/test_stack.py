@@ -644,6 +644,68 @@ def test_faust_worker_consumes_and_produces(
     assert not faust_runner.errors(), faust_runner.errors()
 
 
+@pytest.mark.parametrize("subscribe_sink", [False, True], ids=["plain", "sink-subscribed"])
+def test_faust_exactly_once_which_writes_are_transactional(
+    kafka: Kafka, faust_runner: FaustRunner, subscribe_sink: bool
+) -> None:
+    """Characterises faust-streaming 0.15.3 exactly_once (see ADR 0001).
+
+    The app never commits during the test (commit interval 1 h), so everything written
+    inside its transactions is invisible to read_committed while it runs. The table's
+    changelog always is. The agent's output to a topic the app does not consume is NOT:
+    it goes out on the plain producer. Consuming the sink topic (a no-op agent) puts the
+    output in the transaction too. If this test starts failing for "plain", Faust fixed
+    it: revisit ADR 0001.
+    """
+    n_parts, n = 2, 40
+    src = kafka.topic("fxo-in", partitions=n_parts)
+    out = kafka.topic("fxo-out", partitions=n_parts)
+    changelog = kafka.topic("fxo-changelog", partitions=n_parts, **{"cleanup.policy": "compact"})
+    app_id = kafka.group("fxo")
+    produce(src, [(f"k{i % 5}", {"id": i}) for i in range(n)], **UNCOMPRESSED)
+    faust_runner.start(
+        "a",
+        STACK_APP_ID=app_id,
+        STACK_IN=src,
+        STACK_OUT=out,
+        STACK_CHANGELOG=changelog,
+        STACK_PARTITIONS=str(n_parts),
+        STACK_STORE="memory://",
+        STACK_GUARANTEE="exactly_once",
+        STACK_TABLE="1",
+        STACK_COMMIT_INTERVAL="3600",
+        STACK_SUBSCRIBE_SINK="1" if subscribe_sink else "0",
+    )
+    readers = {
+        (topic, iso): Tail(topic, iso)
+        for topic in (out, changelog)
+        for iso in ("read_uncommitted", "read_committed")
+    }
+    try:
+        # Everything processed (and written, uncommitted at least) ...
+        assert readers[(out, "read_uncommitted")].until(
+            lambda t: len(t.ids()) >= n, 40
+        ), faust_runner.logs()
+        assert readers[(changelog, "read_uncommitted")].until(
+            lambda t: len(t.records) >= 1, 10
+        ), faust_runner.logs()
+        # ... then give read_committed readers time to see whatever is committed.
+        for (_topic, iso), tail in readers.items():
+            if iso == "read_committed":
+                tail.until(lambda t: True, 4, idle_s=3)
+        committed_out = len(readers[(out, "read_committed")].records)
+        committed_changelog = len(readers[(changelog, "read_committed")].records)
+    finally:
+        for tail in readers.values():
+            tail.close()
+    assert faust_runner.procs["a"].poll() is None, faust_runner.logs()
+    assert committed_changelog == 0  # the changelog is written inside the open transaction
+    if subscribe_sink:
+        assert committed_out == 0  # output inside the transaction too
+    else:
+        assert committed_out == n  # output bypassed the transaction
+
+
 def test_faust_two_instances_rebalance(kafka: Kafka, faust_runner: FaustRunner) -> None:
     """Instance b joins (partitions split), then a leaves (b takes every partition)."""
     n_parts = 4

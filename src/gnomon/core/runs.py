@@ -285,9 +285,13 @@ def _end_attempt(
     return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, retry_at)
 
 
-def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None) -> list[RunEvent]:
+def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None,
+           now_ms: int | None = None) -> list[RunEvent]:
+    """Events a command causes. ``now_ms`` is when the processor applies it (default: the
+    command's own ``at_ms``). Leases are measured from ``now_ms``: a claim that waited in a
+    backlog still gets a whole lease from the moment it is granted."""
     cfg = cfg or RunConfig()
-    now = cmd.at_ms
+    now = cmd.at_ms if now_ms is None else now_ms
     if isinstance(cmd, RunTriggered | RunSkipped):
         if state is not None:
             return []  # insert-if-absent: a replayed trigger makes no second run

@@ -1,4 +1,7 @@
-"""``python -m gnomon.infra up|down|status|topics [--kafka-nodes N] [--only kafka|cassandra]``.
+"""``python -m gnomon.infra up|down|status|topics [--kafka-nodes N] [--only COMPONENT]``.
+
+``up`` starts Kafka and Cassandra; Kafka Connect only with ``--only connect`` (port
+``$GNOMON_CONNECT_PORT``, default 8083). ``down`` without ``--only`` stops all three.
 
 ``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
 (``--bootstrap``, ``--replication-factor``); docker-compose.yml uses it.
@@ -16,7 +19,8 @@ from typing import NoReturn
 from gnomon.infra.errors import InfraError
 
 USAGE = (
-    "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] [--only kafka|cassandra] "
+    "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] "
+    "[--only kafka|cassandra|connect] "
     "[--json] [--bootstrap HOST:PORT] [--replication-factor N]"
 )
 
@@ -41,7 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="KRaft nodes on this host (up only; default 1)",
     )
-    p.add_argument("--only", choices=("kafka", "cassandra"), help="act on one component")
+    p.add_argument(
+        "--only",
+        choices=("kafka", "cassandra", "connect"),
+        help="act on one component (connect: Kafka Connect, never started by default)",
+    )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument("--bootstrap", help="topics only: Kafka to use (default: settings)")
     p.add_argument("--replication-factor", type=int, default=1, help="topics only (default 1)")
@@ -64,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load()
     components = (args.only,) if args.only else manager.COMPONENTS
+    if args.action == "down" and not args.only:
+        components = manager.ALL_COMPONENTS
     try:
         if args.action == "up":
             _print_status(

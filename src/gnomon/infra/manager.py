@@ -14,20 +14,24 @@ from contextlib import contextmanager
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import cassandra, fetch, jvm, kafka, procs
+from gnomon.infra import cassandra, connect, fetch, jvm, kafka, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import ensure_topics, topic_specs
 
-COMPONENTS: tuple[str, ...] = ("kafka", "cassandra")
-MODULES = {"kafka": kafka, "cassandra": cassandra}
+COMPONENTS: tuple[str, ...] = ("kafka", "cassandra")  # what `up` starts by default
+# Kafka Connect is opt-in (`up --only connect`, after Kafka); `down` stops it too.
+ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, "connect")
+MODULES = {"kafka": kafka, "cassandra": cassandra, "connect": connect}
 STOP_TIMEOUT_S = 60.0
 
 
 def _check(components: Sequence[str], kafka_nodes: int) -> None:
-    unknown = [c for c in components if c not in COMPONENTS]
+    unknown = [c for c in components if c not in ALL_COMPONENTS]
     if unknown:
-        raise InfraError(f"unknown component {unknown[0]!r}; choose from {', '.join(COMPONENTS)}")
+        raise InfraError(
+            f"unknown component {unknown[0]!r}; choose from {', '.join(ALL_COMPONENTS)}"
+        )
     if kafka_nodes not in (1, 3):
         raise InfraError(f"kafka_nodes must be 1 or 3, not {kafka_nodes}")
 
@@ -77,11 +81,15 @@ def up(
         if "cassandra" in components:
             cassandra.wait_ready(settings)
             say(f"Cassandra is up on {cassandra.address(settings)}")
+        if "connect" in components:  # needs Kafka (and its topics) up
+            connect.start(settings)
+            connect.wait_ready(settings)
+            say(f"Kafka Connect is up on {connect.running_worker(settings).url}")
     say(f"ready in {time.monotonic() - begun:.0f}s")
     return status(settings)
 
 
-def down(settings: Settings, components: Sequence[str] = COMPONENTS) -> list[str]:
+def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list[str]:
     """Stop what ``up`` started (SIGTERM all at once, SIGKILL after a timeout).
 
     Returns the names of the processes stopped; nothing running is fine.
@@ -89,6 +97,8 @@ def down(settings: Settings, components: Sequence[str] = COMPONENTS) -> list[str
     _check(components, 1)
     with _lock(settings):
         names: list[str] = []
+        if "connect" in components:
+            names += connect.running_names(settings)
         if "cassandra" in components:
             names += cassandra.running_names(settings)
         if "kafka" in components:
@@ -97,6 +107,8 @@ def down(settings: Settings, components: Sequence[str] = COMPONENTS) -> list[str
             say("nothing to stop")
             return []
         say(f"stopping {', '.join(names)}…")
+        if connect.NAME in names:  # first, while Kafka still takes its final offset commits
+            connect.stop(settings)
         for name in names:  # signal everyone first: Kafka nodes must not wait for a lost quorum
             procs.signal_term(settings.state_dir, name)
         for name in names:
@@ -106,5 +118,10 @@ def down(settings: Settings, components: Sequence[str] = COMPONENTS) -> list[str
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """``{"kafka": {...}, "cassandra": {...}}``; each has ``state`` (up/starting/degraded/down)."""
-    return {"kafka": kafka.status(settings), "cassandra": cassandra.status(settings)}
+    """``{"kafka": {...}, "cassandra": {...}, "connect": {...}}``; each has ``state``
+    (up/starting/degraded/down)."""
+    return {
+        "kafka": kafka.status(settings),
+        "cassandra": cassandra.status(settings),
+        "connect": connect.status(settings),
+    }

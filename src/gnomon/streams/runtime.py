@@ -14,6 +14,7 @@ partition is assigned, and after an aborted transaction.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 import threading
@@ -47,7 +48,7 @@ class ProcessorConfig:
     state_dir: Path
     instance_id: str = field(default_factory=lambda: f"{socket.gethostname()}")
     batch_max: int = 500
-    poll_timeout_s: float = 0.1
+    poll_timeout_s: float = 0.05
     tick_interval_ms: int = 200
     restore_timeout_s: float = 120.0
     transaction_timeout_ms: int = 10_000
@@ -64,6 +65,7 @@ class Processor:
         self.inputs = [self.topo.job_commands, self.topo.run_events]
         self._stop = threading.Event()
         self._last_tick_ms = 0
+        self._clean = True  # False while local state may hold writes not yet committed
         self._read_ts: dict[int, int] = {}  # run-events partition -> timestamp of the last record read
         self.poisoned = 0
         self.transactions = 0
@@ -111,11 +113,10 @@ class Processor:
             self._close()
 
     def _close(self) -> None:
+        for p in list(self.tasks):
+            self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
         with contextlib.suppress(Exception):  # closing is best-effort
             self.consumer.close()
-        for task in self.tasks.values():
-            task.kv.close()
-        self.tasks.clear()
 
     # ---- rebalance -----------------------------------------------------------------------
 
@@ -131,24 +132,69 @@ class Processor:
         gone = sorted({tp.partition for tp in partitions})
         log.info("revoked partitions %s", gone)
         for p in gone:
-            task = self.tasks.pop(p, None)
-            if task is not None:
-                task.kv.close()
+            self._release(p)
 
-    def _restore(self, partition: int) -> PartitionTask:
+    # ---- state restore and checkpoints ---------------------------------------------------
+    #
+    # Like Kafka Streams under exactly-once: a partition's RocksDB is trusted only if it was
+    # closed cleanly (revoke or graceful stop) right after a commit, which writes a
+    # checkpoint with the changelog end offsets. Opening consumes the checkpoint (deletes
+    # it), so after a crash (kill -9, a failed commit) the state is rebuilt from the start
+    # of the compacted changelogs instead.
+
+    def _state_path(self, partition: int) -> Path:
+        return self.cfg.state_dir / "processor" / self.cfg.instance_id / f"p{partition:03d}"
+
+    def _release(self, partition: int) -> None:
+        task = self.tasks.pop(partition, None)
+        if task is None:
+            return
+        task.kv.close()
+        if not self._clean:
+            log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
+            return
+        try:
+            ends = {t: read_end_offset(self.cfg.bootstrap, t, partition) for t in (self.topo.jobs, self.topo.runs)}
+            ckpt = self._state_path(partition).with_suffix(".checkpoint")
+            tmp = ckpt.with_suffix(".tmp")
+            tmp.write_text(json.dumps(ends))
+            tmp.replace(ckpt)
+        except (EventLogError, OSError) as exc:
+            log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
+
+    def _restore(self, partition: int, *, trust_checkpoint: bool = True) -> PartitionTask:
         started = time.monotonic()
-        path = self.cfg.state_dir / "processor" / self.cfg.instance_id / f"p{partition:03d}"
-        task = PartitionTask(partition, RocksKV(path, fresh=True), self.topo, self.cfg.sched, self.cfg.runs)
+        path = self._state_path(partition)
+        ckpt_file = path.with_suffix(".checkpoint")
+        ckpt: dict[str, int] | None = None
+        if ckpt_file.exists():
+            with contextlib.suppress(OSError, ValueError):
+                ckpt = json.loads(ckpt_file.read_text()) if trust_checkpoint and path.is_dir() else None
+            ckpt_file.unlink(missing_ok=True)
+        task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs)
         n = 0
-        for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
-            for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s):
-                key = msg.key().decode() if msg.key() else ""
-                try:
-                    apply(key, msg.value())
+        if ckpt is None:  # full rebuild: keep the last value per key, then load once
+            latest: dict[str, dict[str, bytes | None]] = {self.topo.jobs: {}, self.topo.runs: {}}
+            for topic, table in latest.items():
+                for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s):
+                    table[msg.key().decode() if msg.key() else ""] = msg.value()
                     n += 1
-                except GnomonError as exc:
-                    log.error("changelog %s[%d]@%d undecodable, skipped: %s", topic, partition, msg.offset(), exc)
-        log.info("partition %d restored: %d records in %.2fs", partition, n, time.monotonic() - started)
+            try:
+                task.bulk_load(latest[self.topo.jobs], latest[self.topo.runs])
+            except GnomonError as exc:
+                raise EventLogError(f"changelog of partition {partition} holds an undecodable record: {exc}") from exc
+        else:  # tail after a clean close: apply each record on top of the local state
+            for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
+                for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
+                                                 ckpt.get(topic)):
+                    key = msg.key().decode() if msg.key() else ""
+                    try:
+                        apply(key, msg.value())
+                        n += 1
+                    except GnomonError as exc:
+                        log.error("changelog %s[%d]@%d undecodable, skipped: %s", topic, partition, msg.offset(), exc)
+        log.info("partition %d restored: %d records in %.2fs (%s)", partition, n, time.monotonic() - started,
+                 "from checkpoint" if ckpt else "full rebuild")
         return task
 
     # ---- one step --------------------------------------------------------------------------
@@ -161,6 +207,7 @@ class Processor:
             return
         outputs: list[Output] = []
         offsets: dict[tuple[str, int], int] = {}
+        self._clean = False
         for msg in msgs:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -176,9 +223,9 @@ class Processor:
             for p, task in list(self.tasks.items()):
                 # a partition with unread run events judges leases by how far it has read
                 outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None))
-        if not outputs and not offsets:
-            return
-        self._commit(outputs, offsets)
+        if outputs or offsets:
+            self._commit(outputs, offsets)
+        self._clean = True
 
     def _behind(self) -> set[int]:
         """Partitions of run-events with unread records (cached high watermark and local
@@ -205,7 +252,7 @@ class Processor:
             return []
         try:
             cmd = codec.decode(msg.value() or b"")
-            return task.handle(cmd)
+            return task.handle(cmd, now)
         except GnomonError as exc:
             self.poisoned += 1
             log.warning("poison %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
@@ -217,7 +264,7 @@ class Processor:
         try:
             self.producer.begin_transaction()
             for o in outputs:
-                value = None if o.value is None else codec.encode(o.value)
+                value = None if o.value is None else codec.encode(o.value, o.topic)
                 kwargs: dict[str, Any] = {"key": o.key.encode(), "value": value}
                 if o.partition is not None:
                     kwargs["partition"] = o.partition
@@ -257,7 +304,7 @@ class Processor:
         committed = self.consumer.committed(assignment, 30)
         for p in list(self.tasks):
             self.tasks[p].kv.close()
-            self.tasks[p] = self._restore(p)
+            self.tasks[p] = self._restore(p, trust_checkpoint=False)
         for tp in committed:
             if tp.offset >= 0:
                 self.consumer.seek(tp)
@@ -265,29 +312,43 @@ class Processor:
                 self.consumer.seek(TopicPartition(tp.topic, tp.partition, 0))
 
 
-def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float) -> Iterable[Message]:
-    """Every committed record of one partition, from the start to the current end."""
-    c = Consumer(consumer_config(bootstrap, "gnomon-restore", **{"enable.partition.eof": True}))
+def read_end_offset(bootstrap: str, topic: str, partition: int) -> int:
+    c = Consumer(consumer_config(bootstrap, "gnomon-restore"))
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
+    except KafkaException as exc:
+        raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
+    finally:
+        c.close()
+
+
+def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float,
+                          start: int | None = None) -> Iterable[Message]:
+    """Every committed record of one partition, from ``start`` (default: the beginning)
+    to the current end."""
+    c = Consumer(consumer_config(bootstrap, "gnomon-restore", **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
+        low = max(low, start) if start is not None else low
         if high <= low:
             return
         c.assign([TopicPartition(topic, partition, low)])
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            msg = c.poll(0.5)
-            if msg is None:
+            batch = c.consume(5000, 0.05)
+            if not batch:
                 pos = c.position([TopicPartition(topic, partition)])[0].offset
                 if pos >= high:
                     return
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            for msg in batch:
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise EventLogError(f"restoring {topic}[{partition}]: {msg.error()}")
+                yield msg
+                if msg.offset() + 1 >= high:
                     return
-                raise EventLogError(f"restoring {topic}[{partition}]: {msg.error()}")
-            yield msg
-            if msg.offset() + 1 >= high:
-                return
         raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
     finally:
         c.close()

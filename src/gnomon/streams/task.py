@@ -134,6 +134,29 @@ class PartitionTask:
         new = None if value is None else codec.decode(value)
         self._store_job(job_id, old, new, [])
 
+    def bulk_load(self, jobs: dict[str, bytes | None], runs: dict[str, bytes | None]) -> int:
+        """Load an empty store from the last changelog value of each key (a full rebuild):
+        one decode and one write per live key, no read of prior state."""
+        n = 0
+        for job_id, raw in jobs.items():
+            if raw is None:
+                continue
+            job: J.JobState = codec.decode(raw)
+            self.kv.put(_job_key(job_id), raw)
+            if job.next_run_at_ms is not None and job.status is J.JobStatus.ACTIVE:
+                self.kv.put(_due_key(job.next_run_at_ms, job_id), b"")
+            n += 1
+        for run_id, raw in runs.items():
+            if raw is None:
+                continue
+            run: R.RunState = codec.decode(raw)
+            self.kv.put(_run_key(run_id), raw)
+            t = run.timer_ms()
+            if t is not None:
+                self.kv.put(_timer_key(t, run_id), b"")
+            n += 1
+        return n
+
     def restore_run(self, run_id: str, value: bytes | None) -> None:
         old = self.run(run_id)
         if value is None:
@@ -147,12 +170,13 @@ class PartitionTask:
 
     # ---- commands ----------------------------------------------------------------------
 
-    def handle(self, cmd: Any) -> list[Output]:
-        """Apply one decoded command. Raises GnomonError (TransitionError...) if refused."""
+    def handle(self, cmd: Any, now_ms: int | None = None) -> list[Output]:
+        """Apply one decoded command at processing time ``now_ms`` (default: the command's
+        own time). Raises GnomonError (TransitionError...) if refused."""
         self.stats.commands += 1
         if isinstance(cmd, J.RegisterJob | J.UpdateJob | J.PauseJob | J.ResumeJob | J.DeleteJob | J.TriggerJob):
             return self._handle_job(cmd)
-        return self._handle_run(cmd)
+        return self._handle_run(cmd, now_ms)
 
     def _handle_job(self, cmd: J.JobCommand) -> list[Output]:
         state = self.job(cmd.job_id)
@@ -175,9 +199,9 @@ class PartitionTask:
         self._store_job(job_id, state, new, out)
         return out
 
-    def _handle_run(self, cmd: R.RunCommand) -> list[Output]:
+    def _handle_run(self, cmd: R.RunCommand, now_ms: int | None) -> list[Output]:
         state = self.run(cmd.run_id)
-        events = R.decide(state, cmd, self.run_cfg)
+        events = R.decide(state, cmd, self.run_cfg, now_ms)
         return self._apply_run_events(state, events)
 
     def _apply_run_events(self, state: R.RunState | None, events: list[R.RunEvent]) -> list[Output]:

@@ -15,6 +15,7 @@ and the kill -9 experiment (bench/faust_eos_kill.py) can run it as a subprocess:
     STACK_CHANGELOG     the table's changelog topic (pre-created, compacted)
     STACK_INSTANCE      a label written into every output value
     STACK_SUBSCRIBE_SINK  1 = also run a no-op agent on the output topic (see below)
+    STACK_COMMIT_INTERVAL seconds between commits (default 1; huge = never commit)
 
 Output value: JSON {"id": <input value's id>, "key": <key>, "instance": ..., "count": n}
 where count is the table's count for the key after this record (0 without a table).
@@ -41,6 +42,7 @@ WITH_TABLE = os.environ.get("STACK_TABLE", "0") == "1"
 CHANGELOG = os.environ.get("STACK_CHANGELOG", f"{IN_TOPIC}.changelog")
 INSTANCE = os.environ.get("STACK_INSTANCE", "a")
 SUBSCRIBE_SINK = os.environ.get("STACK_SUBSCRIBE_SINK", "0") == "1"
+COMMIT_INTERVAL = float(os.environ.get("STACK_COMMIT_INTERVAL", "1.0"))
 
 app = faust.App(
     APP_ID,
@@ -60,8 +62,8 @@ app = faust.App(
     topic_disable_leader=True,
     broker_session_timeout=10.0,
     broker_heartbeat_interval=1.0,
-    broker_commit_every=100,
-    broker_commit_interval=1.0,
+    broker_commit_every=100 if COMMIT_INTERVAL <= 60 else 10**9,
+    broker_commit_interval=COMMIT_INTERVAL,
     table_cleanup_interval=3600.0,
     consumer_auto_offset_reset="earliest",
     producer_acks=-1,

@@ -101,7 +101,7 @@ class Scenario:
             del self.procs[name]
 
     def stop_all(self) -> None:
-        for name, p in list(self.procs.items()):
+        for p in list(self.procs.values()):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGCONT)
                 os.killpg(p.pid, signal.SIGTERM)

@@ -1,0 +1,433 @@
+"""Kafka Connect in standalone mode, one worker on 127.0.0.1, exporting gnomon topics.
+
+Not started by default: ``python -m gnomon.infra up --only connect`` (after Kafka is up).
+The worker runs ``org.apache.kafka.connect.cli.ConnectStandalone worker.properties
+<connector>.properties...`` from the jars of ``infra/connect/pom.xml``.
+
+Files: ``connectors/worker.properties`` and every other ``connectors/*.properties`` are
+templates (``$name`` placeholders, lower case only, so Java names like ``Cast$Value``
+stay as they are); they are rendered to ``<state_dir>/connect/``. The standalone offsets
+file is ``<state_dir>/connect/connect.offsets``, exports go to ``<state_dir>/exports/``
+and the full log to ``<state_dir>/logs/connect/connect.log``.
+
+REST port: ``$GNOMON_CONNECT_PORT`` (default 8083), bound to 127.0.0.1. Healthy means
+``GET /connectors?expand=status`` lists every configured connector with the connector
+and all its tasks RUNNING.
+
+The run ledger export (``connectors/history-runs-file-sink.properties``) holds one line
+per ``gnomon.runs`` record: the record value, Confluent-framed Avro, in base64.
+:func:`read_export` decodes such a file; ``python -m gnomon.infra.connect decode FILE``
+prints it as JSON lines. See ``connectors/README.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from gnomon.config import REPO_ROOT, Settings
+from gnomon.infra import fetch, jvm, kafka, procs
+from gnomon.infra.errors import InfraError
+from gnomon.infra.net import port_open
+from gnomon.infra.progress import Ticker
+
+COMPONENT = "connect"
+LABEL = "Kafka Connect"
+NAME = "connect"
+JAVA_VERSIONS = (17, 21, 11)
+HEAP = ("-Xms128m", "-Xmx512m")
+GC = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError")
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8083
+PORT_ENV = "GNOMON_CONNECT_PORT"
+CONF_DIR = fetch.INFRA_DIR / "connect"
+CONNECTORS_DIR = REPO_ROOT / "connectors"
+WORKER_TEMPLATE = CONNECTORS_DIR / "worker.properties"
+MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
+
+
+def rest_port() -> int:
+    """``$GNOMON_CONNECT_PORT`` or 8083."""
+    raw = os.environ.get(PORT_ENV, "")
+    try:
+        return int(raw) if raw else DEFAULT_PORT
+    except ValueError as exc:
+        raise InfraError(f"environment variable {PORT_ENV}={raw!r} is not an integer") from exc
+
+
+@dataclass(frozen=True)
+class Worker:
+    """Where one Connect worker keeps its files and listens."""
+
+    state_dir: Path
+    port: int
+
+    @property
+    def home(self) -> Path:
+        return self.state_dir / "connect"
+
+    @property
+    def config(self) -> Path:
+        return self.home / "worker.properties"
+
+    @property
+    def connectors_dir(self) -> Path:
+        return self.home / "connectors"
+
+    @property
+    def offsets_file(self) -> Path:
+        return self.home / "connect.offsets"
+
+    @property
+    def exports_dir(self) -> Path:
+        return self.state_dir / "exports"
+
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs" / "connect"
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+def worker(settings: Settings, port: int | None = None) -> Worker:
+    """The worker of ``settings.state_dir`` on ``port``, else ``$GNOMON_CONNECT_PORT``/8083."""
+    return Worker(settings.state_dir, rest_port() if port is None else port)
+
+
+def running_worker(settings: Settings) -> Worker:
+    """The worker as last started: its port comes from the rendered worker.properties
+    (so ``status`` finds a worker started with an explicit port)."""
+    w = worker(settings)
+    try:
+        port = parse_properties(w.config.read_text()).get("rest.advertised.port", "")
+    except FileNotFoundError:
+        return w
+    return Worker(settings.state_dir, int(port)) if port.isdigit() else w
+
+
+# --- templates ----------------------------------------------------------------------
+
+
+class _Template(Template):
+    """``$name`` / ``${name}`` with lower-case names only: ``Cast$Value`` is left alone."""
+
+    flags = re.RegexFlag(0)
+    idpattern = r"[a-z][a-z0-9_]*"
+
+
+_LEFTOVER = re.compile(r"\$\{?([a-z][a-z0-9_]*)")
+
+
+def render_properties(
+    template: str, variables: Mapping[str, object], overrides: Mapping[str, str] | None = None
+) -> str:
+    """Fill ``$name`` placeholders, then set each key of ``overrides`` (replacing its line,
+    or appending it). Raises InfraError for a placeholder without a value."""
+    text = _Template(template).safe_substitute({k: str(v) for k, v in variables.items()})
+    for line in text.splitlines():
+        leftover = _LEFTOVER.search(line)
+        if leftover and not line.lstrip().startswith(("#", "!")):  # comments may say `$name`
+            raise InfraError(f"no value for ${leftover.group(1)} in a Connect properties template")
+    for key, value in (overrides or {}).items():
+        line = f"{key}={value}"
+        pattern = re.compile(rf"^{re.escape(key)}\s*[=:].*$", re.MULTILINE)
+        text, n = pattern.subn(line.replace("\\", "\\\\"), text)
+        if n == 0:
+            text = text.rstrip("\n") + f"\n{line}\n"
+    return text
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a simple .properties text (no continuation lines)."""
+    props: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, _, value = line.partition("=")
+        props[key.strip()] = value.strip()
+    return props
+
+
+def template_variables(settings: Settings, w: Worker) -> dict[str, object]:
+    layout = kafka.running_layout(settings) or 1
+    return {
+        "bootstrap": kafka.bootstrap(settings, layout),
+        "rest_port": w.port,
+        "offsets_file": w.offsets_file,
+        "exports_dir": w.exports_dir,
+        "state_dir": w.state_dir,
+    }
+
+
+def connector_templates() -> list[Path]:
+    """``connectors/*.properties`` except the worker's."""
+    return sorted(p for p in CONNECTORS_DIR.glob("*.properties") if p != WORKER_TEMPLATE)
+
+
+def render(
+    settings: Settings, w: Worker, connectors: Sequence[Path | tuple[Path, Mapping[str, str]]]
+) -> list[Path]:
+    """Write the worker config and one file per connector (a template, or a template and
+    property overrides) under ``w.home``. Returns the rendered connector files."""
+    variables = template_variables(settings, w)
+    w.home.mkdir(parents=True, exist_ok=True)
+    w.exports_dir.mkdir(parents=True, exist_ok=True)  # FileStreamSink does not create dirs
+    w.logs.mkdir(parents=True, exist_ok=True)
+    w.config.write_text(render_properties(WORKER_TEMPLATE.read_text(), variables))
+    _clear_connectors(w.connectors_dir)
+    rendered = []
+    for item in connectors:
+        path, overrides = item if isinstance(item, tuple) else (item, {})
+        text = render_properties(path.read_text(), variables, overrides)
+        name = parse_properties(text).get("name")
+        if not name:
+            raise InfraError(f"{path} has no `name=` property")
+        out = w.connectors_dir / f"{name}.properties"
+        out.write_text(text)
+        rendered.append(out)
+    return rendered
+
+
+def _clear_connectors(directory: Path) -> None:
+    """Make ``directory`` exist and hold no files (stale connectors must not linger)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.properties"):
+        old.unlink()
+
+
+def connector_names(w: Worker) -> list[str]:
+    """Names of the connectors the worker was (last) started with."""
+    return sorted(
+        parse_properties(p.read_text()).get("name", p.stem)
+        for p in w.connectors_dir.glob("*.properties")
+    )
+
+
+# --- running ------------------------------------------------------------------------
+
+
+def command(w: Worker, java: str, lib: Path, connector_files: Sequence[Path]) -> list[str]:
+    return [
+        java,
+        *HEAP,
+        *GC,
+        procs.marker(NAME),
+        "-Djava.awt.headless=true",
+        f"-Dkafka.logs.dir={w.logs}",
+        f"-Dlog4j.configuration=file:{CONF_DIR / 'log4j.properties'}",
+        "-cp",
+        jvm.classpath(lib),
+        MAIN_CLASS,
+        str(w.config),
+        *(str(p) for p in connector_files),
+    ]
+
+
+def start(
+    settings: Settings,
+    *,
+    port: int | None = None,
+    connectors: Sequence[Path | tuple[Path, Mapping[str, str]]] | None = None,
+    lib: Path | None = None,
+) -> int:
+    """Render configs and start the worker unless it runs. Returns the pid.
+
+    ``connectors`` defaults to every template in ``connectors/``; ``lib`` to the jars
+    fetched into ``settings.state_dir`` (pass another state dir's to reuse them).
+    """
+    w = worker(settings, port)
+    pid = procs.running_pid(settings.state_dir, NAME)
+    if pid is not None:
+        return pid
+    java = jvm.find_java(JAVA_VERSIONS, LABEL)
+    if lib is None:
+        lib = fetch.fetch(settings.state_dir, COMPONENT, LABEL)
+    variables = template_variables(settings, w)
+    first = str(variables["bootstrap"]).split(",")[0]
+    host, _, kport = first.rpartition(":")
+    if not port_open(host, int(kport)):
+        raise InfraError(
+            f"Kafka Connect needs Kafka, but nothing listens on {first}; "
+            f"run `python -m gnomon.infra up` first"
+        )
+    if port_open(HOST, w.port):
+        raise InfraError(
+            f"{HOST}:{w.port} is already in use by another process; stop it or choose "
+            f"another port ({PORT_ENV})"
+        )
+    files = render(settings, w, connector_templates() if connectors is None else connectors)
+    return procs.start(settings.state_dir, NAME, command(w, java, lib, files), cwd=w.home)
+
+
+def connectors_status(w: Worker, timeout_s: float = 5.0) -> dict[str, Any]:
+    """``GET /connectors?expand=status``: connector name -> its status document."""
+    import httpx
+
+    response = httpx.get(f"{w.url}/connectors", params={"expand": "status"}, timeout=timeout_s)
+    response.raise_for_status()
+    return {name: doc["status"] for name, doc in response.json().items()}
+
+
+def _states(status: Mapping[str, Any]) -> tuple[str, list[str]]:
+    return status["connector"]["state"], [t["state"] for t in status.get("tasks", [])]
+
+
+def _running(status: Mapping[str, Any]) -> bool:
+    conn, tasks = _states(status)
+    return conn == "RUNNING" and bool(tasks) and all(t == "RUNNING" for t in tasks)
+
+
+def _failure(name: str, status: Mapping[str, Any]) -> str | None:
+    for part in (status["connector"], *status.get("tasks", [])):
+        if part.get("state") == "FAILED":
+            trace = str(part.get("trace", "")).strip().splitlines()[:8]
+            which = "connector" if part is status["connector"] else f"task {part.get('id')}"
+            return f"connector {name}: {which} FAILED\n" + "\n".join(trace)
+    return None
+
+
+def wait_ready(settings: Settings, port: int | None = None, timeout_s: float = 90.0) -> float:
+    """Block until the REST API lists every configured connector, all RUNNING (connector
+    and tasks). Returns seconds waited; raises at once when one FAILED."""
+    w = running_worker(settings) if port is None else worker(settings, port)
+    expected = connector_names(w)
+    ticker = Ticker(f"waiting for Kafka Connect on {w.url}")
+    deadline = time.monotonic() + timeout_s
+    last = "REST port closed"
+    while time.monotonic() < deadline:
+        pid = procs.read_pid(settings.state_dir, NAME)
+        if pid is None or procs.exited(pid):
+            raise InfraError(
+                f"Kafka Connect exited during startup; last lines of its log:\n{_excerpt(w)}"
+            )
+        if port_open(HOST, w.port):
+            try:
+                statuses = connectors_status(w)
+            except Exception as exc:  # httpx errors, 404/503 while the herder starts
+                last = str(exc) or type(exc).__name__
+            else:
+                for name, st in statuses.items():
+                    failure = _failure(name, st)
+                    if failure:
+                        raise InfraError(f"Kafka Connect {failure}")
+                missing = [n for n in expected if n not in statuses]
+                waiting = [n for n in expected if n in statuses and not _running(statuses[n])]
+                if not missing and not waiting:
+                    return ticker.elapsed_s
+                last = (
+                    f"missing {', '.join(missing)}"
+                    if missing
+                    else f"not running: {', '.join(waiting)}"
+                )
+        ticker.tick()
+        time.sleep(0.5)
+    raise InfraError(
+        f"Kafka Connect was not ready on {w.url} within {timeout_s:.0f}s ({last}); "
+        f"last lines of its log:\n{_excerpt(w)}"
+    )
+
+
+def _excerpt(w: Worker) -> str:
+    return procs.log_excerpt(procs.out_file(w.state_dir, NAME), w.logs / "connect.log")
+
+
+def stop(settings: Settings, timeout_s: float = 30.0) -> bool:
+    """Stop the worker (idempotent). True if it was running."""
+    return procs.stop(settings.state_dir, NAME, timeout_s)
+
+
+def running_names(settings: Settings) -> list[str]:
+    return [NAME] if procs.is_running(settings.state_dir, NAME) else []
+
+
+def status(settings: Settings, port: int | None = None) -> dict[str, Any]:
+    pid = procs.running_pid(settings.state_dir, NAME)
+    if pid is None:
+        return {"state": "down"}
+    w = running_worker(settings) if port is None else worker(settings, port)
+    info: dict[str, Any] = {"pid": pid, "rest": w.url, "version": connect_version(settings)}
+    try:
+        statuses = connectors_status(w, timeout_s=2.0)
+    except Exception:
+        return {"state": "starting", **info}
+    states = {name: _states(st)[0] for name, st in statuses.items()}
+    expected = connector_names(w)
+    healthy = all(n in statuses and _running(statuses[n]) for n in expected)
+    return {"state": "up" if healthy else "degraded", **info, "connectors": states}
+
+
+def connect_version(settings: Settings) -> str | None:
+    jars = sorted(fetch.lib_dir(settings.state_dir, COMPONENT).glob("connect-runtime-*.jar"))
+    return jars[-1].name.removeprefix("connect-runtime-").removesuffix(".jar") if jars else None
+
+
+# --- reading an export --------------------------------------------------------------
+
+
+def iter_export(path: Path) -> Iterator[bytes]:
+    """The record values of a base64 export file (one line each), as on the topic."""
+    with open(path, encoding="ascii") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield base64.b64decode(line, validate=True)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not base64: {line[:40]!r}") from exc
+
+
+def read_export(path: Path) -> list[Any]:
+    """Every record of a base64 export, decoded with ``gnomon.codec`` (RunState, ...)."""
+    from gnomon.codec import decode
+
+    return [decode(value) for value in iter_export(path)]
+
+
+def latest_by_run(records: Sequence[Any]) -> dict[str, Any]:
+    """run_id -> the last RunState for it in ``records`` (an export is append-only and
+    at-least-once: a run appears once per change, possibly repeated after a restart)."""
+    return {r.run_id: r for r in records}
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return base64.b64encode(obj).decode("ascii")
+    raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def to_json(record: Any) -> str:
+    """One decoded record as a JSON object (dataclass fields; enums as their values)."""
+    is_instance = dataclasses.is_dataclass(record) and not isinstance(record, type)
+    body = dataclasses.asdict(record) if is_instance else record
+    return json.dumps(
+        {"type": type(record).__name__, **body}, default=_json_default, sort_keys=True
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gnomon.infra.connect decode FILE``: an export as JSON lines on stdout."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "decode":
+        print("usage: python -m gnomon.infra.connect decode FILE", file=sys.stderr)
+        return 2
+    for record in read_export(Path(args[1])):
+        print(to_json(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
