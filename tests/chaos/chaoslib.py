@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
@@ -27,14 +27,21 @@ def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def end_offsets(bootstrap: str, topic: str) -> list[TopicPartition]:
-    c = Consumer(consumer_config(bootstrap, "chaos-offsets"))
-    try:
-        md = c.list_topics(topic, timeout=10)
-        return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), 10)[1])
-                for p in sorted(md.topics[topic].partitions)]
-    finally:
-        c.close()
+def end_offsets(bootstrap: str, topic: str, attempts: int = 10) -> list[TopicPartition]:
+    """End offset of every partition; retried while leadership settles (3-node clusters)."""
+    for attempt in range(attempts):
+        c = Consumer(consumer_config(bootstrap, "chaos-offsets"))
+        try:
+            md = c.list_topics(topic, timeout=10)
+            return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), 10)[1])
+                    for p in sorted(md.topics[topic].partitions)]
+        except KafkaException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+        finally:
+            c.close()
+    raise AssertionError("unreachable")
 
 
 def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> list[Any]:

@@ -281,7 +281,7 @@ def _end_attempt(
         return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error)
     strategy = BackoffStrategy(state.spec.retry)
     spent = state.attempt - state.attempts_before_replay
-    retry_at = now + strategy.delay_ms(state.run_id, state.attempt) if strategy.should_retry(spent) else None
+    retry_at = now + strategy.delay_ms(state.run_id, spent) if strategy.should_retry(spent) else None
     return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, retry_at)
 
 
@@ -332,7 +332,7 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
         return [_end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)]
     if isinstance(cmd, ReplayRun):
         if state.status is not RunStatus.FAILED:
-            raise TransitionError(f"run {cmd.run_id} is {state.status.value}; only failed (dead-lettered) runs can be replayed")
+            return []  # idempotent: a second replay (or one of a live run) changes nothing
         return [RunReplayed(cmd.run_id, now), RunReleased(cmd.run_id, state.attempt + 1, now)]
     if isinstance(cmd, CancelRun):
         if state.status.terminal:
