@@ -27,7 +27,7 @@ from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.topology import load_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
-from harness import Scenario
+from chaoslib import Scenario
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -64,8 +64,8 @@ def main() -> None:
     try:
         sc.processor("pA")
         sc.processor("pB")
-        sc.worker("w1", 64)
-        sc.worker("w2", 64)
+        sc.worker("w1", 500)
+        sc.worker("w2", 500)
         time.sleep(12)
         spec = JobSpec(name="fo", schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.HANDLER, handler="noop"),
                        timeout_s=30)

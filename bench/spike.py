@@ -1,6 +1,6 @@
 """Top-of-the-hour spike: N jobs whose slot is the same second.
 
-    .venv/bin/python bench/spike.py --jobs 1000 [--workers 2] [--concurrency 64]
+    .venv/bin/python bench/spike.py --jobs 1000 [--processors 1] [--workers 2] [--concurrency 500]
 
 Starts Kafka + Cassandra if needed (gnomon infra up), one processor and W workers as
 separate processes, registers N one-time jobs (Python handler `noop`) whose slot is the
@@ -48,7 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--processors", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, default=500)
     ap.add_argument("--lead-s", type=float, default=0, help="seconds between registration end and the slot")
     ap.add_argument("--timeout-s", type=float, default=600)
     args = ap.parse_args()
@@ -59,8 +60,9 @@ def main() -> None:
     logs = Path(s.state_dir) / "bench-logs"
     logs.mkdir(parents=True, exist_ok=True)
     exe = [sys.executable, "-m", "gnomon.cli.main"]
-    procs = [subprocess.Popen([*exe, "processor", "--instance-id", "bench-0"], stdout=open(logs / "processor.log", "wb"),  # noqa: SIM115
-                              stderr=subprocess.STDOUT, start_new_session=True)]
+    procs = [subprocess.Popen([*exe, "processor", "--instance-id", f"bench-{i}"],
+                              stdout=open(logs / f"processor{i}.log", "wb"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT, start_new_session=True) for i in range(args.processors)]
     for i in range(args.workers):
         procs.append(subprocess.Popen([*exe, "worker", "--worker-id", f"bench-w{i}", "--concurrency", str(args.concurrency)],
                                       stdout=open(logs / f"worker{i}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
@@ -116,7 +118,8 @@ def main() -> None:
         if not lags:
             raise SystemExit("no run started; see " + str(logs))
         span = (max(started.values()) - min(started.values())) / 1000 or 0.001
-        print(f"jobs={args.jobs} workers={args.workers}x{args.concurrency} started={len(started)} succeeded={len(done)}")
+        print(f"jobs={args.jobs} processors={args.processors} workers={args.workers}x{args.concurrency} "
+              f"started={len(started)} succeeded={len(done)}")
         print(f"runs/s (first to last start) = {len(started) / span:.0f}")
         print(f"start lag s: p50={pct(lags, 50):.3f} p95={pct(lags, 95):.3f} p99={pct(lags, 99):.3f} max={max(lags):.3f}")
     finally:

@@ -14,7 +14,8 @@ TOPOLOGY = REPO_ROOT / "streams" / "topology.toml"
 
 def test_repo_topology_expands_dispatch_and_defaults() -> None:
     specs = {s.name: s for s in topic_specs(TOPOLOGY)}
-    assert specs["gnomon.runs"] == TopicSpec("gnomon.runs", 8, "compact", None)
+    assert specs["gnomon.runs"] == TopicSpec("gnomon.runs", 8, "compact", None,
+                                             {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"})
     assert specs["gnomon.job-commands"].retention_ms == 604800000
     dispatch = sorted(n for n in specs if n.startswith("gnomon.dispatch."))
     assert len(dispatch) == 6 and "gnomon.dispatch.batch.low" in dispatch

@@ -44,6 +44,7 @@ def _spec(name: str, table: dict[str, Any], default_partitions: int) -> TopicSpe
         partitions=int(table.get("partitions", default_partitions)),
         cleanup_policy=str(table.get("cleanup_policy", "delete")),
         retention_ms=int(retention) if retention is not None else None,
+        extra_config={str(k): str(v) for k, v in table.get("config", {}).items()},
     )
 
 

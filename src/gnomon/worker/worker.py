@@ -54,7 +54,7 @@ class Worker:
         bootstrap: str | None = None,
         worker_id: str | None = None,
         concurrency_max: int = 8,
-        claim_timeout_s: float = 15.0,
+        claim_timeout_s: float = 5.0,
         drain_timeout_s: float = 30.0,
         clock: Clock | None = None,
         topology: Topology | None = None,
