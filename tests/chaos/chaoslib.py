@@ -15,9 +15,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from gnomon import codec
-from gnomon.codec import DecodeError
 from gnomon.adapters.kafka import consumer_config, producer_config
 from gnomon.checker import CheckReport, HistoryChecker
+from gnomon.codec import DecodeError
 from gnomon.config import load
 from gnomon.core.jobs import JobState
 from gnomon.core.runs import RunState
