@@ -124,6 +124,14 @@ class Scenario:
                 p.wait()
             del self.procs[name]
 
+    def close_producer(self) -> None:
+        """Drop the producer (librdkafka keeps reconnecting to a cluster that is gone)."""
+        self.producer.flush(5)
+        del self.producer
+        import gc
+
+        gc.collect()
+
     def send(self, command: Any) -> None:
         self.producer.produce(self.topo.job_commands, key=command.job_id.encode(), value=codec.encode(command))
         self.producer.poll(0)

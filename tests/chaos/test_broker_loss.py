@@ -22,6 +22,21 @@ from gnomon.infra import fetch, kafka, manager, procs
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 
+def java_hash(text: str) -> int:
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h
+
+
+def transaction_coordinator(bootstrap: str, transactional_id: str) -> int:
+    """Broker id leading the __transaction_state partition of a transactional id (Kafka:
+    Utils.abs(id.hashCode()) % partitions), i.e. the processor's transaction coordinator."""
+    md = kafka.admin(bootstrap).list_topics("__transaction_state", timeout=10)
+    parts = md.topics["__transaction_state"].partitions
+    return int(parts[(java_hash(transactional_id) & 0x7FFFFFFF) % len(parts)].leader)
+
+
 def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(state_dir=tmp_path / "kafka3", kafka_port=19092, kafka_controller_port=19093)
     (settings.state_dir / "lib").mkdir(parents=True)
@@ -30,7 +45,6 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("GNOMON_KAFKA_BOOTSTRAP", kafka.bootstrap(settings, 3))
     tag = "brk" + secrets.token_hex(3)
     sc = Scenario(tag, tmp_path)
-    victim = kafka.nodes(settings, 3)[1].name
     try:
         sc.processor("p1")
         sc.worker("w1")
@@ -43,6 +57,9 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
             sc.send(RegisterJob(job_id, "chaos", spec, now))
         sc.flush()
         time.sleep(12)
+        # the harshest broker to lose: the processor's transaction coordinator
+        coordinator = transaction_coordinator(kafka.bootstrap(settings, 3), f"gnomon-processor-{tag}-p1")
+        victim = next(n.name for n in kafka.nodes(settings, 3) if n.node_id == coordinator)
         pid = procs.running_pid(settings.state_dir, victim)
         assert pid is not None
         killed_at = int(time.time() * 1000)
@@ -62,6 +79,7 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         report, runs, _ = sc.check(end_ms)
     finally:
         sc.stop_all()
+        sc.close_producer()
         manager.down(settings)
     log("checker: " + report.summary())
     for problem in report.problems[:20]:

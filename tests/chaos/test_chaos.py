@@ -5,8 +5,8 @@ Timeline (lease 8 s, lookahead 10 s so the scenario fits CI):
   two processors, two workers, 40 jobs (every 2/3/5 s; some attempts take 3 s;
   catch-up policies skip/once/all) ->
   kill -9 processor A; restart it 15 s later ->
-  kill -9 worker 1 mid-attempt (its leases lapse, others retry); start worker 3 ->
   SIGSTOP worker 2 past its lease, SIGCONT (its late completions must be rejected) ->
+  kill -9 worker 1 mid-attempt (its leases lapse, others retry); start worker 3 ->
   kill -9 both processors, keep them down 120 s, restart (catch-up policies apply) ->
   pause every job, let the lookahead drain, and check.
 """
@@ -44,7 +44,8 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
         now = int(time.time() * 1000)
         for i in range(40):
             job_id = f"{tag}-{i:02d}"
-            argv = ("sleep", "3") if i % 4 == 0 else ("sleep", "0.2")
+            # some attempts outlive a lease, so a stopped or killed worker always holds one
+            argv = ("sleep", "12") if i % 8 == 0 else ("sleep", "3") if i % 4 == 0 else ("sleep", "0.2")
             spec = JobSpec(name=job_id, schedule=Schedule(cron=["*/2 * * * * *", "*/3 * * * * *", "*/5 * * * * *"][i % 3]),
                            target=Target(TargetType.COMMAND, argv=argv), timeout_s=20,
                            retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2),
@@ -58,13 +59,13 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
         time.sleep(15)
         sc.processor("pA")
         time.sleep(8)
-        sc.signal("w1", signal.SIGKILL)
-        sc.worker("w3")
-        time.sleep(6)
         sc.signal("w2", signal.SIGSTOP)
         time.sleep(sc.lease_s + 6)
         sc.signal("w2", signal.SIGCONT)
-        time.sleep(8)
+        time.sleep(6)
+        sc.signal("w1", signal.SIGKILL)
+        sc.worker("w3")
+        time.sleep(14)
         down_at = int(time.time() * 1000)
         sc.signal("pA", signal.SIGKILL)
         sc.signal("pB", signal.SIGKILL)

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.codec import has_lz4
 from aiokafka.errors import UnsupportedCodecError
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
@@ -41,14 +42,9 @@ BOOTSTRAP = load().kafka_bootstrap
 STACK_APPS = Path(__file__).parent / "stack_apps"
 TEST_BUDGET_S = 60
 # gnomon's producer_config compresses with lz4; aiokafka (so Faust) can only read lz4
-# batches when the `lz4` package is installed (aiokafka[lz4]). See test_aiokafka_reads_lz4.
+# batches with cramjam installed (aiokafka[lz4], pinned in pyproject). See test_aiokafka_reads_lz4.
 UNCOMPRESSED = {"compression.type": "none"}
-try:
-    import lz4.frame  # noqa: F401
-
-    HAVE_LZ4 = True
-except ImportError:
-    HAVE_LZ4 = False
+HAVE_LZ4 = has_lz4()
 
 
 # --------------------------------------------------------------------------- fixtures

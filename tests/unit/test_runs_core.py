@@ -173,3 +173,19 @@ def test_lease_is_not_expired_while_the_partition_is_read_behind() -> None:
     assert R.decide_timer(s, lease + 60_000, read_up_to_ms=lease - 1) == []
     (ev,) = R.decide_timer(s, lease + 60_000, read_up_to_ms=lease)
     assert isinstance(ev, R.AttemptEnded) and ev.outcome is None
+
+
+def test_deadline_fails_an_attempt_that_keeps_heartbeating_past_its_timeout() -> None:
+    s = ready()
+    s, _ = step(s, R.ClaimRun(RID, "w1", T0))
+    deadline = s.deadline_ms
+    assert deadline == T0 + SPEC.timeout_s * 1000 + R.RunConfig().timeout_grace_ms
+    now = T0
+    while now + 5_000 < deadline:  # a worker that heartbeats but never finishes
+        now += 5_000
+        s, _ = step(s, R.Heartbeat(RID, "w1", 1, now))
+    assert R.decide_timer(s, deadline - 1) == []
+    s, evs = timer(s, deadline)
+    (ev,) = evs
+    assert isinstance(ev, R.AttemptEnded) and ev.outcome is R.Outcome.TIMED_OUT
+    assert s.status is R.RunStatus.RETRY_WAIT and "deadline" in (s.reason or "")

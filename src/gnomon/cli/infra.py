@@ -16,8 +16,11 @@ app = typer.Typer(help="Fetch, start and stop Kafka and Cassandra (no Docker nee
 @command
 def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft nodes")] = 1) -> None:
     """Fetch (first time), start and wait until Kafka and Cassandra serve; create topics."""
+    from gnomon.core.errors import ValidationError
     from gnomon.infra import manager
 
+    if kafka_nodes not in (1, 3):
+        raise ValidationError("--kafka-nodes", "must be 1 (development) or 3 (fault tests)")
     manager.up(load(), kafka_nodes=kafka_nodes)
 
 

@@ -52,6 +52,7 @@ class ProcessorConfig:
     tick_interval_ms: int = 200
     restore_timeout_s: float = 120.0
     transaction_timeout_ms: int = 10_000
+    producer_rebuilds_max: int = 20  # fatal producer errors survived before the process exits
     sched: J.SchedulerConfig = field(default_factory=J.SchedulerConfig)
     runs: R.RunConfig = field(default_factory=R.RunConfig)
 
@@ -77,14 +78,18 @@ class Processor:
                    "session.timeout.ms": 6_000},
             )
         )
-        self.producer = Producer(
+        self._fatal_count = 0
+        self.producer = self._new_producer()
+
+    def _new_producer(self) -> Producer:
+        return Producer(
             producer_config(
-                cfg.bootstrap,
+                self.cfg.bootstrap,
                 **{
-                    "transactional.id": f"gnomon-processor-{cfg.instance_id}",
-                    "transaction.timeout.ms": cfg.transaction_timeout_ms,
-                    "message.timeout.ms": cfg.transaction_timeout_ms,
-                    "client.id": f"proc-{cfg.instance_id}",
+                    "transactional.id": f"gnomon-processor-{self.cfg.instance_id}",
+                    "transaction.timeout.ms": self.cfg.transaction_timeout_ms,
+                    "message.timeout.ms": self.cfg.transaction_timeout_ms,
+                    "client.id": f"proc-{self.cfg.instance_id}",
                 },
             )
         )
@@ -261,8 +266,12 @@ class Processor:
             return [Output(self.topo.poison, msg.topic(), rec)]
 
     def _commit(self, outputs: Iterable[Output], offsets: dict[tuple[str, int], int]) -> None:
+        """One transaction: outputs + changelogs + consumed offsets. Error handling follows
+        the transactional producer's contract: retriable errors retry the same call,
+        abortable ones abort and rewind state and positions to the last commit, fatal ones
+        (e.g. a coordinator lost mid-commit) rebuild the producer and rewind."""
         try:
-            self.producer.begin_transaction()
+            self._txn(self.producer.begin_transaction)
             for o in outputs:
                 value = None if o.value is None else codec.encode(o.value, o.topic)
                 kwargs: dict[str, Any] = {"key": o.key.encode(), "value": value}
@@ -274,21 +283,50 @@ class Processor:
                 # a tick-only transaction still carries the group generation for fencing
                 tps = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
             if tps:
-                self.producer.send_offsets_to_transaction(tps, self.consumer.consumer_group_metadata(), 30)
-            self.producer.commit_transaction(30)
+                meta = self.consumer.consumer_group_metadata()
+                self._txn(lambda: self.producer.send_offsets_to_transaction(tps, meta, 30))
+            self._txn(lambda: self.producer.commit_transaction(30))
             self.transactions += 1
+            self._fatal_count = 0
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal():
-                log.error("fatal transaction error (fenced?): %s; exiting", err)
-                self._stop.set()
-                raise EventLogError(f"processor fenced or fatal Kafka error: {err}") from exc
+                self._fatal(err)
+                return
             log.warning("transaction failed (%s); aborting and restoring state", err)
             try:
-                self.producer.abort_transaction(30)
+                self._txn(lambda: self.producer.abort_transaction(30))
             except KafkaException as exc2:
-                log.error("abort failed: %s", exc2)
+                self._fatal(exc2.args[0])
+                return
             self._rewind()
+
+    def _txn(self, call: Any, attempts: int = 8) -> Any:
+        """Run one transactional call, retrying while the error says it is retriable."""
+        for attempt in range(attempts):
+            try:
+                return call()
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not err.retriable() or err.fatal() or attempt == attempts - 1:
+                    raise
+                log.info("transactional call retriable error (%s); retry %d", err, attempt + 1)
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def _fatal(self, err: KafkaError) -> None:
+        """The producer is unusable: build a new one (same transactional id, which also
+        aborts whatever the old one left open) and rewind. Bounded: too many in a row exit."""
+        self._fatal_count += 1
+        log.error("fatal transactional producer error (%s); rebuilding the producer (%d)", err, self._fatal_count)
+        if self._fatal_count > self.cfg.producer_rebuilds_max:
+            self._stop.set()
+            raise EventLogError(f"processor gave up after {self._fatal_count} fatal Kafka errors: {err}")
+        with contextlib.suppress(Exception):
+            self.producer.flush(1)
+        self.producer = self._new_producer()
+        self._txn(lambda: self.producer.init_transactions(30))
+        self._rewind()
 
     def _produce(self, topic: str, kwargs: dict[str, Any]) -> None:
         while True:
