@@ -126,11 +126,15 @@ def dev(
 
         manager.up(s)
     exe = [sys.executable, "-m", "gnomon.cli.main"]
+    logs = s.state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker"]),
                        ("projector", ["projector"]), ("api", ["api"])):
-        procs[name] = subprocess.Popen([*exe, *args])
+        out = open(logs / f"dev-{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        procs[name] = subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)
     console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}", highlight=False)
+    console.print(f"logs: {logs}/dev-{{processor,worker,projector,api}}.log", highlight=False)
     console.print("Ctrl-C stops everything this command started.")
     try:
         while all(p.poll() is None for p in procs.values()):

@@ -75,11 +75,13 @@ def register_demo(client: Client, callback_url: str) -> dict[str, str]:
 
 def table(client: Client, ids: dict[str, str]) -> Table:
     t = Table(title=f"gnomon demo — latest runs (UTC {time.strftime('%H:%M:%S', time.gmtime())}); Ctrl-C to stop")
-    for col in ("job", "slot", "status", "attempt", "lag s", "exit"):
+    for col in ("job", "slot (UTC)", "status", "attempt", "lag s", "exit"):
         t.add_column(col)
     for name, job_id in ids.items():
         try:
-            items = client.list_runs(job_id, limit=3)["items"]
+            now_iso = ms_to_iso(int(time.time()) * 1000)
+            # newest slots that have arrived (the lookahead also holds future, scheduled ones)
+            items = [r for r in client.list_runs(job_id, limit=20)["items"] if r["slot"] <= now_iso][:3]
         except Exception as exc:  # the projection may lag at start
             t.add_row(name, "", f"({type(exc).__name__})", "", "", "")
             continue
@@ -92,7 +94,7 @@ def table(client: Client, ids: dict[str, str]) -> Table:
 
                 lag = f"{(iso_to_ms(r['startedAt']) - iso_to_ms(r['slot'])) / 1000:.2f}"
             colour = {"succeeded": "green", "failed": "red", "running": "yellow"}.get(r["status"], "white")
-            t.add_row(name, r["slot"], f"[{colour}]{r['status']}[/]", str(r["attempt"]), lag,
+            t.add_row(name, r["slot"][11:19], f"[{colour}]{r['status']}[/]", str(r["attempt"]), lag,
                       "" if r["exitCode"] is None else str(r["exitCode"]))
             name = ""
     return t

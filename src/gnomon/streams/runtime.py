@@ -105,7 +105,7 @@ class Processor:
         except KafkaException as exc:
             raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+                                on_lost=self._on_lost)
         log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
         last_report = time.monotonic()
         try:
@@ -139,6 +139,14 @@ class Processor:
         for p in gone:
             self._release(p)
 
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Lost, not revoked (our session expired): another instance may already own and
+        write these partitions, so no checkpoint: the next open rebuilds."""
+        gone = sorted({tp.partition for tp in partitions})
+        log.warning("lost partitions %s", gone)
+        for p in gone:
+            self._release(p, checkpoint=False)
+
     # ---- state restore and checkpoints ---------------------------------------------------
     #
     # Like Kafka Streams under exactly-once: a partition's RocksDB is trusted only if it was
@@ -150,11 +158,13 @@ class Processor:
     def _state_path(self, partition: int) -> Path:
         return self.cfg.state_dir / "processor" / self.cfg.instance_id / f"p{partition:03d}"
 
-    def _release(self, partition: int) -> None:
+    def _release(self, partition: int, *, checkpoint: bool = True) -> None:
         task = self.tasks.pop(partition, None)
         if task is None:
             return
         task.kv.close()
+        if not checkpoint:
+            return
         if not self._clean:
             log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
             return
