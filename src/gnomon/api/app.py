@@ -28,6 +28,7 @@ from gnomon.core.jobs import (
     ResumeJob,
     TriggerJob,
     UpdateJob,
+    first_slot_after,
 )
 from gnomon.core.model import job_id_of, manual_run_id
 from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
@@ -109,8 +110,6 @@ def create_app(
         spec = parse_job_spec(await body_of(request), now, pools=pools)
         job_id = "job_" + secrets.token_hex(8)
         commands.send(job_id, RegisterJob(job_id, tenant, spec, now))
-        from gnomon.core.jobs import first_slot_after
-
         view = job_view(JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slot_after(spec, now - 1), 1, now, now))
         return JSONResponse(view, status_code=201, headers={"Location": f"/v1/jobs/{job_id}"})
 

@@ -198,16 +198,18 @@ class Processor:
                 task.bulk_load(latest[self.topo.jobs], latest[self.topo.runs])
             except GnomonError as exc:
                 raise EventLogError(f"changelog of partition {partition} holds an undecodable record: {exc}") from exc
-        else:  # tail after a clean close: apply each record on top of the local state
+        else:  # tail after a clean close: the last value per key, applied on the local state
             for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
+                tail: dict[str, bytes | None] = {}
                 for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
                                                  ckpt.get(topic)):
-                    key = msg.key().decode() if msg.key() else ""
+                    tail[msg.key().decode() if msg.key() else ""] = msg.value()
+                    n += 1
+                for key, value in tail.items():
                     try:
-                        apply(key, msg.value())
-                        n += 1
+                        apply(key, value)
                     except GnomonError as exc:
-                        log.error("changelog %s[%d]@%d undecodable, skipped: %s", topic, partition, msg.offset(), exc)
+                        log.error("changelog %s[%d] key %s undecodable, skipped: %s", topic, partition, key, exc)
         log.info("partition %d restored: %d records in %.2fs (%s)", partition, n, time.monotonic() - started,
                  "from checkpoint" if ckpt else "full rebuild")
         return task
