@@ -15,7 +15,7 @@ from gnomon.core.jobs import JobState
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 
-__all__ = ["Clock", "HistoryStore", "JobRow", "KeyValueStore", "Page", "RunRow"]
+__all__ = ["Clock", "HistoryStore", "KeyValueStore", "Page"]
 
 
 class KeyValueStore(Protocol):
@@ -28,19 +28,6 @@ class KeyValueStore(Protocol):
         """Keys in [start, stop) in byte order, at most ``limit`` of them."""
         ...
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """A job as the API shows it (projected from the gnomon.jobs changelog)."""
-
-    state: JobState
-    deleted: bool = False
-
-
-@dataclass(frozen=True)
-class RunRow:
-    state: RunState
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,11 @@ def test_three_node_cluster(infra: Settings, tmp_path: Path) -> None:
         assert st["kafka"]["state"] == "up" and len(st["kafka"]["pids"]) == 3
         client = kafka.admin(kafka.bootstrap(settings, 3))
         md = client.list_topics(timeout=10)
+        for _ in range(20):  # the broker this client asks may learn of new topics a moment later
+            if "gnomon.runs" in md.topics:
+                break
+            time.sleep(0.5)
+            md = client.list_topics(timeout=10)
         assert sorted(md.brokers) == [1, 2, 3]
         assert all(len(p.replicas) == 3 for p in md.topics["gnomon.runs"].partitions.values())
         res = ConfigResource("topic", "gnomon.runs")

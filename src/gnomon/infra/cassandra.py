@@ -9,7 +9,6 @@ the full log is ``<state_dir>/logs/cassandra/system.log``. JVM options come from
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -18,7 +17,7 @@ from gnomon.config import Settings
 from gnomon.infra import fetch, jvm, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
-from gnomon.infra.progress import Ticker
+from gnomon.infra.readiness import wait_until_serving
 
 COMPONENT = "cassandra"
 LABEL = "Cassandra"
@@ -134,26 +133,22 @@ def release_version(settings: Settings) -> str:
 
 def wait_ready(settings: Settings, timeout_s: float = 180.0) -> float:
     """Block until CQL answers ``SELECT release_version FROM system.local``; seconds waited."""
-    ticker = Ticker(f"waiting for Cassandra on {address(settings)}")
-    deadline = time.monotonic() + timeout_s
-    last_error = "native port closed"
-    while time.monotonic() < deadline:
-        pid = procs.read_pid(settings.state_dir, NAME)
-        if pid is None or procs.exited(pid):
-            raise InfraError(
-                f"Cassandra exited during startup; last lines of its log:\n{_excerpt(settings)}"
-            )
-        if port_open(HOST, settings.cassandra_port):
-            try:
-                release_version(settings)
-                return ticker.elapsed_s
-            except Exception as exc:  # NoHostAvailable, OperationTimedOut: keep waiting
-                last_error = str(exc)
-        ticker.tick()
-        time.sleep(1.0)
-    raise InfraError(
-        f"Cassandra did not answer CQL on {address(settings)} within {timeout_s:.0f}s "
-        f"({last_error}); last lines of its log:\n{_excerpt(settings)}"
+
+    def probe() -> str | None:
+        release_version(settings)  # NoHostAvailable, OperationTimedOut while starting
+        return None
+
+    return wait_until_serving(
+        state_dir=settings.state_dir,
+        processes=[(NAME, "Cassandra")],
+        ports=[settings.cassandra_port],
+        probe=probe,
+        waiting_for=f"Cassandra on {address(settings)}",
+        not_ready=f"Cassandra did not answer CQL on {address(settings)}",
+        excerpt=lambda _name: _excerpt(settings),
+        timeout_s=timeout_s,
+        interval_s=1.0,
+        last="native port closed",
     )
 
 

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from gnomon.config import REPO_ROOT, Settings
 from gnomon.infra import fetch, jvm, kafka, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
-from gnomon.infra.progress import Ticker
+from gnomon.infra.readiness import wait_until_serving
 
 COMPONENT = "connect"
 LABEL = "Kafka Connect"
@@ -304,39 +303,29 @@ def wait_ready(settings: Settings, port: int | None = None, timeout_s: float = 9
     and tasks). Returns seconds waited; raises at once when one FAILED."""
     w = running_worker(settings) if port is None else worker(settings, port)
     expected = connector_names(w)
-    ticker = Ticker(f"waiting for Kafka Connect on {w.url}")
-    deadline = time.monotonic() + timeout_s
-    last = "REST port closed"
-    while time.monotonic() < deadline:
-        pid = procs.read_pid(settings.state_dir, NAME)
-        if pid is None or procs.exited(pid):
-            raise InfraError(
-                f"Kafka Connect exited during startup; last lines of its log:\n{_excerpt(w)}"
-            )
-        if port_open(HOST, w.port):
-            try:
-                statuses = connectors_status(w)
-            except Exception as exc:  # httpx errors, 404/503 while the herder starts
-                last = str(exc) or type(exc).__name__
-            else:
-                for name, st in statuses.items():
-                    failure = _failure(name, st)
-                    if failure:
-                        raise InfraError(f"Kafka Connect {failure}")
-                missing = [n for n in expected if n not in statuses]
-                waiting = [n for n in expected if n in statuses and not _running(statuses[n])]
-                if not missing and not waiting:
-                    return ticker.elapsed_s
-                last = (
-                    f"missing {', '.join(missing)}"
-                    if missing
-                    else f"not running: {', '.join(waiting)}"
-                )
-        ticker.tick()
-        time.sleep(0.5)
-    raise InfraError(
-        f"Kafka Connect was not ready on {w.url} within {timeout_s:.0f}s ({last}); "
-        f"last lines of its log:\n{_excerpt(w)}"
+
+    def probe() -> str | None:
+        statuses = connectors_status(w)  # httpx errors, 404/503 while the herder starts
+        for name, st in statuses.items():
+            failure = _failure(name, st)
+            if failure:
+                raise InfraError(f"Kafka Connect {failure}")
+        missing = [n for n in expected if n not in statuses]
+        waiting = [n for n in expected if n in statuses and not _running(statuses[n])]
+        if not missing and not waiting:
+            return None
+        return f"missing {', '.join(missing)}" if missing else f"not running: {', '.join(waiting)}"
+
+    return wait_until_serving(
+        state_dir=settings.state_dir,
+        processes=[(NAME, "Kafka Connect")],
+        ports=[w.port],
+        probe=probe,
+        waiting_for=f"Kafka Connect on {w.url}",
+        not_ready=f"Kafka Connect was not ready on {w.url}",
+        excerpt=lambda _name: _excerpt(w),
+        timeout_s=timeout_s,
+        last="REST port closed",
     )
 
 

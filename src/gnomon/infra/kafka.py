@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -25,7 +24,7 @@ from gnomon.config import Settings
 from gnomon.infra import fetch, jvm, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
-from gnomon.infra.progress import Ticker
+from gnomon.infra.readiness import wait_until_serving
 
 COMPONENT = "kafka"
 LABEL = "Kafka"
@@ -241,30 +240,21 @@ def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> floa
     """Block until all ``count`` brokers serve metadata; returns seconds waited."""
     ns = nodes(settings, count)
     servers = ",".join(n.address for n in ns)
-    ticker = Ticker(f"waiting for Kafka on {servers}")
-    deadline = time.monotonic() + timeout_s
-    last_error = ""
-    while time.monotonic() < deadline:
-        for node in ns:
-            pid = procs.read_pid(settings.state_dir, node.name)
-            if pid is None or procs.exited(pid):
-                raise InfraError(
-                    f"Kafka node {node.node_id} exited during startup; "
-                    f"last lines of its log:\n{_excerpt(settings, node)}"
-                )
-        if all(port_open("127.0.0.1", n.port) for n in ns):
-            try:
-                seen = _brokers_seen(ns)
-                if seen >= count:
-                    return ticker.elapsed_s
-                last_error = f"a node sees {seen}/{count} brokers"
-            except Exception as exc:  # KafkaException, timeouts: keep waiting
-                last_error = str(exc)
-        ticker.tick()
-        time.sleep(0.5)
-    raise InfraError(
-        f"Kafka did not serve on {servers} within {timeout_s:.0f}s ({last_error or 'port closed'}); "
-        f"last lines of its log:\n{_excerpt(settings, ns[0])}"
+    by_name = {n.name: n for n in ns}
+
+    def probe() -> str | None:
+        seen = _brokers_seen(ns)
+        return None if seen >= count else f"a node sees {seen}/{count} brokers"
+
+    return wait_until_serving(
+        state_dir=settings.state_dir,
+        processes=[(n.name, f"Kafka node {n.node_id}") for n in ns],
+        ports=[n.port for n in ns],
+        probe=probe,
+        waiting_for=f"Kafka on {servers}",
+        not_ready=f"Kafka did not serve on {servers}",
+        excerpt=lambda name: _excerpt(settings, by_name[name]),
+        timeout_s=timeout_s,
     )
 
 
