@@ -6,7 +6,8 @@ Feed it the records in log order (``observe``), then ``check(jobs, until_ms)``:
 * every slot of every job, from its first slot up to where its schedule points now,
   is exactly one run or a recorded skip (missed = 0, duplicates = 0);
 * a run's fencing token grows by one per grant, and a new grant only follows an
-  attempt that ended (no two granted attempts overlap);
+  attempt that ended or one still staged (granted, never reported started), so no two
+  started attempts overlap;
 * no state change came from a stale token (terminal states are final);
 * at the end every run is terminal, leased, or still waiting for its slot/backoff.
 """
@@ -87,7 +88,8 @@ class HistoryChecker:
                     if s.token not in (prev.token, prev.token + 1):
                         rep.overlapping_grants += 1
                         rep.problems.append(f"{run_id} token jumped {prev.token}->{s.token}")
-                    if s.token == prev.token + 1 and prev.status is RunStatus.RUNNING:
+                    # a staged grant (not started) may be revoked and granted again in one step
+                    if s.token == prev.token + 1 and prev.status is RunStatus.RUNNING and not prev.staged:
                         rep.overlapping_grants += 1
                         rep.problems.append(f"{run_id} granted token {s.token} while {prev.token} still ran")
                 prev = s

@@ -26,6 +26,7 @@ from gnomon.core import runs as R
 from gnomon.core.clock import FakeClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import DispatchRun, Grant, Stop
+from gnomon.core.workers import WorkerAdvert, WorkerDirectory
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.topology import Topology
 
@@ -49,6 +50,8 @@ class _Attempt:
     ends_at_ms: int
     behaviour: str
     last_heartbeat_ms: int = 0
+    starts_at_ms: int = 0  # staged until then (the grant's not_before)
+    started: bool = False
 
 
 @dataclass
@@ -61,13 +64,21 @@ class InMemoryCluster:
     policy: FakeWorkerPolicy = field(default_factory=FakeWorkerPolicy)
     workers: int = 3
     encode_through_codec: bool = True
+    staging: bool = True  # False: the legacy pull path (dispatch hints + claims)
+    worker_slots: int = 100
+    advert_interval_ms: int = 1000
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.topo = Topology(partitions=self.partitions, pools=("default", "batch"),
                              priorities=("high", "normal", "low"), dispatch_format="gnomon.dispatch.{pool}.{priority}")
-        self.tasks = {p: PartitionTask(p, MemoryKV(), self.topo, self.sched_cfg, self.run_cfg)
+        self.directory = WorkerDirectory() if self.staging else None
+        self.tasks = {p: PartitionTask(p, MemoryKV(), self.topo, self.sched_cfg, self.run_cfg,
+                                       directory=self.directory)
                       for p in range(self.partitions)}
+        self.dead_workers: set[str] = set()
+        self.started: list[tuple[str, int, str]] = []  # (run_id, start ms, worker) as a handler would see it
+        self._last_advert_ms = -(10**15)
         self.inputs: dict[int, deque[Any]] = {p: deque() for p in range(self.partitions)}
         self.dispatch: deque[DispatchRun] = deque()
         self.inbox: deque[Grant | Stop] = deque()
@@ -131,9 +142,36 @@ class InMemoryCluster:
 
     def tick(self) -> None:
         now = self.clock.now_ms()
+        self._advertise(now)
+        if self.directory is not None:
+            for wid in self.directory.lost(now):
+                for task in self.tasks.values():
+                    self._route(task.worker_lost(wid, now))
         for task in self.tasks.values():
             self._route(task.tick(now))
         self.drain()
+
+    def kill_worker(self, worker_id: str) -> None:
+        """The worker dies: no more adverts, its attempts (staged or running) vanish."""
+        self.dead_workers.add(worker_id)
+        for key in [k for k in self.attempts if k[0] == worker_id]:
+            del self.attempts[key]
+
+    def _advertise(self, now: int) -> None:
+        if self.directory is None or now - self._last_advert_ms < self.advert_interval_ms:
+            return
+        self._last_advert_ms = now
+        for i in range(self.workers):
+            wid = f"w{i}"
+            if wid in self.dead_workers:
+                continue
+            mine = [a for (w, _), a in self.attempts.items() if w == wid]
+            running = sum(1 for a in mine if a.started)
+            long_running = sum(1 for a in mine if a.started and now - a.starts_at_ms >= 10_000)
+            self.directory.observe(WorkerAdvert(wid, "default", self.worker_slots, running, len(mine) - running,
+                                                self.advert_interval_ms, now, long_running=long_running), now)
+            self.directory.observe(WorkerAdvert(wid + "-batch", "batch", self.worker_slots, 0, 0,
+                                                self.advert_interval_ms, now), now)
 
     def run_for(self, duration_ms: int, step_ms: int = 100) -> None:
         end = self.clock.now_ms() + duration_ms
@@ -154,6 +192,8 @@ class InMemoryCluster:
         while self.inbox:
             busy = True
             msg = self.inbox.popleft()
+            if msg.worker_id.removesuffix("-batch") in self.dead_workers:
+                continue
             if isinstance(msg, Grant):
                 r = self.rng.random()
                 pol = self.policy
@@ -162,12 +202,20 @@ class InMemoryCluster:
                 lo, hi = self.policy.duration_ms
                 if behaviour == ZOMBIE:
                     lo, hi = self.run_cfg.lease_ms + 1000, self.run_cfg.lease_ms * 2
+                starts = max(now, msg.not_before_ms)
                 self.attempts[(msg.worker_id, msg.run_id)] = _Attempt(
-                    msg, now + self.rng.randint(lo, hi), behaviour, now)
+                    msg, starts + self.rng.randint(lo, hi), behaviour, starts, starts)
             elif isinstance(msg, Stop):
                 self.attempts.pop((msg.worker_id, msg.run_id), None)
         for key, att in list(self.attempts.items()):
             g = att.grant
+            if not att.started:
+                if now < att.starts_at_ms:
+                    continue  # staged: the worker's local timer has not fired
+                att.started = True
+                busy = True
+                self.started.append((g.run_id, now, g.worker_id))
+                self.submit(R.AttemptStarted(g.run_id, g.worker_id, g.token, now, now))
             if att.behaviour == CRASH:
                 continue
             if now >= att.ends_at_ms:

@@ -24,6 +24,7 @@ class Topology:
     run_logs: str = "gnomon.run-logs"
     dead_letters: str = "gnomon.dead-letters"
     poison: str = "gnomon.poison"
+    workers: str = "gnomon.workers"
 
     def dispatch_topic(self, pool: str, priority: str) -> str:
         return self.dispatch_format.format(pool=pool, priority=priority)

@@ -100,8 +100,9 @@ class Scenario:
         self.start(name, "processor", "--instance-id", f"{self.tag}-{name}", "--lease-s", str(self.lease_s),
                    "--lookahead-s", str(self.lookahead_s))
 
-    def worker(self, name: str, concurrency: int = 32) -> None:
-        self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency))
+    def worker(self, name: str, concurrency: int = 32, pool: str = "default") -> None:
+        self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),
+                   "--pool", pool)
 
     def signal(self, name: str, sig: int) -> None:
         p = self.procs[name]

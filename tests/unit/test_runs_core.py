@@ -35,12 +35,15 @@ def timer(state: R.RunState, now: int) -> tuple[R.RunState, list[R.RunEvent]]:
     return state, evs
 
 
+STAGE = T0 - R.RunConfig().stage_ahead_ms  # runs are released (and staged) this long before the slot
+
+
 def ready() -> R.RunState:
-    s, _ = step(None, trig())
-    assert s is not None and s.status is R.RunStatus.SCHEDULED and s.timer_ms() == T0
-    s, evs = timer(s, T0 - 1)
+    s, _ = step(None, trig(at=STAGE - 10_000))
+    assert s is not None and s.status is R.RunStatus.SCHEDULED and s.timer_ms() == STAGE
+    s, evs = timer(s, STAGE - 1)
     assert evs == []
-    s, evs = timer(s, T0)
+    s, evs = timer(s, STAGE)
     assert [type(e) for e in evs] == [R.RunReleased] and s.status is R.RunStatus.READY
     return s
 

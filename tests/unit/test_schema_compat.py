@@ -281,7 +281,7 @@ def test_run_state_v1_records_decode_with_the_new_defaults() -> None:
     assert REGISTRY.latest("gnomon.runs-value").file == REGISTRY.latest("gnomon.dead-letters-value").file
 
 
-def test_run_command_v1_records_decode_and_replay_is_the_last_branch() -> None:
+def test_run_command_v1_records_decode_and_new_branches_are_appended() -> None:
     from gnomon.core.runs import CancelRun, ReplayRun
 
     cancel = CancelRun("j@x", 7, "because")
@@ -291,7 +291,7 @@ def test_run_command_v1_records_decode_and_replay_is_the_last_branch() -> None:
     branches = REGISTRY.latest("gnomon.run-events-value").schema["fields"][0]["type"]
     v1_branches = REGISTRY.lookup("gnomon.run-events-value", 1).schema["fields"][0]["type"]
     names = [b["name"] if isinstance(b, dict) else b for b in branches]
-    assert names[-1] == "gnomon.ReplayRun"
+    assert names[-3:] == ["gnomon.ReplayRun", "gnomon.AttemptStarted", "gnomon.ReturnGrant"]  # v2, v3 appended
     assert names[: len(v1_branches)] == [b["name"] if isinstance(b, dict) else b for b in v1_branches]
     replay = ReplayRun("j@x", 8)
     out = encode(replay)

@@ -23,6 +23,9 @@ def test_tick_examines_only_due_jobs_among_many_idle() -> None:
     out = task.tick(T0 + 10_000)  # slots T0 and T0+10s of the 3 due jobs
     assert task.stats.tick_jobs_examined == 3
     assert task.stats.triggers == 6
-    assert {o.value.job_id for o in out if o.topic == "gnomon.run-events"} == {"due-0", "due-1", "due-2"}
+    # triggers are applied to the co-partitioned run state directly: runs on the ledger,
+    # nothing round-trips through gnomon.run-events
+    assert {o.value.job_id for o in out if o.topic == "gnomon.runs"} == {"due-0", "due-1", "due-2"}
+    assert not [o for o in out if o.topic == "gnomon.run-events"]
     task.tick(T0 + 15_000)  # nothing due: nothing examined
     assert task.stats.tick_jobs_examined == 3

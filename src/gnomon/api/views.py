@@ -33,6 +33,7 @@ def run_view(run: RunState) -> dict[str, Any]:
         "id": run.run_id,
         "jobId": run.job_id,
         "status": run.status.value,
+        "staged": run.staged,  # running, but granted ahead and waiting for its slot on the worker
         "slot": _iso(run.slot_ms),
         "manual": run.manual,
         # attempt: attempts granted so far (counting every replay); maxAttempts: where the
@@ -42,7 +43,12 @@ def run_view(run: RunState) -> dict[str, Any]:
         "replays": run.replays,
         "worker": run.worker_id,
         "createdAt": _iso(run.created_at_ms),
+        # grantedAt: when the processor staged it on a worker (processor clock), usually
+        # before the slot; startedAt: when the worker started the first attempt (worker
+        # clock); startLagS = startedAt - slot (the due time).
+        "grantedAt": _iso(run.granted_at_ms),
         "startedAt": _iso(run.started_at_ms),
+        "startLagS": None if run.started_at_ms is None else round((run.started_at_ms - run.slot_ms) / 1000, 3),
         "finishedAt": _iso(run.finished_at_ms),
         "nextAttemptAt": _iso(run.next_attempt_at_ms),  # set in retry_wait: when the next attempt is released
         "exitCode": run.exit_code,

@@ -133,9 +133,11 @@ def runs_list(job_id: str, status: str | None = None, limit: int = 20, json_: Js
     if json_:
         print_json(page)
         return
-    table = Table("run", "status", "attempt", "started", "finished", "exit")
+    table = Table("run", "status", "attempt", "granted", "started", "lag s", "finished", "exit")
     for r in page["items"]:
-        table.add_row(r["id"], r["status"], str(r["attempt"]), r["startedAt"] or "", r["finishedAt"] or "",
+        lag = r.get("startLagS")
+        table.add_row(r["id"], r["status"], str(r["attempt"]), r.get("grantedAt") or "", r["startedAt"] or "",
+                      "" if lag is None else f"{lag:.3f}", r["finishedAt"] or "",
                       "" if r["exitCode"] is None else str(r["exitCode"]))
     console.print(table)
 

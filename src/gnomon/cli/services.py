@@ -34,6 +34,8 @@ def _stop_on_signals(stop: threading.Event | object) -> None:
 def processor(
     instance_id: Annotated[str | None, typer.Option(help="stable id of this instance (transactional id)")] = None,
     lookahead_s: Annotated[int, typer.Option(min=0, max=3600, help="trigger jobs due within this many seconds")] = 30,
+    stage_ahead_s: Annotated[int | None, typer.Option(
+        min=0, max=3600, help="grant runs to workers this long before their slot (default: the lookahead)")] = None,
     lease_s: Annotated[int, typer.Option(min=2, max=3600, help="a grant's lease; workers heartbeat every lease/3")] = 30,
     verbose: bool = False,
 ) -> None:
@@ -49,7 +51,8 @@ def processor(
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(),
                           sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
-                          runs=RunConfig(lease_ms=lease_s * 1000))
+                          runs=RunConfig(lease_ms=lease_s * 1000,
+                                         stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
     proc = Processor(cfg)
     _stop_on_signals(proc)
     proc.run()
@@ -58,12 +61,13 @@ def processor(
 @command
 def worker(
     pool: Annotated[str, typer.Option(help="worker pool to serve")] = "default",
-    concurrency: Annotated[int, typer.Option(min=1, max=1024, help="attempts at once")] = 8,
+    concurrency: Annotated[int, typer.Option(
+        min=1, max=20_000, help="attempts at once; the processor stages at most this many ahead on it")] = 8,
     app: Annotated[str | None, typer.Option(help="module:attribute of a Worker with your handlers")] = None,
     worker_id: Annotated[str | None, typer.Option(help="default: host-pid-random")] = None,
     verbose: bool = False,
 ) -> None:
-    """Run a worker: claims runs of POOL and executes them."""
+    """Run a worker of POOL: holds runs staged on it and starts each at its slot."""
     from gnomon.worker import Worker
 
     _logging(verbose)

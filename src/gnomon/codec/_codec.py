@@ -26,7 +26,17 @@ from gnomon.core.jobs import (
 )
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, LogLine, PoisonRecord, Stop
 from gnomon.core.model import JobSpec
-from gnomon.core.runs import CancelRun, ClaimRun, CompleteAttempt, Heartbeat, ReplayRun, RunState
+from gnomon.core.runs import (
+    AttemptStarted,
+    CancelRun,
+    ClaimRun,
+    CompleteAttempt,
+    Heartbeat,
+    ReplayRun,
+    ReturnGrant,
+    RunState,
+)
+from gnomon.core.workers import WorkerAdvert
 
 MAGIC = 0
 HEADER_LEN = 5
@@ -60,7 +70,8 @@ TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
                 (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob), "gnomon.JobCommand"),
     TopicSchema("gnomon.run-events", "gnomon.run-events-value",
-                (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun),
+                (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
+                 AttemptStarted, ReturnGrant),
                 "gnomon.RunCommand"),
     TopicSchema("gnomon.jobs", "gnomon.jobs-value", (JobState,), None),
     TopicSchema("gnomon.runs", "gnomon.runs-value", (RunState,), None),
@@ -69,6 +80,7 @@ TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.worker-inbox", "gnomon.worker-inbox-value", (Grant, Stop, LeaseAck), "gnomon.WorkerMessage"),
     TopicSchema("gnomon.run-logs", "gnomon.run-logs-value", (LogLine,), None),
     TopicSchema("gnomon.poison", "gnomon.poison-value", (PoisonRecord,), None),
+    TopicSchema("gnomon.workers", "gnomon.workers-value", (WorkerAdvert,), None),
 )
 # Types that are not a topic's value but are registered (as references) and decodable.
 _EXTRA_TYPES: tuple[type, ...] = (JobSpec,)

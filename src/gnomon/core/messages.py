@@ -38,12 +38,16 @@ class Grant:
     spec: JobSpec
     slot_ms: int
     at_ms: int
+    # Start the attempt at this instant by the worker's own clock, never before it
+    # (pre-staging). 0 in grants written before staging existed: start at once.
+    not_before_ms: int = 0
 
 
 class StopReason(StrEnum):
     REJECTED = "rejected"  # claim refused: somebody else has it, or it is not ready
     STALE = "stale"  # your token is not the current grant: stop the attempt
     CANCELLED = "cancelled"  # the run was cancelled: stop the attempt
+    REVOKED = "revoked"  # a staged grant taken back (paused, deleted, edited, reassigned): drop it
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,25 @@
 
 Lifecycle (guarded by ``_ALLOWED``)::
 
-    SCHEDULED --(not_before reached)--> READY --(claim)--> RUNNING --(ok)--> SUCCEEDED
-        |                                 ^                   |
+    SCHEDULED --(stage time: slot - stage_ahead)--> READY --(assign/claim)--> RUNNING --(ok)--> SUCCEEDED
+        |                                 ^   ^               |  (staged until the worker
+        |                                 |   +--(revoked / returned before start)   reports Started)
         |                                 |                   +--(fail/timeout/lease lost)--> RETRY_WAIT
         |                                 +----(backoff over)----------------------------------+
         |                                                     +--(attempts exhausted)--> FAILED (dead letter)
         +--(cancel, from any non-terminal state)--> CANCELLED
-    SKIPPED is born terminal (a slot that will not run, with a reason).
+    SKIPPED is born terminal (a slot that will not run, with a reason), or reached by a
+    run withdrawn before it ever started (paused, deleted, schedule changed).
 
-Every grant bumps ``token`` (the fencing token). Heartbeats and completions that carry
-another token are rejected and their sender is told to stop.
+Pre-staging: a run is released (READY) ``stage_ahead_ms`` before its slot and granted to
+a worker at once; the grant carries ``not_before_ms`` and the worker starts it at that
+instant by its own clock. A granted attempt is *staged* until the worker reports
+``AttemptStarted``; a staged attempt can still be revoked (edit, worker lost) or
+withdrawn (pause, delete) and the worker is told to drop it. Its lease and deadline
+count from the slot, not from the grant.
+
+Every grant bumps ``token`` (the fencing token). Heartbeats, start reports and
+completions that carry another token are rejected and their sender is told to stop.
 """
 
 from __future__ import annotations
@@ -45,9 +54,10 @@ _TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLE
 
 _ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.SCHEDULED: frozenset({RunStatus.READY, RunStatus.CANCELLED, RunStatus.SKIPPED}),
-    RunStatus.READY: frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLED}),
+    RunStatus.READY: frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.SKIPPED}),
     RunStatus.RUNNING: frozenset(
-        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.RETRY_WAIT, RunStatus.FAILED, RunStatus.CANCELLED}
+        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.RETRY_WAIT, RunStatus.FAILED, RunStatus.CANCELLED,
+         RunStatus.READY, RunStatus.SKIPPED}  # READY / SKIPPED: only while staged (not started)
     ),
     RunStatus.RETRY_WAIT: frozenset({RunStatus.READY, RunStatus.CANCELLED}),
     RunStatus.SUCCEEDED: frozenset(),
@@ -66,8 +76,13 @@ class Outcome(StrEnum):
 @dataclass(frozen=True)
 class RunConfig:
     lease_ms: int = 30_000
-    redispatch_after_ms: int = 60_000  # READY and nobody claimed it: dispatch again
+    redispatch_after_ms: int = 1_000  # READY and no worker took it: try to assign again
     timeout_grace_ms: int = 30_000  # the processor fails an attempt past timeout + grace
+    stage_ahead_ms: int = 30_000  # release + grant this long before the slot (pre-staging)
+
+    def __post_init__(self) -> None:
+        assert self.lease_ms > 0 and self.redispatch_after_ms > 0 and self.timeout_grace_ms >= 0
+        assert self.stage_ahead_ms >= 0
 
 
 @dataclass(frozen=True)
@@ -89,26 +104,43 @@ class RunState:
     deadline_ms: int | None = None  # attempt start + timeout + grace
     next_attempt_at_ms: int | None = None  # in RETRY_WAIT
     dispatched_at_ms: int | None = None
-    started_at_ms: int | None = None  # first grant
+    started_at_ms: int | None = None  # first attempt's start, as the worker reported it (older records: first grant)
     finished_at_ms: int | None = None
     exit_code: int | None = None
     error: str | None = None
     reason: str | None = None  # why skipped / cancelled / failed
     replays: int = 0  # times this dead letter was replayed
     attempts_before_replay: int = 0  # attempts spent before the latest replay (retry budget base)
+    granted_at_ms: int | None = None  # first grant (staging) time, processor clock
+    attempt_started_at_ms: int | None = None  # current attempt's start (worker clock); None while staged
 
-    def timer_ms(self) -> int | None:
+    @property
+    def staged(self) -> bool:
+        """Granted to a worker that has not reported the attempt started."""
+        return self.status is RunStatus.RUNNING and self.attempt_started_at_ms is None
+
+    @property
+    def never_started(self) -> bool:
+        """No attempt of this run has started yet (a job edit still applies to it)."""
+        return not self.status.terminal and self.started_at_ms is None and self.attempt <= 1 and (
+            self.status is not RunStatus.RUNNING or self.attempt_started_at_ms is None)
+
+    def timer_ms(self, cfg: RunConfig | None = None) -> int | None:
         """When time alone next changes this run (the processor's timer index key)."""
+        cfg = cfg or _DEFAULT_CFG
         if self.status is RunStatus.SCHEDULED:
-            return self.not_before_ms
+            return self.not_before_ms - cfg.stage_ahead_ms
         if self.status is RunStatus.READY:
-            return (self.dispatched_at_ms or self.not_before_ms) + RunConfig().redispatch_after_ms
+            return (self.dispatched_at_ms or self.not_before_ms) + cfg.redispatch_after_ms
         if self.status is RunStatus.RUNNING:
             assert self.lease_until_ms is not None and self.deadline_ms is not None
             return min(self.lease_until_ms, self.deadline_ms)
         if self.status is RunStatus.RETRY_WAIT:
             return self.next_attempt_at_ms
         return None
+
+
+_DEFAULT_CFG = RunConfig()
 
 
 # ---- commands (gnomon.run-events, from workers and the API) --------------------------
@@ -141,6 +173,49 @@ class CompleteAttempt:
 
 
 @dataclass(frozen=True)
+class AttemptStarted:
+    """The worker started a granted attempt at ``started_at_ms`` (its own clock)."""
+
+    run_id: str
+    worker_id: str
+    token: int
+    started_at_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class ReturnGrant:
+    """The worker hands back a staged attempt it will not start (full at the slot,
+    shutting down). The run goes back to READY and is assigned again."""
+
+    run_id: str
+    worker_id: str
+    token: int
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """Synthesised by the processor (never on the wire): ``worker_id`` stopped
+    advertising, so its staged attempts move to another worker."""
+
+    run_id: str
+    worker_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobChanged:
+    """Synthesised by the processor (never on the wire): the run's job was edited,
+    paused, resumed or deleted (``job`` None) while the run had not started."""
+
+    run_id: str
+    job: JobState | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
 class CancelRun:
     run_id: str
     at_ms: int
@@ -156,7 +231,10 @@ class ReplayRun:
     requested_by: str = "user"
 
 
-RunCommand = RunTriggered | RunSkipped | ClaimRun | Heartbeat | CompleteAttempt | CancelRun | ReplayRun
+RunCommand = (
+    RunTriggered | RunSkipped | ClaimRun | Heartbeat | CompleteAttempt | CancelRun | ReplayRun | AttemptStarted
+    | ReturnGrant | WorkerLost | JobChanged
+)
 
 
 # ---- events ----------------------------------------------------------------------------
@@ -187,11 +265,38 @@ class RunReleased:
 
 @dataclass(frozen=True)
 class RunWithdrawn:
-    """A triggered run whose job was paused, deleted or rescheduled before its slot:
-    recorded as skipped with the reason (never silently dropped)."""
+    """A triggered run whose job was paused, deleted or rescheduled before it started:
+    recorded as skipped with the reason (never silently dropped). ``worker_id``: the
+    worker holding it staged, told to drop it."""
 
     run_id: str
     reason: str
+    at_ms: int
+    worker_id: str | None = None
+    token: int = 0
+
+
+@dataclass(frozen=True)
+class GrantRevoked:
+    """A staged (granted, not started) attempt taken back: its worker was lost, returned
+    it, or the job was edited (``spec`` set: re-grant with the new definition). The run
+    is READY again; the attempt does not count against the retry budget."""
+
+    run_id: str
+    worker_id: str
+    token: int
+    reason: str
+    at_ms: int
+    spec: JobSpec | None = None
+    notify_worker: bool = True
+
+
+@dataclass(frozen=True)
+class AttemptStartReported:
+    run_id: str
+    token: int
+    started_at_ms: int
+    lease_until_ms: int
     at_ms: int
 
 
@@ -262,7 +367,7 @@ class RunReplayed:
 
 RunEvent = (
     RunCreated | RunReleased | RunWithdrawn | RunReplayed | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
-    | RunCancelled
+    | RunCancelled | GrantRevoked | AttemptStartReported
 )
 
 
@@ -314,19 +419,36 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
         if state.status is not RunStatus.READY:
             return [ClaimRejected(cmd.run_id, cmd.worker_id, f"run is {state.status.value}", now)]
         _guard(state, RunStatus.RUNNING)
+        start = max(now, state.not_before_ms)  # a staged attempt's lease and deadline count from its slot
         return [
             AttemptGranted(
                 cmd.run_id, cmd.worker_id, state.attempt + 1, state.token + 1,
-                now + cfg.lease_ms, now + state.spec.timeout_s * 1000 + cfg.timeout_grace_ms, now,
+                start + cfg.lease_ms, start + state.spec.timeout_s * 1000 + cfg.timeout_grace_ms, now,
             )
         ]
-    if isinstance(cmd, Heartbeat | CompleteAttempt):
+    if isinstance(cmd, ReturnGrant):
+        if state.staged and cmd.token == state.token and cmd.worker_id == state.worker_id:
+            return [GrantRevoked(cmd.run_id, cmd.worker_id, cmd.token, f"returned by worker: {cmd.reason}", now,
+                                 notify_worker=False)]
+        return []  # idempotent: already moved on
+    if isinstance(cmd, WorkerLost):
+        if state.staged and state.worker_id == cmd.worker_id:
+            return [GrantRevoked(cmd.run_id, cmd.worker_id, state.token, "worker lost before the start", now)]
+        return []
+    if isinstance(cmd, JobChanged):
+        return _job_changed(state, cmd.job, now)
+    if isinstance(cmd, Heartbeat | CompleteAttempt | AttemptStarted):
         if state.status is not RunStatus.RUNNING or cmd.token != state.token or cmd.worker_id != state.worker_id:
             why = (
                 f"stale token {cmd.token} (current {state.token})" if cmd.token != state.token
                 else f"run is {state.status.value}"
             )
             return [StaleRejected(cmd.run_id, cmd.worker_id, cmd.token, why, now)]
+        if isinstance(cmd, AttemptStarted):
+            if state.attempt_started_at_ms is not None:
+                return []  # a repeated report
+            return [AttemptStartReported(cmd.run_id, cmd.token, cmd.started_at_ms,
+                                         max(now + cfg.lease_ms, state.lease_until_ms or 0), now)]
         if isinstance(cmd, Heartbeat):
             return [LeaseExtended(cmd.run_id, cmd.token, now + cfg.lease_ms, now)]
         return [_end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)]
@@ -340,6 +462,33 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
         return [RunCancelled(cmd.run_id, state.worker_id if state.status is RunStatus.RUNNING else None,
                              state.token, cmd.reason, now)]
     raise AssertionError(f"unknown command {cmd!r}")
+
+
+def _job_changed(state: RunState, job: JobState | None, now: int) -> list[RunEvent]:
+    """A job edit reaches a run that has not started: withdraw it (paused, deleted, slot
+    gone) or hand it the new definition (re-grant if it is staged on a worker). A run
+    still SCHEDULED looks at its job when it is staged, so it needs nothing here."""
+    if not state.never_started or state.status not in (RunStatus.READY, RunStatus.RUNNING):
+        return []
+    staged_on = state.worker_id if state.status is RunStatus.RUNNING else None
+    reason: str | None = None
+    if job is None:
+        reason = "job deleted before the slot"
+    elif state.manual:
+        return []
+    elif job.status is JobStatus.PAUSED:
+        reason = "paused"
+    elif not _is_slot_of(job.spec, state.slot_ms):
+        reason = "schedule changed before the slot"
+    if reason is not None:
+        return [RunWithdrawn(state.run_id, reason, now, staged_on, state.token)]
+    assert job is not None
+    if job.spec == state.spec:
+        return []
+    if staged_on is not None:
+        return [GrantRevoked(state.run_id, staged_on, state.token, "job edited before the slot; granted again",
+                             now, spec=job.spec)]
+    return [RunReleased(state.run_id, state.attempt + 1, now, job.spec)]
 
 
 class _Unchecked:
@@ -366,7 +515,7 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
     is still unread in that backlog.
     """
     cfg = cfg or RunConfig()
-    due = state.timer_ms()
+    due = state.timer_ms(cfg)
     if due is None or due > now_ms:
         return []
     if state.status is RunStatus.SCHEDULED and not isinstance(job, _Unchecked):
@@ -420,8 +569,21 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
                        finished_at_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, RunWithdrawn):
         _guard(state, RunStatus.SKIPPED)
+        assert state.never_started, f"run {state.run_id} withdrawn after it started"
         return replace(state, status=RunStatus.SKIPPED, reason=event.reason, finished_at_ms=event.at_ms,
+                       attempt=state.attempt - 1 if state.staged else state.attempt,  # a dropped grant is no attempt
+                       lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
+    if isinstance(event, GrantRevoked):
+        _guard(state, RunStatus.READY)
+        assert state.staged and event.token == state.token, f"run {state.run_id}: only a staged grant is revoked"
+        return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, attempt=state.attempt - 1,
+                       worker_id=None, lease_until_ms=None, deadline_ms=None, dispatched_at_ms=event.at_ms,
                        updated_at_ms=event.at_ms)
+    if isinstance(event, AttemptStartReported):
+        _guard(state, RunStatus.RUNNING)
+        return replace(state, attempt_started_at_ms=event.started_at_ms,
+                       started_at_ms=state.started_at_ms if state.started_at_ms is not None else event.started_at_ms,
+                       lease_until_ms=event.lease_until_ms, updated_at_ms=event.at_ms)
     if isinstance(event, RunReleased):
         _guard(state, RunStatus.READY)
         return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, dispatched_at_ms=event.at_ms, next_attempt_at_ms=None,
@@ -431,8 +593,9 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         assert event.token == state.token + 1, "fencing tokens grow by one per grant"
         return replace(state, status=RunStatus.RUNNING, attempt=event.attempt, token=event.token,
                        worker_id=event.worker_id, lease_until_ms=event.lease_until_ms,
-                       deadline_ms=event.deadline_ms,
-                       started_at_ms=state.started_at_ms or event.at_ms, updated_at_ms=event.at_ms)
+                       deadline_ms=event.deadline_ms, attempt_started_at_ms=None,
+                       granted_at_ms=state.granted_at_ms if state.granted_at_ms is not None else event.at_ms,
+                       updated_at_ms=event.at_ms)
     if isinstance(event, LeaseExtended):
         _guard(state, RunStatus.RUNNING)
         return replace(state, lease_until_ms=event.lease_until_ms, updated_at_ms=event.at_ms)
@@ -451,5 +614,6 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
     if isinstance(event, RunCancelled):
         _guard(state, RunStatus.CANCELLED)
         return replace(state, status=RunStatus.CANCELLED, reason=event.reason, lease_until_ms=None,
+                       attempt=state.attempt - 1 if state.staged else state.attempt,  # a dropped grant is no attempt
                        deadline_ms=None, finished_at_ms=event.at_ms, updated_at_ms=event.at_ms)
     raise AssertionError(f"unknown event {event!r}")

@@ -34,6 +34,8 @@ from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import PoisonRecord
+from gnomon.core.workers import WorkerDirectory
+from gnomon.streams.adverts import AdvertFeed
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.topology import Topology, load_topology
 
@@ -80,6 +82,8 @@ class Processor:
         )
         self._fatal_count = 0
         self.producer = self._new_producer()
+        self.directory = WorkerDirectory()
+        self.adverts: AdvertFeed | None = None
 
     def _new_producer(self) -> Producer:
         return Producer(
@@ -104,6 +108,8 @@ class Processor:
             self.producer.init_transactions(30)
         except KafkaException as exc:
             raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
+        self.adverts = AdvertFeed(self.cfg.bootstrap, self.topo.workers, self.directory, self.clock)
+        self.adverts.poll()
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
@@ -113,7 +119,9 @@ class Processor:
                 self.step()
                 if time.monotonic() - last_report > 10:
                     last_report = time.monotonic()
-                    log.info("partitions=%s txns=%d poisoned=%d", sorted(self.tasks), self.transactions, self.poisoned)
+                    free = self.directory.snapshot(self.clock.now_ms())
+                    log.info("partitions=%s txns=%d poisoned=%d workers=%d free_slots=%d", sorted(self.tasks),
+                             self.transactions, self.poisoned, len(free), sum(max(0, f) for f in free.values()))
         finally:
             self._close()
 
@@ -122,6 +130,8 @@ class Processor:
             self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
         with contextlib.suppress(Exception):  # closing is best-effort
             self.consumer.close()
+        if self.adverts is not None:
+            self.adverts.close()
 
     # ---- rebalance -----------------------------------------------------------------------
 
@@ -186,7 +196,8 @@ class Processor:
             with contextlib.suppress(OSError, ValueError):
                 ckpt = json.loads(ckpt_file.read_text()) if trust_checkpoint and path.is_dir() else None
             ckpt_file.unlink(missing_ok=True)
-        task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs)
+        task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
+                             directory=self.directory)
         n = 0
         if ckpt is None:  # full rebuild: keep the last value per key, then load once
             latest: dict[str, dict[str, bytes | None]] = {self.topo.jobs: {}, self.topo.runs: {}}
@@ -234,8 +245,14 @@ class Processor:
             if msg.topic() == self.topo.run_events:
                 self._read_ts[msg.partition()] = msg.timestamp()[1]
             outputs.extend(self._apply(msg, now))
+        if self.adverts is not None:
+            self.adverts.poll()
         if due_tick:
             self._last_tick_ms = now
+            for worker in self.directory.lost(now):
+                log.warning("worker %s lost (no advert); moving its staged runs", worker)
+                for task in list(self.tasks.values()):
+                    outputs.extend(task.worker_lost(worker, now))
             behind = self._behind()
             for p, task in list(self.tasks.items()):
                 # a partition with unread run events judges leases by how far it has read

@@ -8,10 +8,19 @@ State layout in the partition's ordered key-value store (RocksDB):
     j/<job_id>                      -> JobState (codec)
     jd/<next_run_at_ms:013>/<job_id> -> b""   due index, ordered by time
     r/<run_id>                      -> RunState (codec)
-    rt/<timer_ms:013>/<run_id>      -> b""   run timer index (release, lease, retry)
+    rt/<timer_ms:013>/<run_id>      -> b""   run timer index (stage, lease, retry backoff)
+    rw/<pool>\0<prio>/<due_ms:013>/<run_id> -> b"" READY runs waiting for a worker with room,
+                                             by priority then due time (staging mode)
+    jr/<job_id>\0<run_id>           -> b""   runs of a job that have not started (edits reach them)
+    ws/<worker_id>\0<run_id>        -> b""   attempts staged on a worker (moved if it is lost)
 
 A tick reads only the index prefixes up to "now": its cost grows with what is due,
 not with what exists.
+
+Staging: a run is released ``stage_ahead_ms`` before its slot and, in the same step,
+granted to a live worker of its pool with a free slot (``WorkerDirectory``); the grant
+goes to that worker's inbox and the worker starts it at the slot. A trigger is applied
+to the co-partitioned run state directly (no round trip through gnomon.run-events).
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from typing import Any
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
+from gnomon.core.errors import ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
+from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
 from gnomon.topology import Topology
 
@@ -48,6 +59,36 @@ def _timer_key(ms: int, run_id: str) -> bytes:
     return b"rt/%013d/" % ms + run_id.encode()
 
 
+_PRIO_RANK = {"high": b"0", "normal": b"1", "low": b"2"}
+
+
+# Variable parts of index keys end with NUL, so no id is a prefix of another's entries
+# ("jr/a\0" never matches the runs of job "a/b"); ids never contain NUL.
+def _waiting_prefix(pool: str) -> bytes:
+    return b"rw/" + pool.encode() + b"\0"
+
+
+_WAITING_FIXED = len(b"0/") + _TIME_W + 1  # "<prio>/<due_ms:013>/" after the prefix
+
+
+def _waiting_key(run: R.RunState) -> bytes:
+    due = max(run.not_before_ms, run.dispatched_at_ms or 0)
+    return (_waiting_prefix(run.spec.pool) + _PRIO_RANK.get(run.spec.priority.value, b"1")
+            + b"/%013d/" % due + run.run_id.encode())
+
+
+def _job_runs_prefix(job_id: str) -> bytes:
+    return b"jr/" + job_id.encode() + b"\0"
+
+
+def _staged_prefix(worker_id: str) -> bytes:
+    return b"ws/" + worker_id.encode() + b"\0"
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
 def _bound(prefix: bytes, upto_ms: int) -> bytes:
     """Exclusive upper bound of ``prefix`` entries with time <= upto_ms."""
     return prefix + b"%013d/" % (upto_ms + 1)
@@ -70,6 +111,9 @@ class TaskStats:
     skips: int = 0
     releases: int = 0
     grants: int = 0
+    revocations: int = 0
+    withdrawals: int = 0
+    assign_misses: int = 0
     rejections: int = 0
     completions: int = 0
     tick_jobs_examined: int = 0
@@ -85,6 +129,7 @@ class PartitionTask:
         sched_cfg: J.SchedulerConfig | None = None,
         run_cfg: R.RunConfig | None = None,
         due_max: int = 5000,
+        directory: WorkerDirectory | None = None,
     ) -> None:
         self.partition = partition
         self.kv = kv
@@ -92,6 +137,8 @@ class PartitionTask:
         self.sched_cfg = sched_cfg or J.SchedulerConfig()
         self.run_cfg = run_cfg or R.RunConfig()
         self.due_max = due_max
+        # Where runs are staged. None: the legacy pull path (DispatchRun hints + Claim).
+        self.directory = directory
         self.stats = TaskStats()
 
     # ---- state access ------------------------------------------------------------------
@@ -117,14 +164,31 @@ class PartitionTask:
             self.kv.put(_due_key(new.next_run_at_ms, job_id), b"")
         out.append(Output(self.topo.jobs, job_id, new, self.partition))
 
+    def _index_keys(self, run: R.RunState | None) -> set[bytes]:
+        """Every index entry of ``run`` (derived from its state alone)."""
+        if run is None:
+            return set()
+        keys = set()
+        if run.status is R.RunStatus.READY and self.directory is not None:
+            keys.add(_waiting_key(run))  # waits for room, not for time
+        else:
+            t = run.timer_ms(self.run_cfg)
+            if t is not None:
+                keys.add(_timer_key(t, run.run_id))
+        if run.never_started and run.status in (R.RunStatus.READY, R.RunStatus.RUNNING):
+            keys.add(_job_runs_prefix(run.job_id) + run.run_id.encode())
+        if run.staged and run.worker_id is not None:
+            keys.add(_staged_prefix(run.worker_id) + run.run_id.encode())
+        return keys
+
     def _store_run(self, old: R.RunState | None, new: R.RunState, out: list[Output]) -> None:
-        old_t = old.timer_ms() if old is not None else None
-        new_t = new.timer_ms()
-        if old_t is not None and old_t != new_t:
-            self.kv.delete(_timer_key(old_t, new.run_id))
+        old_keys = self._index_keys(old)
+        new_keys = self._index_keys(new)
+        for k in old_keys - new_keys:
+            self.kv.delete(k)
         self.kv.put(_run_key(new.run_id), codec.encode(new))
-        if new_t is not None:
-            self.kv.put(_timer_key(new_t, new.run_id), b"")
+        for k in new_keys - old_keys:
+            self.kv.put(k, b"")
         out.append(Output(self.topo.runs, new.run_id, new, self.partition))
 
     # ---- restore from changelogs -------------------------------------------------------
@@ -151,9 +215,8 @@ class PartitionTask:
                 continue
             run: R.RunState = codec.decode(raw)
             self.kv.put(_run_key(run_id), raw)
-            t = run.timer_ms()
-            if t is not None:
-                self.kv.put(_timer_key(t, run_id), b"")
+            for k in self._index_keys(run):
+                self.kv.put(k, b"")
             n += 1
         return n
 
@@ -161,9 +224,8 @@ class PartitionTask:
         old = self.run(run_id)
         if value is None:
             if old is not None:
-                t = old.timer_ms()
-                if t is not None:
-                    self.kv.delete(_timer_key(t, run_id))
+                for k in self._index_keys(old):
+                    self.kv.delete(k)
                 self.kv.delete(_run_key(run_id))
             return
         self._store_run(old, codec.decode(value), [])
@@ -174,20 +236,25 @@ class PartitionTask:
         """Apply one decoded command at processing time ``now_ms`` (default: the command's
         own time). Raises GnomonError (TransitionError...) if refused."""
         self.stats.commands += 1
+        if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
+            raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
         if isinstance(cmd, J.RegisterJob | J.UpdateJob | J.PauseJob | J.ResumeJob | J.DeleteJob | J.TriggerJob):
-            return self._handle_job(cmd)
+            return self._handle_job(cmd, cmd.at_ms if now_ms is None else now_ms)
         return self._handle_run(cmd, now_ms)
 
-    def _handle_job(self, cmd: J.JobCommand) -> list[Output]:
+    def _handle_job(self, cmd: J.JobCommand, now_ms: int) -> list[Output]:
         state = self.job(cmd.job_id)
         events = J.decide(state, cmd, self.sched_cfg)
-        return self._apply_job_events(cmd.job_id, state, events)
+        return self._apply_job_events(cmd.job_id, state, events, now_ms)
 
-    def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent]) -> list[Output]:
+    def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],
+                          now_ms: int) -> list[Output]:
         out: list[Output] = []
         if not events:
             return out
         new = state
+        changed = False
+        run_cmds: list[J.RunTriggered | J.RunSkipped] = []
         for ev in events:
             new = J.evolve(new, ev)
             if isinstance(ev, J.RunTriggered | J.RunSkipped):
@@ -195,16 +262,45 @@ class PartitionTask:
                     self.stats.triggers += 1
                 else:
                     self.stats.skips += 1
-                out.append(Output(self.topo.run_events, ev.job_id, ev, self.partition))
+                run_cmds.append(ev)
+            else:
+                changed = True
         self._store_job(job_id, state, new, out)
+        for cmd in run_cmds:
+            # the run lives in this same partition: apply it here, in this transaction
+            out.extend(self._handle_run(cmd, now_ms))
+        if changed:
+            out.extend(self._job_changed(job_id, new, now_ms))
+        return out
+
+    def _job_changed(self, job_id: str, job: J.JobState | None, now_ms: int) -> list[Output]:
+        """An edit, pause or delete reaches the job's runs that have not started yet."""
+        prefix = _job_runs_prefix(job_id)
+        run_ids = [k[len(prefix):].decode() for k, _ in self.kv.scan(prefix, _prefix_end(prefix), self.due_max)]
+        out: list[Output] = []
+        for run_id in run_ids:
+            out.extend(self._handle_run(R.JobChanged(run_id, job, now_ms), now_ms))
+        return out
+
+    def worker_lost(self, worker_id: str, now_ms: int) -> list[Output]:
+        """``worker_id`` stopped advertising: its attempts staged for a slot still ahead
+        go to other workers. (One whose slot has passed may have started: its lease,
+        counted from the slot, decides.)"""
+        prefix = _staged_prefix(worker_id)
+        run_ids = [k[len(prefix):].decode() for k, _ in self.kv.scan(prefix, _prefix_end(prefix), self.due_max)]
+        out: list[Output] = []
+        for run_id in run_ids:
+            run = self.run(run_id)
+            if run is not None and run.not_before_ms > now_ms:
+                out.extend(self._handle_run(R.WorkerLost(run_id, worker_id, now_ms), now_ms))
         return out
 
     def _handle_run(self, cmd: R.RunCommand, now_ms: int | None) -> list[Output]:
         state = self.run(cmd.run_id)
         events = R.decide(state, cmd, self.run_cfg, now_ms)
-        return self._apply_run_events(state, events)
+        return self._apply_run_events(state, events, cmd.at_ms if now_ms is None else now_ms)
 
-    def _apply_run_events(self, state: R.RunState | None, events: list[R.RunEvent]) -> list[Output]:
+    def _apply_run_events(self, state: R.RunState | None, events: list[R.RunEvent], now_ms: int) -> list[Output]:
         out: list[Output] = []
         if not events:
             return out
@@ -213,14 +309,54 @@ class PartitionTask:
             new = R.evolve(new, ev)
             out.extend(self._messages_for(new, ev))
         assert new is not None
+        # a run due for staging now is staged now, not at the next tick
+        if new.status is R.RunStatus.SCHEDULED and (new.timer_ms(self.run_cfg) or 0) <= now_ms:
+            job = self.job(new.job_id)
+            for ev in R.decide_timer(new, now_ms, self.run_cfg, job):
+                new = R.evolve(new, ev)
+                out.extend(self._messages_for(new, ev))
+        if new.status is R.RunStatus.READY and self.directory is not None:
+            new = self._assign(new, now_ms, out)
         if new != state:
             self._store_run(state, new, out)
         return out
 
+    def _assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> R.RunState:
+        """Grant a READY run to a live worker with a free slot, if the pool has one."""
+        assert self.directory is not None
+        worker = self.directory.pick(run.spec.pool, now_ms, run.not_before_ms)
+        if worker is None:
+            self.stats.assign_misses += 1
+            return run
+        for ev in R.decide(run, R.ClaimRun(run.run_id, worker, now_ms), self.run_cfg, now_ms):
+            run = R.evolve(run, ev)
+            out.extend(self._messages_for(run, ev))
+        return run
+
     def _messages_for(self, run: R.RunState, ev: R.RunEvent) -> list[Output]:
         inbox = self.topo.worker_inbox
+        if isinstance(ev, R.GrantRevoked | R.RunWithdrawn | R.AttemptEnded | R.RunCancelled):
+            # the worker's slot is free again (in the directory's own account)
+            worker = run.worker_id if isinstance(ev, R.AttemptEnded) else ev.worker_id
+            if worker is not None and self.directory is not None:
+                staged = isinstance(ev, R.GrantRevoked | R.RunWithdrawn) or run.attempt_started_at_ms is None
+                self.directory.release(worker, staged_start_ms=run.not_before_ms if staged else None)
+        if isinstance(ev, R.GrantRevoked):
+            self.stats.revocations += 1
+            if not ev.notify_worker:
+                return []
+            return [Output(inbox, ev.worker_id,
+                           Stop(ev.worker_id, ev.run_id, ev.token, StopReason.REVOKED, ev.reason, ev.at_ms))]
+        if isinstance(ev, R.RunWithdrawn):
+            self.stats.withdrawals += 1
+            if ev.worker_id is None:
+                return []
+            return [Output(inbox, ev.worker_id,
+                           Stop(ev.worker_id, ev.run_id, ev.token, StopReason.REVOKED, ev.reason, ev.at_ms))]
         if isinstance(ev, R.RunReleased):
             self.stats.releases += 1
+            if self.directory is not None:
+                return []  # staged by the processor (``_assign``): no dispatch hint
             topic = self.topo.dispatch_topic(run.spec.pool, run.spec.priority.value)
             msg = DispatchRun(run.run_id, run.job_id, run.tenant, ev.attempt, run.spec.pool,
                               run.spec.priority.value, run.not_before_ms, ev.at_ms)
@@ -228,7 +364,7 @@ class PartitionTask:
         if isinstance(ev, R.AttemptGranted):
             self.stats.grants += 1
             grant = Grant(ev.worker_id, run.run_id, run.job_id, run.tenant, ev.attempt, ev.token,
-                          ev.lease_until_ms, ev.deadline_ms, run.spec, run.slot_ms, ev.at_ms)
+                          ev.lease_until_ms, ev.deadline_ms, run.spec, run.slot_ms, ev.at_ms, run.not_before_ms)
             return [Output(inbox, ev.worker_id, grant)]
         if isinstance(ev, R.ClaimRejected):
             self.stats.rejections += 1
@@ -262,14 +398,37 @@ class PartitionTask:
             state = self.job(job_id)
             if state is None:
                 continue
-            out.extend(self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, self.sched_cfg)))
-        due_runs = [k[len(b"rt/") + _TIME_W + 1:].decode()
-                    for k, _ in self.kv.scan(b"rt/", _bound(b"rt/", now_ms), self.due_max)]
-        for run_id in due_runs:
+            out.extend(self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, self.sched_cfg), now_ms))
+        due = [k[len(b"rt/") + _TIME_W + 1:].decode()
+               for k, _ in self.kv.scan(b"rt/", _bound(b"rt/", now_ms), self.due_max)]
+        for run_id in due:
             self.stats.tick_runs_examined += 1
             run = self.run(run_id)
             if run is None:
                 continue
             job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
-            out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms)))
+            out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms),
+                                              now_ms))
+        out.extend(self._assign_waiting(now_ms))
+        return out
+
+    def _assign_waiting(self, now_ms: int) -> list[Output]:
+        """READY runs waiting for room, by priority then due time, while their pool has
+        room. Costs nothing while a pool is full: no timer, no rescan."""
+        out: list[Output] = []
+        if self.directory is None:
+            return out
+        for pool in self.directory.pools():
+            if not self.directory.has_room(pool, now_ms):
+                continue
+            prefix = _waiting_prefix(pool)
+            for k, _ in list(self.kv.scan(prefix, _prefix_end(prefix), self.due_max)):
+                run = self.run(k[len(prefix) + _WAITING_FIXED:].decode())
+                if run is None or run.status is not R.RunStatus.READY:
+                    self.kv.delete(k)  # stale entry: never expected, but never loop on it
+                    continue
+                new = self._assign(run, now_ms, out)
+                if new is run:
+                    break  # the pool is full for this run's start second
+                self._store_run(run, new, out)
         return out

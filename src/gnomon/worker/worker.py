@@ -1,14 +1,29 @@
-"""``gnomon worker``: a consumer-group member of one pool.
+"""``gnomon worker``: one worker of a pool.
 
-Loop: read dispatch hints (gnomon.dispatch.<pool>.<priority>) while it has free slots,
-send a Claim for each, wait for the run processor's Grant on this worker's inbox
-partition, execute the attempt in a thread, heartbeat every lease/3 with the fencing
-token, report the outcome. A Stop on the inbox (stale token, cancel) ends the attempt.
+The processor stages runs on workers (docs/adr/0003-staging.md); the worker:
+
+* advertises itself on gnomon.workers every ``advert_interval_ms``: pool, slots,
+  running and staged counts, and ``stage_max``. The processor stages on it at most
+  ``slots`` runs due in the same second (minus what it runs now) and at most
+  ``stage_max`` in all. That record is its liveness signal too: one per worker,
+  not one heartbeat per staged attempt;
+* reads Grants on its inbox partition. A grant carries ``not_before_ms`` (the slot):
+  it waits in a local timer (a heap, no thread) and starts at that instant by this
+  worker's clock, never before it. Staged attempts are counted apart from running ones;
+* at the slot, starts the attempt on a pooled thread if a slot is free. If the worker is
+  full, the attempt waits for a free slot up to ``handback_after_ms`` and is then
+  returned (ReturnGrant) so the processor stages it on a worker with room;
+* reports AttemptStarted (its own start time), heartbeats running attempts every
+  lease/3 with the fencing token, and reports the outcome;
+* drops a staged attempt, or stops a running one, when a Stop arrives (revoked,
+  cancelled, stale token).
+
 The Kafka loop never blocks on an attempt, so max.poll.interval.ms is never exceeded.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -17,21 +32,24 @@ import secrets
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, partition_for, producer_config
 from gnomon.config import load
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import GnomonError
-from gnomon.core.messages import DispatchRun, Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
-from gnomon.core.runs import ClaimRun, CompleteAttempt, Heartbeat, Outcome
+from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
+from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
+from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Handler
+from gnomon.worker.pool import AttemptPool
 
 log = logging.getLogger("gnomon.worker")
 
@@ -40,8 +58,9 @@ log = logging.getLogger("gnomon.worker")
 class _Attempt:
     grant: Grant
     ctx: AttemptContext
-    thread: threading.Thread
     last_heartbeat_ms: int
+    heartbeat_every_ms: int
+    started_ms: int
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -54,28 +73,39 @@ class Worker:
         bootstrap: str | None = None,
         worker_id: str | None = None,
         concurrency_max: int = 8,
-        claim_timeout_s: float = 5.0,
         drain_timeout_s: float = 30.0,
+        advert_interval_ms: int = 1000,
+        handback_after_ms: int = 1000,
+        stage_max: int = 10_000,
         clock: Clock | None = None,
         topology: Topology | None = None,
     ) -> None:
         if concurrency_max < 1:
             raise ValueError("concurrency_max must be >= 1")
+        if advert_interval_ms < 100 or handback_after_ms < 0 or stage_max < 1:
+            raise ValueError("advert_interval_ms must be >= 100, handback_after_ms >= 0, stage_max >= 1")
         self.pool = pool
         self.bootstrap = bootstrap or load().kafka_bootstrap
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.concurrency_max = concurrency_max
-        self.claim_timeout_s = claim_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.advert_interval_ms = advert_interval_ms
+        self.handback_after_ms = handback_after_ms
+        self.stage_max = stage_max
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
         self.handlers: dict[str, Handler] = {}
         self._stop = threading.Event()
-        self._pending: dict[str, float] = {}  # run_id -> monotonic time the claim was sent
+        self._staged: dict[str, Grant] = {}  # run_id -> grant waiting for its slot (or a free slot)
+        self._timer: list[tuple[int, str, int]] = []  # heap of (not_before_ms, run_id, token)
+        self._due: deque[tuple[int, str, int]] = deque()  # slot reached, waiting for a free slot
         self._running: dict[str, _Attempt] = {}
         self._done: queue.Queue[tuple[_Attempt, AttemptResult]] = queue.Queue()
         self.completed = 0
+        self.returned = 0
+        self._last_advert_ms = 0
         self._producer: Producer | None = None
+        self._pool = AttemptPool(concurrency_max)
 
     # ---- SDK ---------------------------------------------------------------------------
 
@@ -96,43 +126,47 @@ class Worker:
     # ---- loop --------------------------------------------------------------------------
 
     def run(self) -> None:
-        self._producer = Producer(producer_config(self.bootstrap, **{"client.id": f"worker-{self.worker_id}"}))
+        self._producer = Producer(producer_config(self.bootstrap, **{"client.id": f"worker-{self.worker_id}",
+                                                                    "linger.ms": 2}))
         executor = Dispatcher(self.handlers)
+        self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         inbox = self._open_inbox()
-        dispatch = Consumer(consumer_config(
-            self.bootstrap, f"gnomon-workers-{self.pool}",
-            **{"enable.auto.commit": True, "auto.offset.reset": "earliest", "client.id": f"worker-{self.worker_id}"},
-        ))
-        dispatch.subscribe(self.topo.dispatch_topics(self.pool))
-        paused = False
         log.info("worker %s serving pool %s (concurrency %d)", self.worker_id, self.pool, self.concurrency_max)
+        self._advertise(force=True)
         try:
             while not self._stop.is_set():
-                for msg in inbox.consume(200, 0):
+                for msg in inbox.consume(500, self._wait_s()):
                     if not msg.error():
                         self._on_inbox(msg.value(), executor)
+                self._fire_due(executor)
                 self._finish_done()
                 self._heartbeat()
-                self._expire_claims()
-                free = self.concurrency_max - len(self._running) - len(self._pending)
-                if free <= 0 and not paused:
-                    dispatch.pause(dispatch.assignment())
-                    paused = True
-                elif free > 0 and paused:
-                    dispatch.resume(dispatch.assignment())
-                    paused = False
-                for msg in dispatch.consume(max(free, 1), 0.05):
-                    if msg.error():
-                        if msg.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("dispatch consume error: %s", msg.error())
-                        continue
-                    self._on_dispatch(msg.value())
+                self._advertise()
                 self._producer.poll(0)
+            self._return_staged("worker shutting down")
+            self._advertise(force=True, leaving=True)
             self._drain(inbox, executor)
         finally:
-            dispatch.close()
             inbox.close()
             self._producer.flush(10)
+
+    def _wait_s(self) -> float:
+        """How long the loop may block on the inbox: until the next staged slot, at most 50 ms."""
+        if self._due:
+            return 0.005
+        if not self._timer:
+            return 0.05
+        return max(0.0, min(0.05, (self._timer[0][0] - self.clock.now_ms()) / 1000))
+
+    def _advertise(self, *, force: bool = False, leaving: bool = False) -> None:
+        now = self.clock.now_ms()
+        if not force and now - self._last_advert_ms < self.advert_interval_ms:
+            return
+        self._last_advert_ms = now
+        long_running = sum(1 for a in self._running.values() if now - a.started_ms >= LONG_RUNNING_MS)
+        self._send(self.topo.workers, self.worker_id, WorkerAdvert(
+            self.worker_id, self.pool, self.concurrency_max, len(self._running), len(self._staged),
+            self.advert_interval_ms, now, leaving, self.stage_max, long_running))
 
     def _open_inbox(self) -> Consumer:
         c = Consumer(consumer_config(self.bootstrap, "gnomon-worker-inbox",
@@ -155,18 +189,7 @@ class Worker:
             except BufferError:
                 self._producer.poll(0.05)
 
-    # ---- dispatch and inbox ----------------------------------------------------------------
-
-    def _on_dispatch(self, raw: bytes | None) -> None:
-        try:
-            hint = codec.decode(raw or b"")
-        except GnomonError as exc:
-            log.warning("undecodable dispatch message skipped: %s", exc)
-            return
-        if not isinstance(hint, DispatchRun) or hint.run_id in self._pending or hint.run_id in self._running:
-            return
-        self._pending[hint.run_id] = time.monotonic()
-        self._send(self.topo.run_events, hint.job_id, ClaimRun(hint.run_id, self.worker_id, self.clock.now_ms()))
+    # ---- inbox and the local timer ----------------------------------------------------------
 
     def _on_inbox(self, raw: bytes | None, executor: Dispatcher) -> None:
         try:
@@ -177,18 +200,69 @@ class Worker:
         if getattr(msg, "worker_id", None) != self.worker_id:
             return  # another worker's message on the same partition
         if isinstance(msg, Grant):
-            self._pending.pop(msg.run_id, None)
-            if msg.run_id in self._running:
-                return
-            self._start(msg, executor)
+            if msg.run_id in self._running or msg.run_id in self._staged:
+                old = self._staged.get(msg.run_id)
+                if old is None or old.token >= msg.token:
+                    return
+            self._staged[msg.run_id] = msg
+            heapq.heappush(self._timer, (msg.not_before_ms, msg.run_id, msg.token))
+            self._fire_due(executor)
         elif isinstance(msg, Stop):
-            self._pending.pop(msg.run_id, None)
+            staged = self._staged.get(msg.run_id)
+            if staged is not None and msg.token >= staged.token and msg.kind is not StopReason.REJECTED:
+                del self._staged[msg.run_id]  # dropped before its start: nothing ran
+                log.info("dropped staged %s: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
+                return
             att = self._running.get(msg.run_id)
             if att is not None and msg.kind is not StopReason.REJECTED and msg.token >= att.grant.token:
                 log.warning("stopping %s: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
                 att.ctx.request_stop(f"{msg.kind.value}: {msg.reason}")
         elif isinstance(msg, LeaseAck):
             pass
+
+    def _fire_due(self, executor: Dispatcher) -> None:
+        """Start staged attempts whose slot has come, while slots are free; return those
+        that waited too long for a slot."""
+        now = self.clock.now_ms()
+        while self._timer and self._timer[0][0] <= now:
+            self._due.append(heapq.heappop(self._timer))
+        while self._due:
+            _, run_id, token = self._due[0]
+            grant = self._staged.get(run_id)
+            if grant is None or grant.token != token:
+                self._due.popleft()  # dropped or superseded
+                continue
+            if now >= grant.lease_until_ms:
+                # its lease (counted from the slot) lapsed before it could start, e.g. this
+                # process was stopped: the processor has moved it on, so never start it
+                self._due.popleft()
+                del self._staged[run_id]
+                log.warning("dropped staged %s: its lease lapsed before the start", run_id)
+                continue
+            if len(self._running) < self.concurrency_max:
+                self._due.popleft()
+                del self._staged[run_id]
+                self._start(grant, executor)
+                continue
+            break
+        # full: attempts that waited past handback_after_ms go back to the processor
+        while self._due and now - max(self._due[0][0], 0) > self.handback_after_ms:
+            _, run_id, token = self._due.popleft()
+            grant = self._staged.get(run_id)
+            if grant is not None and grant.token == token:
+                del self._staged[run_id]
+                self.returned += 1
+                self._send(self.topo.run_events, grant.job_id,
+                           ReturnGrant(run_id, self.worker_id, token, "no free slot at the slot", now))
+
+    def _return_staged(self, reason: str) -> None:
+        now = self.clock.now_ms()
+        for run_id, grant in list(self._staged.items()):
+            self._send(self.topo.run_events, grant.job_id, ReturnGrant(run_id, self.worker_id, grant.token, reason, now))
+            self.returned += 1
+        self._staged.clear()
+        self._timer.clear()
+        self._due.clear()
 
     def _start(self, grant: Grant, executor: Dispatcher) -> None:
         payload = json.loads(grant.spec.payload_json)
@@ -207,6 +281,9 @@ class Worker:
         ctx = AttemptContext(grant.run_id, grant.job_id, grant.attempt, payload, float(remaining_s), emit)
 
         def body() -> None:
+            started_ms = self.clock.now_ms()
+            self._send(self.topo.run_events, grant.job_id,
+                       AttemptStarted(grant.run_id, self.worker_id, grant.token, started_ms, started_ms))
             emit(LogStream.SYSTEM, f"attempt {grant.attempt} started on {self.worker_id} ({grant.spec.target.describe()})")
             try:
                 result = executor.execute(grant.spec.target, ctx)
@@ -216,11 +293,12 @@ class Worker:
                                        error=f"executor error: {exc}")
             self._done.put((holder[0], result))
 
-        thread = threading.Thread(target=body, daemon=True, name=f"attempt-{grant.run_id}")
-        att = _Attempt(grant, ctx, thread, self.clock.now_ms())
+        now = self.clock.now_ms()
+        lease_ms = grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)
+        att = _Attempt(grant, ctx, now, max(1000, lease_ms // 3), now)
         holder.append(att)
         self._running[grant.run_id] = att
-        thread.start()
+        self._pool.submit(body)
 
     def _finish_done(self) -> None:
         while True:
@@ -238,16 +316,9 @@ class Worker:
         now = self.clock.now_ms()
         for att in list(self._running.values()):
             g = att.grant
-            interval_ms = max(1000, (g.lease_until_ms - g.at_ms) // 3)
-            if now - att.last_heartbeat_ms >= interval_ms:
+            if now - att.last_heartbeat_ms >= att.heartbeat_every_ms:
                 att.last_heartbeat_ms = now
                 self._send(self.topo.run_events, g.job_id, Heartbeat(g.run_id, self.worker_id, g.token, now))
-
-    def _expire_claims(self) -> None:
-        cutoff = time.monotonic() - self.claim_timeout_s
-        for run_id, sent in list(self._pending.items()):
-            if sent < cutoff:
-                del self._pending[run_id]
 
     def _drain(self, inbox: Consumer, executor: Dispatcher) -> None:
         deadline = time.monotonic() + self.drain_timeout_s

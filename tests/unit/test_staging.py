@@ -1,0 +1,335 @@
+"""Pre-staging: runs are granted to a worker before their slot and started there at the
+slot; every change to a staged run still reaches it (pause, delete, edit, cancel,
+worker lost); the processor stages only on live workers with a free slot."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnomon.checker import HistoryChecker
+from gnomon.core import jobs as J
+from gnomon.core import runs as R
+from gnomon.core.clock import iso_to_ms
+from gnomon.core.messages import Grant, Stop, StopReason
+from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core.workers import WorkerAdvert, WorkerDirectory
+from gnomon.testing import InMemoryCluster
+
+CMD = Target(TargetType.COMMAND, argv=("true",))
+
+
+def spec(cron: str = "*/10 * * * * *", argv: tuple[str, ...] = ("true",)) -> JobSpec:
+    return JobSpec(name="j", schedule=Schedule(cron=cron), target=Target(TargetType.COMMAND, argv=argv),
+                   retry=RetryPolicy(max_attempts=3, backoff_base_s=1, backoff_cap_s=5))
+
+
+def grants(c: InMemoryCluster, run_id: str) -> list[Grant]:
+    return [rec for _, rec in c.log if isinstance(rec, Grant) and rec.run_id == run_id]
+
+
+def stops(c: InMemoryCluster, run_id: str) -> list[Stop]:
+    return [rec for _, rec in c.log if isinstance(rec, Stop) and rec.run_id == run_id]
+
+
+def started(c: InMemoryCluster, run_id: str) -> list[tuple[str, int, str]]:
+    return [s for s in c.started if s[0] == run_id]
+
+
+def checked(c: InMemoryCluster, job_ids: list[str]) -> None:
+    checker = HistoryChecker()
+    for _, rec in c.log:
+        checker.observe(rec[1] if isinstance(rec, tuple) else rec)
+    jobs = [s for s in (c.job_state(j) for j in job_ids) if s is not None]
+    rep = checker.check(jobs, c.clock.now_ms())
+    assert rep.ok, (rep.summary(), rep.problems[:5])
+
+
+def setup(seed: int = 1, **kw: object) -> tuple[InMemoryCluster, int]:
+    c = InMemoryCluster(seed=seed, **kw)  # type: ignore[arg-type]
+    c.run_for(1_000)  # workers advertise
+    return c, c.clock.now_ms()
+
+
+def test_runs_are_granted_ahead_and_start_at_their_slot() -> None:
+    c, t0 = setup()
+    c.submit(J.RegisterJob("job1", "t", spec(), t0))
+    c.run_for(70_000)
+    runs = [r for r in c.runs_of("job1") if r.slot_ms <= t0 + 60_000]
+    assert len(runs) >= 6
+    for r in runs:
+        assert r.status is R.RunStatus.SUCCEEDED, r
+        (g,) = grants(c, r.run_id)
+        assert g.not_before_ms == r.slot_ms and g.at_ms < r.slot_ms  # granted before the slot
+        assert g.lease_until_ms == r.slot_ms + c.run_cfg.lease_ms  # the lease counts from the slot
+        ((_, start, _),) = started(c, r.run_id)
+        assert start == r.slot_ms  # the fake worker's timer fires at the slot, never before
+        assert r.started_at_ms == r.slot_ms and r.granted_at_ms == g.at_ms
+    checked(c, ["job1"])
+
+
+def test_pause_reaches_a_staged_run_it_never_starts() -> None:
+    c, t0 = setup()
+    c.submit(J.RegisterJob("job1", "t", spec("0 * * * * *"), t0))  # every minute
+    c.run_for(35_000)  # the 00:01:00 slot is in the lookahead
+    (run,) = [r for r in c.runs_of("job1") if r.status is R.RunStatus.RUNNING]
+    rid = run.run_id
+    assert run.staged and run.worker_id is not None and run.slot_ms > c.clock.now_ms()
+    c.submit(J.PauseJob("job1", "t", c.clock.now_ms()))
+    c.run_for(40_000)
+    run = c.run_state(rid)
+    assert run is not None and run.status is R.RunStatus.SKIPPED and run.reason == "paused" and run.attempt == 0
+    (stop,) = stops(c, rid)
+    assert stop.kind is StopReason.REVOKED and stop.worker_id == grants(c, rid)[0].worker_id
+    assert started(c, rid) == []
+
+
+def test_cancel_of_a_staged_run_and_delete_of_its_job() -> None:
+    c, t0 = setup()
+    c.submit(J.RegisterJob("a", "t", replace(spec(), schedule=Schedule(run_at_ms=t0 + 20_000)), t0))
+    c.submit(J.RegisterJob("b", "t", replace(spec(), schedule=Schedule(run_at_ms=t0 + 20_000)), t0))
+    c.run_for(1_000)
+    ra, rb = f"a@{_iso(t0 + 20_000)}", f"b@{_iso(t0 + 20_000)}"
+    assert c.run_state(ra).staged and c.run_state(rb).staged  # type: ignore[union-attr]
+    c.submit(R.CancelRun(ra, c.clock.now_ms()))
+    c.submit(J.DeleteJob("b", "t", c.clock.now_ms()))
+    c.run_for(30_000)
+    a, b = c.run_state(ra), c.run_state(rb)
+    assert a is not None and a.status is R.RunStatus.CANCELLED and a.attempt == 0
+    assert b is not None and b.status is R.RunStatus.SKIPPED and b.reason == "job deleted before the slot"
+    assert [s.kind for s in stops(c, ra)] == [StopReason.CANCELLED]
+    assert [s.kind for s in stops(c, rb)] == [StopReason.REVOKED]
+    assert started(c, ra) == started(c, rb) == []
+
+
+def test_an_edit_that_keeps_the_slot_regrants_with_the_new_definition() -> None:
+    c, t0 = setup()
+    c.submit(J.RegisterJob("job1", "t", spec("0 * * * * *"), t0))  # every minute
+    c.run_for(35_000)  # the 00:01:00 slot is in the lookahead
+    staged = [r for r in c.runs_of("job1") if r.status is R.RunStatus.RUNNING]
+    assert len(staged) == 1 and staged[0].staged
+    rid = staged[0].run_id
+    new = spec("0 * * * * *", argv=("echo", "v2"))
+    c.submit(J.UpdateJob("job1", "t", new, c.clock.now_ms()))
+    c.run_for(60_000)
+    g1, g2 = grants(c, rid)
+    assert g2.token == g1.token + 1 and g2.spec == new and g1.spec != new
+    assert [s.kind for s in stops(c, rid)] == [StopReason.REVOKED]
+    assert len(started(c, rid)) == 1 and started(c, rid)[0][2] == g2.worker_id
+    final = c.run_state(rid)
+    assert final is not None and final.status is R.RunStatus.SUCCEEDED and final.attempt == 1 and final.spec == new
+    checked(c, ["job1"])
+
+
+def test_an_edit_that_removes_the_slot_withdraws_the_staged_run() -> None:
+    c, t0 = setup()
+    c.submit(J.RegisterJob("job1", "t", spec("0 * * * * *"), t0))
+    c.run_for(35_000)
+    (rid,) = [r.run_id for r in c.runs_of("job1") if r.staged]
+    c.submit(J.UpdateJob("job1", "t", spec("30 0 0 1 1 *"), c.clock.now_ms()))
+    c.run_for(60_000)
+    run = c.run_state(rid)
+    assert run is not None and run.status is R.RunStatus.SKIPPED and run.reason == "schedule changed before the slot"
+    assert started(c, rid) == []
+
+
+def test_a_worker_lost_before_the_slot_hands_its_runs_to_another_on_time() -> None:
+    c, t0 = setup(workers=2)
+    slot = t0 + 25_000
+    for i in range(20):
+        c.submit(J.RegisterJob(f"j{i}", "t", replace(spec(), schedule=Schedule(run_at_ms=slot)), t0))
+    c.run_for(1_000)
+    held = {c.run_state(f"j{i}@{_iso(slot)}").worker_id for i in range(20)}  # type: ignore[union-attr]
+    assert held == {"w0", "w1"}  # spread over both
+    c.kill_worker("w0")
+    c.run_for(40_000)
+    for i in range(20):
+        rid = f"j{i}@{_iso(slot)}"
+        run = c.run_state(rid)
+        assert run is not None and run.status is R.RunStatus.SUCCEEDED
+        ((_, start, worker),) = started(c, rid)
+        assert start == slot and worker == "w1"  # moved before the slot, started on time
+    checked(c, [f"j{i}" for i in range(20)])
+
+
+def test_runs_wait_ready_while_no_worker_has_room_then_stage() -> None:
+    c, t0 = setup(workers=1, worker_slots=2)
+    slot = t0 + 5_000
+    for i in range(5):
+        c.submit(J.RegisterJob(f"j{i}", "t", replace(spec(), schedule=Schedule(run_at_ms=slot)), t0))
+    c.run_for(1_000)
+    states = [c.run_state(f"j{i}@{_iso(slot)}") for i in range(5)]
+    assert sum(1 for s in states if s is not None and s.staged) == 2  # only the free slots
+    ledger_before = sum(1 for _, rec in c.log if isinstance(rec, tuple))
+    c.run_for(3_000)  # still before the slot, no room: retries write no ledger records
+    assert sum(1 for _, rec in c.log if isinstance(rec, tuple)) == ledger_before
+    c.run_for(30_000)
+    assert all(c.run_state(f"j{i}@{_iso(slot)}").status is R.RunStatus.SUCCEEDED for i in range(5))  # type: ignore[union-attr]
+    checked(c, [f"j{i}" for i in range(5)])
+
+
+def test_a_returned_grant_is_staged_again() -> None:
+    c, t0 = setup(workers=2)
+    slot = t0 + 10_000
+    c.submit(J.RegisterJob("j", "t", replace(spec(), schedule=Schedule(run_at_ms=slot)), t0))
+    c.run_for(500)
+    rid = f"j@{_iso(slot)}"
+    run = c.run_state(rid)
+    assert run is not None and run.worker_id is not None
+    first = run.worker_id
+    c.attempts.pop((first, rid))  # the worker returns it instead of starting it
+    c.submit(R.ReturnGrant(rid, first, run.token, "no free slot at the slot", c.clock.now_ms()))
+    c.drain()
+    again = c.run_state(rid)
+    assert again is not None and again.staged and again.token == run.token + 1 and again.attempt == 1
+    c.run_for(20_000)
+    assert c.run_state(rid).status is R.RunStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_directory_counts_slots_per_start_second_and_judges_liveness_by_receipt_time() -> None:
+    d = WorkerDirectory()
+    d.observe(WorkerAdvert("a", "p", 2, 0, 0, 1000, at_ms=0), now_ms=10_000)
+    d.observe(WorkerAdvert("b", "p", 1, 1, 0, 1000, at_ms=99_999_999), now_ms=10_000)  # clock skew: ignored
+    d.observe(WorkerAdvert("c", "q", 5, 0, 0, 1000, at_ms=0), now_ms=10_000)
+    # runs due at 11 s: a has 2 slots then, b runs one attempt in its one slot
+    assert [d.pick("p", 10_001, 11_000) for _ in range(3)] == ["a", "a", None]
+    assert d.pick("p", 10_001, 12_000) == "a"  # the next second has its own slots
+    d.release("b", staged_start_ms=None)  # b's running attempt ended
+    assert d.pick("p", 10_002, 11_000) == "b"
+    d.release("a", staged_start_ms=11_000)  # one of a's staged runs was taken back
+    assert d.pick("p", 10_003, 11_500) == "a" and d.pick("p", 10_003, 11_500) is None
+    # far ahead only long-running attempts hold slots: b's short one will have ended
+    assert d.pick("p", 10_003, 30_000) in ("a", "b")
+    assert d.pick("nobody", 10_002) is None
+    assert d.lost(10_000 + 3_999) == []
+    assert d.lost(10_000 + 4_001) == ["a", "b", "c"]  # silent for 4 intervals
+    d.observe(WorkerAdvert("a", "p", 2, 0, 0, 1000, at_ms=0, leaving=True), now_ms=20_000)
+    assert d.pick("p", 20_000) is None and d.lost(20_000) == ["a"]
+
+
+def test_a_worker_busy_with_long_runs_takes_nothing() -> None:
+    d = WorkerDirectory()
+    d.observe(WorkerAdvert("busy", "p", 8, 8, 0, 1000, at_ms=0, long_running=8), now_ms=0)
+    d.observe(WorkerAdvert("idle", "p", 8, 0, 0, 1000, at_ms=0), now_ms=0)
+    assert {d.pick("p", 0, 20_000) for _ in range(8)} == {"idle"}
+
+
+def test_directory_caps_what_a_worker_holds_staged() -> None:
+    d = WorkerDirectory()
+    d.observe(WorkerAdvert("a", "p", 100, 0, 3, 1000, at_ms=0, stage_max=5), now_ms=0)
+    assert [d.pick("p", 0, 1000 * i) for i in range(1, 4)] == ["a", "a", None]  # 3 + 2 = stage_max
+
+
+def test_worker_lost_only_moves_runs_whose_slot_is_ahead() -> None:
+    base = R.RunState("j@s", "j", "t", spec(), 100_000, 100_000, False, R.RunStatus.RUNNING, 0, 0, attempt=1,
+                      token=1, worker_id="w", lease_until_ms=130_000, deadline_ms=200_000)
+    (ev,) = R.decide(base, R.WorkerLost("j@s", "w", 50_000))
+    assert isinstance(ev, R.GrantRevoked) and R.evolve(base, ev).status is R.RunStatus.READY
+    started_run = replace(base, attempt_started_at_ms=100_000)
+    assert R.decide(started_run, R.WorkerLost("j@s", "w", 50_000)) == []  # started: its lease decides
+    assert R.decide(base, R.WorkerLost("j@s", "other", 50_000)) == []
+
+
+STAGED_COMMANDS = st.one_of(
+    st.builds(lambda w, dt: ("claim", w, dt), st.sampled_from(["w1", "w2"]), st.integers(0, 3000)),
+    st.builds(lambda w, tok, dt: ("start", w, tok, dt), st.sampled_from(["w1", "w2"]), st.integers(0, 4),
+              st.integers(0, 3000)),
+    st.builds(lambda w, tok, dt: ("return", w, tok, dt), st.sampled_from(["w1", "w2"]), st.integers(0, 4),
+              st.integers(0, 3000)),
+    st.builds(lambda w, dt: ("lost", w, dt), st.sampled_from(["w1", "w2"]), st.integers(0, 3000)),
+    st.builds(lambda how, dt: ("job", how, dt), st.sampled_from(["edit", "pause", "delete", "same"]),
+              st.integers(0, 3000)),
+    st.builds(lambda w, tok, ok, dt: ("done", w, tok, ok, dt), st.sampled_from(["w1", "w2"]), st.integers(0, 4),
+              st.booleans(), st.integers(0, 3000)),
+    st.builds(lambda dt: ("cancel", dt), st.integers(0, 3000)),
+    st.builds(lambda dt: ("time", dt), st.integers(0, 40_000)),
+)
+
+SLOT = iso_to_ms("2026-11-29T08:01:00Z")
+SSPEC = spec("0 * * * * *")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(STAGED_COMMANDS, max_size=40))
+def test_staged_run_invariants_under_any_interleaving(script: list[tuple]) -> None:  # type: ignore[type-arg]
+    """Whatever happens to a staged run: a started attempt is never revoked or withdrawn,
+    tokens only grow (by one per grant), attempts never go negative, and a start is only
+    recorded from the current grant's holder."""
+    rid = f"j@{_iso(SLOT)}"
+    s: R.RunState | None = None
+    s = _apply(s, R.decide(s, J.RunTriggered(rid, "j", "t", SSPEC, SLOT, SLOT, False, SLOT - 40_000)))
+    now = SLOT - 30_000
+    assert s is not None
+    s = _apply(s, R.decide_timer(s, now, job=J.JobState("j", "t", SSPEC, J.JobStatus.ACTIVE, SLOT, 1, 0, 0)))
+    assert s.status is R.RunStatus.READY
+    job = J.JobState("j", "t", SSPEC, J.JobStatus.ACTIVE, SLOT + 60_000, 1, 0, 0)
+    for item in script:
+        now += item[-1]
+        before = s
+        kind = item[0]
+        cmd: R.RunCommand | None = None
+        if kind == "claim":
+            cmd = R.ClaimRun(rid, item[1], now)
+        elif kind == "start":
+            cmd = R.AttemptStarted(rid, item[1], item[2], now, now)
+        elif kind == "return":
+            cmd = R.ReturnGrant(rid, item[1], item[2], "full", now)
+        elif kind == "lost":
+            cmd = R.WorkerLost(rid, item[1], now)
+        elif kind == "job":
+            changed = {"edit": replace(job, spec=spec("0 * * * * *", argv=("echo",))),
+                       "pause": replace(job, status=J.JobStatus.PAUSED), "delete": None, "same": job}[item[1]]
+            cmd = R.JobChanged(rid, changed, now)
+        elif kind == "done":
+            cmd = R.CompleteAttempt(rid, item[1], item[2], R.Outcome.SUCCEEDED if item[3] else R.Outcome.FAILED, now)
+        elif kind == "cancel":
+            cmd = R.CancelRun(rid, now)
+        evs = R.decide(s, cmd) if cmd is not None else R.decide_timer(s, now)
+        s = _apply(s, evs)
+        assert s.token in (before.token, before.token + 1)
+        assert 0 <= s.attempt <= s.token
+        if before.status.terminal and not (before.status is R.RunStatus.FAILED and s.replays > before.replays):
+            assert s == before
+        if before.status is R.RunStatus.RUNNING and not before.staged:
+            assert s.status not in (R.RunStatus.READY, R.RunStatus.SKIPPED)  # a started attempt only ends
+        if s.attempt_started_at_ms is not None and before.attempt_started_at_ms is None and s.token == before.token:
+            assert kind == "start" and item[1] == before.worker_id and item[2] == before.token
+        if s.status is R.RunStatus.RUNNING:
+            assert s.worker_id is not None and s.lease_until_ms is not None and s.lease_until_ms >= SLOT
+
+
+def _apply(s: R.RunState | None, evs: list[R.RunEvent]) -> R.RunState:
+    for e in evs:
+        s = R.evolve(s, e)
+    assert s is not None
+    return s
+
+
+def _iso(ms: int) -> str:
+    from gnomon.core.model import slot_run_id
+
+    return slot_run_id("x", ms).split("@", 1)[1]
+
+
+def test_a_small_worker_holds_many_runs_due_at_different_seconds() -> None:
+    """Slots count per start second: 4 slots hold 4 runs for each second of the
+    lookahead, not 4 in all (a staged run occupies no slot before its second)."""
+    c, t0 = setup(workers=1, worker_slots=4)
+    for i in range(4):
+        c.submit(J.RegisterJob(f"j{i}", "t", spec("* * * * * *"), t0))
+    c.run_for(2_000)
+    runs = [r for i in range(4) for r in c.runs_of(f"j{i}")]
+    ahead = [r for r in runs if r.slot_ms > c.clock.now_ms() + 5_000]
+    assert len(ahead) >= 4 * 20 and all(r.staged for r in ahead)  # ~25 s of every-second runs, all staged
+    c.run_for(30_000)
+    checked(c, [f"j{i}" for i in range(4)])
+    late = [s for s in c.started if s[1] != _slot_of(s[0]) and _slot_of(s[0]) > t0 + 2_000]
+    assert late == []  # every start at its slot (but the ones due as the jobs were registered)
+
+
+def _slot_of(run_id: str) -> int:
+    from gnomon.core.clock import iso_to_ms
+
+    return iso_to_ms(run_id.split("@", 1)[1])

@@ -1,0 +1,163 @@
+"""The worker's local timer, driven by a FakeClock with a recording producer (no
+Kafka): staged grants start at their slot and never before, Stops drop them, a full
+worker hands them back, and a grant whose lease lapsed before its start is dropped."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gnomon import codec
+from gnomon.core.clock import FakeClock
+from gnomon.core.messages import Grant, Stop, StopReason
+from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.core.runs import AttemptStarted, CompleteAttempt, ReturnGrant
+from gnomon.core.workers import WorkerAdvert
+from gnomon.topology import load_topology
+from gnomon.worker import Worker
+from gnomon.worker.executors import Dispatcher
+from gnomon.worker.pool import AttemptPool
+
+
+class RecordingProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def produce(self, topic: str, key: bytes, value: bytes) -> None:
+        with self.lock:
+            self.sent.append((topic, codec.decode(value)))
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+    def of(self, cls: type) -> list[Any]:
+        with self.lock:
+            return [v for _, v in self.sent if isinstance(v, cls)]
+
+
+SPEC = JobSpec(name="j", schedule=Schedule(run_at_ms=0), target=Target(TargetType.HANDLER, handler="h"))
+
+
+def make(concurrency: int = 2) -> tuple[Worker, FakeClock, RecordingProducer, Dispatcher, list[str]]:
+    clock = FakeClock()
+    w = Worker("default", bootstrap="unused:1", worker_id="w1", concurrency_max=concurrency, clock=clock,
+               topology=load_topology(), handback_after_ms=1000)
+    ran: list[str] = []
+    gate = threading.Event()
+
+    @w.handler("h")
+    def h(ctx: Any) -> None:
+        ran.append(ctx.run_id)
+        gate.wait(5)
+
+    w.gate = gate  # type: ignore[attr-defined]
+    prod = RecordingProducer()
+    w._producer = prod  # type: ignore[assignment]
+    return w, clock, prod, Dispatcher(w.handlers), ran
+
+
+def grant(run_id: str, slot: int, token: int = 1, lease_ms: int = 30_000) -> bytes:
+    return codec.encode(Grant("w1", run_id, "j", "t", 1, token, slot + lease_ms, slot + 90_000, SPEC, slot,
+                              slot - 20_000, slot))
+
+
+def wait_for(pred: Any, timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_staged_grant_starts_at_its_slot_never_before() -> None:
+    w, clock, prod, ex, ran = make()
+    slot = clock.now_ms() + 20_000
+    w._on_inbox(grant("j@1", slot), ex)
+    assert w._staged and not w._running
+    clock.set(slot - 1)
+    w._fire_due(ex)
+    assert not w._running and prod.of(AttemptStarted) == []
+    clock.set(slot)
+    w._fire_due(ex)
+    assert list(w._running) == ["j@1"]
+    wait_for(lambda: prod.of(AttemptStarted))
+    (started,) = prod.of(AttemptStarted)
+    assert started.started_at_ms == slot and started.token == 1
+    wait_for(lambda: ran == ["j@1"])  # the handler itself ran
+    w.gate.set()  # type: ignore[attr-defined]
+    wait_for(lambda: not w._done.empty())
+    w._finish_done()
+    assert [c.outcome.value for c in prod.of(CompleteAttempt)] == ["succeeded"]
+
+
+def test_a_stop_drops_a_staged_grant_and_a_newer_grant_replaces_it() -> None:
+    w, clock, _prod, ex, _ran = make()
+    slot = clock.now_ms() + 20_000
+    w._on_inbox(grant("j@1", slot, token=1), ex)
+    w._on_inbox(codec.encode(Stop("w1", "j@1", 1, StopReason.REVOKED, "paused", 0)), ex)
+    w._on_inbox(grant("j@2", slot, token=1), ex)
+    w._on_inbox(grant("j@2", slot, token=2), ex)  # re-granted (edited): the newer token wins
+    clock.set(slot)
+    w._fire_due(ex)
+    assert list(w._running) == ["j@2"] and w._running["j@2"].grant.token == 2
+    w.gate.set()  # type: ignore[attr-defined]
+
+
+def test_a_full_worker_hands_back_what_it_cannot_start() -> None:
+    w, clock, prod, ex, _ran = make(concurrency=1)
+    slot = clock.now_ms() + 5_000
+    w._on_inbox(grant("j@1", slot), ex)
+    w._on_inbox(grant("j@2", slot), ex)
+    clock.set(slot)
+    w._fire_due(ex)
+    assert list(w._running) == ["j@1"] and "j@2" in w._staged
+    clock.set(slot + 1000)
+    w._fire_due(ex)
+    assert prod.of(ReturnGrant) == []  # waits up to handback_after_ms
+    clock.set(slot + 1001)
+    w._fire_due(ex)
+    (back,) = prod.of(ReturnGrant)
+    assert back.run_id == "j@2" and back.token == 1 and not w._staged and w.returned == 1
+    w.gate.set()  # type: ignore[attr-defined]
+
+
+def test_a_grant_whose_lease_lapsed_before_its_start_is_dropped() -> None:
+    w, clock, prod, ex, _ran = make()
+    slot = clock.now_ms() + 1_000
+    w._on_inbox(grant("j@1", slot, lease_ms=8_000), ex)
+    clock.set(slot + 8_000)  # e.g. the process was SIGSTOPped past the lease
+    w._fire_due(ex)
+    assert not w._running and not w._staged and prod.of(AttemptStarted) == []
+
+
+def test_adverts_count_staged_and_running_apart() -> None:
+    w, clock, prod, ex, _ran = make(concurrency=4)
+    slot = clock.now_ms() + 5_000
+    for i in range(3):
+        w._on_inbox(grant(f"j@{i}", slot + i * 10_000), ex)
+    clock.set(slot)
+    w._fire_due(ex)
+    w._advertise(force=True)
+    (ad,) = prod.of(WorkerAdvert)
+    assert (ad.slots, ad.running, ad.staged, ad.pool, ad.leaving) == (4, 1, 2, "default", False)
+    w.gate.set()  # type: ignore[attr-defined]
+
+
+def test_attempt_pool_reuses_at_most_threads_max_threads() -> None:
+    pool = AttemptPool(3)
+    done = threading.Semaphore(0)
+    names: set[str] = set()
+    lock = threading.Lock()
+
+    def job() -> None:
+        with lock:
+            names.add(threading.current_thread().name)
+        time.sleep(0.01)
+        done.release()
+
+    for _ in range(30):
+        pool.submit(job)
+    for _ in range(30):
+        assert done.acquire(timeout=5)
+    assert pool.threads <= 3 and len(names) <= 3
