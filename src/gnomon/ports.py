@@ -27,6 +27,9 @@ class KeyValueStore(Protocol):
     def scan(self, start: bytes, stop: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
         """Keys in [start, stop) in byte order, at most ``limit`` of them."""
         ...
+    def size(self) -> tuple[int, int]:
+        """(keys, bytes) held, estimated; for status logs."""
+        ...
     def close(self) -> None: ...
 
 

@@ -58,9 +58,9 @@ def test_paused_job_does_not_trigger_and_resume_records_skips() -> None:
     s = apply(s, J.decide(s, J.PauseJob("job1", "t", T0)))
     assert J.decide_tick(s, T0 + 60_000) == []
     evs = J.decide(s, J.ResumeJob("job1", "t", T0 + 20_000))
-    skips = [e for e in evs if isinstance(e, J.RunSkipped)]
-    assert [e.slot_ms - T0 for e in skips] == [0, 5000, 10000, 15000]
-    assert all(e.reason == "paused" for e in skips)
+    (skip,) = [e for e in evs if isinstance(e, J.RunSkipped)]  # one record for the whole range
+    assert (skip.from_ms, skip.slot_ms, skip.count, skip.reason) == (T0, T0 + 15_000, 4, "paused")
+    assert skip.run_id == "job1@2026-11-29T08:00:15Z"  # named by its last slot
     s = apply(s, evs)
     assert s.status is J.JobStatus.ACTIVE and s.next_run_at_ms == T0 + 20_000
 
@@ -96,7 +96,8 @@ def test_catch_up_policies_after_outage(policy: CatchUp, runs: int, skipped: int
     evs = J.decide_tick(s, now, J.SchedulerConfig(lookahead_ms=0))
     missed = [e for e in evs if e.slot_ms < now - 60_000]
     assert sum(isinstance(e, J.RunTriggered) for e in missed) == runs
-    assert sum(isinstance(e, J.RunSkipped) for e in missed) == skipped
+    assert sum(e.count for e in missed if isinstance(e, J.RunSkipped)) == skipped
+    assert sum(isinstance(e, J.RunSkipped) for e in missed) == (1 if skipped else 0)  # a range, not one each
     s = apply(s, evs)
     assert s.next_run_at_ms is not None and s.next_run_at_ms > now
 
@@ -114,19 +115,20 @@ def test_every_slot_is_accounted_for_exactly_once(gaps: list[int], policy: Catch
     first = s.next_run_at_ms
     assert first is not None
     seen: list[int] = []
-    summarised = 0
     now = T0
-    cfg = J.SchedulerConfig(skip_record_max=50)
+    cfg = J.SchedulerConfig(skip_count_max=50)
+    ranges: list[tuple[int, int, int]] = []
     for gap in gaps:
         now += gap
         evs = J.decide_tick(s, now, cfg)
+        skips = [e for e in evs if isinstance(e, J.RunSkipped)]
+        assert len(skips) <= 1, "one skipped-range record per tick, not one per slot"
         for e in evs:
-            if isinstance(e, J.RunSkipped) and e.count > 1:
-                summarised += e.count
+            if isinstance(e, J.RunSkipped):
+                ranges.append((e.from_ms if e.from_ms is not None else e.slot_ms, e.slot_ms, e.count))
             else:
                 seen.append(e.slot_ms)
         s = apply(s, evs)
-    assert len(seen) == len(set(seen)), "a slot was doubled"
     end = s.next_run_at_ms
     assert end is not None
     expected = [first]
@@ -134,6 +136,9 @@ def test_every_slot_is_accounted_for_exactly_once(gaps: list[int], policy: Catch
         if x >= end:
             break
         expected.append(x)
-    # slots summarised (beyond skip_record_max) are counted, not listed
-    assert sorted(seen) == [x for x in expected if x in set(seen)]
-    assert len(seen) + summarised == len(expected), "a slot was silently skipped"
+    for lo, hi, count in ranges:  # a range covers exactly the schedule's slots in it
+        inside = [x for x in expected if lo <= x <= hi]
+        assert lo in inside and hi in inside and count == min(len(inside), cfg.skip_count_max)
+        seen.extend(inside)
+    assert len(seen) == len(set(seen)), "a slot was doubled"
+    assert sorted(seen) == expected, "a slot was silently skipped"

@@ -333,3 +333,13 @@ def _slot_of(run_id: str) -> int:
     from gnomon.core.clock import iso_to_ms
 
     return iso_to_ms(run_id.split("@", 1)[1])
+
+
+def test_a_completion_that_carries_the_start_records_both() -> None:
+    s = R.RunState("j@s", "j", "t", spec(), 100_000, 100_000, False, R.RunStatus.RUNNING, 0, 0, attempt=1,
+                   token=1, worker_id="w", lease_until_ms=130_000, deadline_ms=200_000)
+    evs = R.decide(s, R.CompleteAttempt("j@s", "w", 1, R.Outcome.SUCCEEDED, 100_050, started_at_ms=100_001))
+    assert [type(e) for e in evs] == [R.AttemptStartReported, R.AttemptEnded]
+    for e in evs:
+        s = R.evolve(s, e)
+    assert s.status is R.RunStatus.SUCCEEDED and s.started_at_ms == 100_001

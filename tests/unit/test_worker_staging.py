@@ -81,14 +81,29 @@ def test_a_staged_grant_starts_at_its_slot_never_before() -> None:
     clock.set(slot)
     w._fire_due(ex)
     assert list(w._running) == ["j@1"]
-    wait_for(lambda: prod.of(AttemptStarted))
+    wait_for(lambda: ran == ["j@1"])  # the handler itself runs first...
+    w._report_started()  # ...and the loop reports the start while it runs
     (started,) = prod.of(AttemptStarted)
     assert started.started_at_ms == slot and started.token == 1
-    wait_for(lambda: ran == ["j@1"])  # the handler itself ran
     w.gate.set()  # type: ignore[attr-defined]
     wait_for(lambda: not w._done.empty())
     w._finish_done()
-    assert [c.outcome.value for c in prod.of(CompleteAttempt)] == ["succeeded"]
+    (done,) = prod.of(CompleteAttempt)
+    assert done.outcome.value == "succeeded" and done.started_at_ms == slot
+
+
+def test_an_attempt_that_ends_before_its_start_report_is_one_record() -> None:
+    w, clock, prod, ex, ran = make()
+    w.gate.set()  # type: ignore[attr-defined]  # the handler returns at once
+    slot = clock.now_ms() + 1_000
+    w._on_inbox(grant("j@1", slot), ex)
+    clock.set(slot)
+    w._fire_due(ex)
+    wait_for(lambda: not w._done.empty())
+    w._finish_done()
+    assert prod.of(AttemptStarted) == []
+    (done,) = prod.of(CompleteAttempt)
+    assert done.started_at_ms == slot and ran == ["j@1"]
 
 
 def test_a_stop_drops_a_staged_grant_and_a_newer_grant_replaces_it() -> None:

@@ -45,6 +45,10 @@ class MemoryKV:
     def __len__(self) -> int:
         return len(self._data)
 
+    def size(self) -> tuple[int, int]:
+        """(keys, bytes) held, for status logs."""
+        return len(self._keys), sum(len(k) + len(v) for k, v in self._data.items())
+
     def close(self) -> None:
         pass
 
@@ -101,6 +105,16 @@ class RocksKV:
             raise
         except Exception as exc:
             raise StateStoreError(f"RocksDB scan failed: {exc}") from exc
+
+    def size(self) -> tuple[int, int]:
+        """(keys, bytes) as RocksDB estimates them (memtables + live SST data), for status logs."""
+        try:
+            keys = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+            live = self._db.property_int_value("rocksdb.estimate-live-data-size") or 0
+            mem = self._db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        except Exception as exc:  # a closed or broken store: say so, do not crash a status line
+            raise StateStoreError(f"rocksdb size: {exc}") from exc
+        return int(keys), int(live) + int(mem)
 
     def close(self) -> None:
         try:

@@ -54,6 +54,9 @@ def run_view(run: RunState) -> dict[str, Any]:
         "exitCode": run.exit_code,
         "error": run.error,
         "reason": run.reason,
+        # a skipped range: every slot of the schedule from skippedFrom to slot, skippedCount of them
+        "skippedFrom": _iso(run.skipped_from_ms),
+        "skippedCount": run.skipped_count if run.status.value == "skipped" else None,
     }
 
 

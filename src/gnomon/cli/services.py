@@ -37,6 +37,10 @@ def processor(
     stage_ahead_s: Annotated[int | None, typer.Option(
         min=0, max=3600, help="grant runs to workers this long before their slot (default: the lookahead)")] = None,
     lease_s: Annotated[int, typer.Option(min=2, max=3600, help="a grant's lease; workers heartbeat every lease/3")] = 30,
+    session_timeout_ms: Annotated[int, typer.Option(
+        min=1000, max=300_000,
+        help="a dead processor's partitions move after this; the broker's group.min.session.timeout.ms "
+             "must allow it (gnomon infra sets 1000; Kafka's default minimum is 6000)")] = 3000,
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
@@ -49,7 +53,7 @@ def processor(
     _logging(verbose)
     s = load()
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
-                          instance_id=instance_id or socket.gethostname(),
+                          instance_id=instance_id or socket.gethostname(), session_timeout_ms=session_timeout_ms,
                           sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
                           runs=RunConfig(lease_ms=lease_s * 1000,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))

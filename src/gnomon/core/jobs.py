@@ -42,8 +42,9 @@ class SchedulerConfig:
     lookahead_ms: int = 30_000
     misfire_grace_ms: int = 60_000  # a slot older than this at tick time is "missed"
     catch_up_all_max: int = 100  # catchUp=all runs at most this many missed slots
-    skip_record_max: int = 1000  # skipped slots recorded one by one; the rest summarised
+    skip_count_max: int = 10_000  # slots counted one by one in a skipped range; beyond, count is a floor
     triggers_per_tick_max: int = 1000  # per job per tick
+    catch_up_records_per_tick_max: int = 2000  # per partition per tick, for jobs past the misfire grace
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,11 @@ class RunTriggered:
 
 @dataclass(frozen=True)
 class RunSkipped:
-    """A slot that will not run, recorded with why. ``count`` > 1 summarises a range
-    of slots ending at ``slot_ms`` (only past ``skip_record_max``)."""
+    """Slots that will not run, recorded with why: one record for a whole range.
+
+    The range is every slot of ``spec``'s schedule from ``from_ms`` (None: just
+    ``slot_ms``) to ``slot_ms`` inclusive; ``run_id`` names the last one. ``count`` is
+    how many slots that is (at least that many when it reached ``skip_count_max``)."""
 
     run_id: str
     job_id: str
@@ -181,6 +185,7 @@ class RunSkipped:
     count: int = 1
     advances: bool = False
     advance_to_ms: int | None = None
+    from_ms: int | None = None
 
 
 JobEvent = JobRegistered | JobUpdated | JobPaused | JobResumed | JobDeleted | RunTriggered | RunSkipped
@@ -284,31 +289,25 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
 def _skip_range(
     state: JobState, from_ms: int, until_ms: int, reason: str, now: int, cfg: SchedulerConfig
 ) -> list[JobEvent]:
-    """Skipped records for every slot in [from_ms, until_ms]: one each up to
-    ``skip_record_max``, then one summary record for the rest."""
-    out: list[JobEvent] = []
-    slot: int | None = from_ms
-    summarised = 0
-    last = from_ms
-    while slot is not None and slot <= until_ms:
-        if len(out) < cfg.skip_record_max:
-            out.append(
-                RunSkipped(slot_run_id(state.job_id, slot), state.job_id, state.tenant, state.spec, slot, reason, now)
-            )
-        else:
-            summarised += 1
-            last = slot
-            if summarised >= 1_000_000:  # bound the walk; a 1 s job down for 11 days
+    """One skipped-range record for every slot in [from_ms, until_ms] (none if the range
+    holds no slot). The walk that counts them stops at ``skip_count_max``: the range
+    still covers every slot up to its last one, found by a reverse step."""
+    spec = state.spec
+    first = from_ms if spec.schedule.run_at_ms is not None else first_slot_after(spec, from_ms - 1)
+    if first is None or first > until_ms:
+        return []
+    if spec.schedule.run_at_ms is not None:
+        last, count = first, 1
+    else:
+        last = _last_slot_at_or_before(spec, until_ms, 1)[0]
+        count, slot = 1, first
+        while count < cfg.skip_count_max:
+            nxt = _next_slot(spec, slot)
+            if nxt is None or nxt > last:
                 break
-        slot = _next_slot(state.spec, slot)
-    if summarised:
-        out.append(
-            RunSkipped(
-                slot_run_id(state.job_id, last), state.job_id, state.tenant, state.spec, last,
-                f"{reason} (summary of {summarised} slots)", now, count=summarised,
-            )
-        )
-    return out
+            count, slot = count + 1, nxt
+    return [RunSkipped(slot_run_id(state.job_id, last), state.job_id, state.tenant, spec, last, reason, now,
+                       count=count, from_ms=first if first != last else None)]
 
 
 def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None) -> list[JobEvent]:

@@ -113,6 +113,10 @@ class RunState:
     attempts_before_replay: int = 0  # attempts spent before the latest replay (retry budget base)
     granted_at_ms: int | None = None  # first grant (staging) time, processor clock
     attempt_started_at_ms: int | None = None  # current attempt's start (worker clock); None while staged
+    # A skipped range (catch-up, paused): every slot of spec's schedule from skipped_from_ms
+    # to slot_ms; skipped_count of them (at least). None / 1: this slot alone.
+    skipped_from_ms: int | None = None
+    skipped_count: int = 1
 
     @property
     def staged(self) -> bool:
@@ -170,6 +174,7 @@ class CompleteAttempt:
     at_ms: int
     exit_code: int | None = None
     error: str | None = None
+    started_at_ms: int | None = None  # the attempt's start (worker clock), for one never reported started
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,8 @@ class RunCreated:
     manual: bool
     at_ms: int
     skipped_reason: str | None = None  # set: born SKIPPED
+    skipped_from_ms: int | None = None  # a skipped range: its first slot
+    skipped_count: int = 1
 
 
 @dataclass(frozen=True)
@@ -407,6 +414,8 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
                 cmd.manual if isinstance(cmd, RunTriggered) else False,
                 now,
                 skipped_reason=cmd.reason if isinstance(cmd, RunSkipped) else None,
+                skipped_from_ms=cmd.from_ms if isinstance(cmd, RunSkipped) else None,
+                skipped_count=cmd.count if isinstance(cmd, RunSkipped) else 1,
             )
         ]
     if state is None:
@@ -451,7 +460,12 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
                                          max(now + cfg.lease_ms, state.lease_until_ms or 0), now)]
         if isinstance(cmd, Heartbeat):
             return [LeaseExtended(cmd.run_id, cmd.token, now + cfg.lease_ms, now)]
-        return [_end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)]
+        ended = _end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)
+        if state.attempt_started_at_ms is None and cmd.started_at_ms is not None:
+            # a short attempt: its start and its end arrive in one record
+            return [AttemptStartReported(cmd.run_id, cmd.token, cmd.started_at_ms, state.lease_until_ms or now, now),
+                    ended]
+        return [ended]
     if isinstance(cmd, ReplayRun):
         if state.status is not RunStatus.FAILED:
             return []  # idempotent: a second replay (or one of a live run) changes nothing
@@ -523,7 +537,8 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
             return [RunWithdrawn(state.run_id, "job deleted before the slot", now_ms)]
         if job.status is JobStatus.PAUSED and not state.manual:
             return [RunWithdrawn(state.run_id, "paused", now_ms)]
-        if not state.manual and not _is_slot_of(job.spec, state.slot_ms):
+        # (a run triggered from the job's current schedule is a slot of it: skip the cron walk)
+        if not state.manual and job.spec.schedule != state.spec.schedule and not _is_slot_of(job.spec, state.slot_ms):
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
         return [RunReleased(state.run_id, state.attempt + 1, now_ms, job.spec)]
     if state.status in (RunStatus.SCHEDULED, RunStatus.RETRY_WAIT, RunStatus.READY):
@@ -560,6 +575,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
             created_at_ms=event.at_ms, updated_at_ms=event.at_ms,
             reason=event.skipped_reason,
             finished_at_ms=event.at_ms if event.skipped_reason else None,
+            skipped_from_ms=event.skipped_from_ms, skipped_count=event.skipped_count,
         )
     assert state is not None, f"{type(event).__name__} for a missing run"
     if isinstance(event, ClaimRejected | StaleRejected):

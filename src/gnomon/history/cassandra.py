@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def connect(
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
             connect_timeout=connect_timeout_s,
             control_connection_timeout=connect_timeout_s,
-            reconnection_policy=ExponentialReconnectionPolicy(0.5, 30.0),
+            reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
         )
         try:
             session = cluster.connect()
@@ -292,22 +293,37 @@ class CassandraHistoryStore:
             return list(session.execute(stmt, params))
 
     def _run_all(self, op: str, stmts: Sequence[tuple[Any, Sequence[Any]]]) -> list[list[Any]]:
-        """Execute concurrently (at most ``concurrency`` in flight); all rows, in order."""
+        """Execute with at most ``concurrency`` statements in flight; all rows, in order.
+
+        Not ``cassandra.concurrent.execute_concurrent``: with every host down its
+        callbacks run synchronously and recurse, and it died with ``TypeError: '<' not
+        supported between instances of 'RecursionError' and 'NoHostAvailable'`` (seen in
+        a Cassandra outage), which no caller could expect. Here every failure, whatever
+        the driver raises, becomes one ``HistoryStoreError``."""
         if not stmts:
             return []
-        from cassandra.concurrent import execute_concurrent
-
         session, _ = self._ready()
+        out: list[list[Any]] = [[] for _ in stmts]
+        failures: list[BaseException] = []
+        window: deque[tuple[int, Any]] = deque()
+
+        def settle(index: int, future: Any) -> None:
+            try:
+                out[index] = list(future.result())
+            except Exception as exc:  # any driver error (or driver bug) fails this statement
+                failures.append(exc)
+
         with translate_errors(op):
-            results = execute_concurrent(session, stmts, concurrency=self.concurrency, raise_on_first_error=False)
-            out: list[list[Any]] = []
-            failures = []
-            for ok, res in results:
-                if ok:
-                    out.append(list(res))
-                else:
-                    failures.append(res)
-                    out.append([])
+            for index, (stmt, params) in enumerate(stmts):
+                if len(window) >= self.concurrency:
+                    settle(*window.popleft())
+                try:
+                    window.append((index, session.execute_async(stmt, params)))
+                except Exception as exc:  # e.g. NoHostAvailable raised at once: the batch fails anyway
+                    failures.append(exc)
+                    break
+            while window:
+                settle(*window.popleft())
         if failures:
             raise HistoryStoreError(
                 f"cassandra {op}: {len(failures)} of {len(stmts)} statements failed; first: {_one_line(failures[0])}"

@@ -53,7 +53,8 @@ class ProcessorConfig:
     poll_timeout_s: float = 0.05
     tick_interval_ms: int = 200
     restore_timeout_s: float = 120.0
-    transaction_timeout_ms: int = 10_000
+    transaction_timeout_ms: int = 5_000  # a killed processor's open transaction blocks its partitions this long
+    session_timeout_ms: int = 3_000  # a killed processor is noticed after this (the broker allows >= 1 s)
     producer_rebuilds_max: int = 20  # fatal producer errors survived before the process exits
     sched: J.SchedulerConfig = field(default_factory=J.SchedulerConfig)
     runs: R.RunConfig = field(default_factory=R.RunConfig)
@@ -76,8 +77,10 @@ class Processor:
             consumer_config(
                 cfg.bootstrap, GROUP_ID,
                 **{"partition.assignment.strategy": "range", "client.id": f"proc-{cfg.instance_id}",
-                   # a killed processor's partitions move after 6 s (the broker's minimum)
-                   "session.timeout.ms": 6_000},
+                   # a killed processor's partitions move after session_timeout_ms (infra sets
+                   # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
+                   "session.timeout.ms": cfg.session_timeout_ms,
+                   "heartbeat.interval.ms": max(100, cfg.session_timeout_ms // 3)},
             )
         )
         self._fatal_count = 0
@@ -120,10 +123,22 @@ class Processor:
                 if time.monotonic() - last_report > 10:
                     last_report = time.monotonic()
                     free = self.directory.snapshot(self.clock.now_ms())
-                    log.info("partitions=%s txns=%d poisoned=%d workers=%d free_slots=%d", sorted(self.tasks),
-                             self.transactions, self.poisoned, len(free), sum(max(0, f) for f in free.values()))
+                    log.info("partitions=%s txns=%d poisoned=%d workers=%d free_slots=%d state=%s", sorted(self.tasks),
+                             self.transactions, self.poisoned, len(free), sum(max(0, f) for f in free.values()),
+                             self._state_sizes())
         finally:
             self._close()
+
+    def _state_sizes(self) -> str:
+        """Per partition: keys and bytes of its state store (RocksDB estimates)."""
+        parts = []
+        for p, task in sorted(self.tasks.items()):
+            try:
+                keys, size = task.kv.size()
+            except GnomonError:
+                continue
+            parts.append(f"p{p}:{keys}keys/{size // 1024}KiB")
+        return " ".join(parts) or "-"
 
     def _close(self) -> None:
         for p in list(self.tasks):
@@ -302,7 +317,8 @@ class Processor:
         try:
             self._txn(self.producer.begin_transaction)
             for o in outputs:
-                value = None if o.value is None else codec.encode(o.value, o.topic)
+                value = o.encoded if o.encoded is not None else (
+                    None if o.value is None else codec.encode(o.value, o.topic))
                 kwargs: dict[str, Any] = {"key": o.key.encode(), "value": value}
                 if o.partition is not None:
                     kwargs["partition"] = o.partition

@@ -60,7 +60,8 @@ class _Attempt:
     ctx: AttemptContext
     last_heartbeat_ms: int
     heartbeat_every_ms: int
-    started_ms: int
+    started_ms: int  # set again by the attempt's thread when the handler starts
+    finished: bool = False
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -101,6 +102,7 @@ class Worker:
         self._due: deque[tuple[int, str, int]] = deque()  # slot reached, waiting for a free slot
         self._running: dict[str, _Attempt] = {}
         self._done: queue.Queue[tuple[_Attempt, AttemptResult]] = queue.Queue()
+        self._started: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
         self.completed = 0
         self.returned = 0
         self._last_advert_ms = 0
@@ -281,17 +283,20 @@ class Worker:
         ctx = AttemptContext(grant.run_id, grant.job_id, grant.attempt, payload, float(remaining_s), emit)
 
         def body() -> None:
-            started_ms = self.clock.now_ms()
-            self._send(self.topo.run_events, grant.job_id,
-                       AttemptStarted(grant.run_id, self.worker_id, grant.token, started_ms, started_ms))
-            emit(LogStream.SYSTEM, f"attempt {grant.attempt} started on {self.worker_id} ({grant.spec.target.describe()})")
+            # The handler starts first; reporting is the loop's job (_report_started), so
+            # thousands of attempts due in the same second are not serialised behind
+            # their own start reports.
+            att = holder[0]
+            att.started_ms = self.clock.now_ms()
+            self._started.put(att)
             try:
                 result = executor.execute(grant.spec.target, ctx)
             except Exception as exc:  # an executor bug must still end the attempt
                 log.exception("executor crashed")
                 result = AttemptResult(Outcome.FAILED,
                                        error=f"executor error: {exc}")
-            self._done.put((holder[0], result))
+            att.finished = True
+            self._done.put((att, result))
 
         now = self.clock.now_ms()
         lease_ms = grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)
@@ -300,7 +305,24 @@ class Worker:
         self._running[grant.run_id] = att
         self._pool.submit(body)
 
+    def _report_started(self) -> None:
+        """AttemptStarted for attempts that started and still run; one that already
+        finished is reported by its CompleteAttempt alone (it carries the start time)."""
+        while True:
+            try:
+                att = self._started.get_nowait()
+            except queue.Empty:
+                return
+            g = att.grant
+            if not att.finished:
+                self._send(self.topo.run_events, g.job_id,
+                           AttemptStarted(g.run_id, self.worker_id, g.token, att.started_ms, self.clock.now_ms()))
+            self._send(self.topo.run_logs, g.run_id, LogLine(
+                g.run_id, g.job_id, g.tenant, g.attempt, 0, LogStream.SYSTEM,
+                f"attempt {g.attempt} started on {self.worker_id} ({g.spec.target.describe()})", att.started_ms))
+
     def _finish_done(self) -> None:
+        self._report_started()  # a start report always goes before its completion
         while True:
             try:
                 att, result = self._done.get_nowait()
@@ -310,7 +332,8 @@ class Worker:
             self._running.pop(g.run_id, None)
             self.completed += 1
             self._send(self.topo.run_events, g.job_id, CompleteAttempt(
-                g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error))
+                g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
+                att.started_ms))
 
     def _heartbeat(self) -> None:
         now = self.clock.now_ms()
