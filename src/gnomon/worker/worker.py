@@ -62,6 +62,7 @@ class _Attempt:
     heartbeat_every_ms: int
     started_ms: int  # set again by the attempt's thread when the handler starts
     finished: bool = False
+    body: Callable[[], None] | None = None  # what the pool thread runs
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -98,6 +99,7 @@ class Worker:
         self.handlers: dict[str, Handler] = {}
         self._stop = threading.Event()
         self._staged: dict[str, Grant] = {}  # run_id -> grant waiting for its slot (or a free slot)
+        self._prepared: dict[str, _Attempt] = {}  # run_id -> its attempt, built when the grant came
         self._timer: list[tuple[int, str, int]] = []  # heap of (not_before_ms, run_id, token)
         self._due: deque[tuple[int, str, int]] = deque()  # slot reached, waiting for a free slot
         self._running: dict[str, _Attempt] = {}
@@ -207,12 +209,15 @@ class Worker:
                 if old is None or old.token >= msg.token:
                     return
             self._staged[msg.run_id] = msg
+            # work ahead of the slot here too: everything but the thread handoff is ready
+            self._prepared[msg.run_id] = self._prepare(msg, executor)
             heapq.heappush(self._timer, (msg.not_before_ms, msg.run_id, msg.token))
             self._fire_due(executor)
         elif isinstance(msg, Stop):
             staged = self._staged.get(msg.run_id)
             if staged is not None and msg.token >= staged.token and msg.kind is not StopReason.REJECTED:
                 del self._staged[msg.run_id]  # dropped before its start: nothing ran
+                self._prepared.pop(msg.run_id, None)
                 log.info("dropped staged %s: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
                 return
             att = self._running.get(msg.run_id)
@@ -239,12 +244,14 @@ class Worker:
                 # process was stopped: the processor has moved it on, so never start it
                 self._due.popleft()
                 del self._staged[run_id]
+                self._prepared.pop(run_id, None)
                 log.warning("dropped staged %s: its lease lapsed before the start", run_id)
                 continue
             if len(self._running) < self.concurrency_max:
                 self._due.popleft()
                 del self._staged[run_id]
-                self._start(grant, executor)
+                att = self._prepared.pop(run_id, None)
+                self._launch(att if att is not None and att.grant is grant else self._prepare(grant, executor))
                 continue
             break
         # full: attempts that waited past handback_after_ms go back to the processor
@@ -253,6 +260,7 @@ class Worker:
             grant = self._staged.get(run_id)
             if grant is not None and grant.token == token:
                 del self._staged[run_id]
+                self._prepared.pop(run_id, None)
                 self.returned += 1
                 self._send(self.topo.run_events, grant.job_id,
                            ReturnGrant(run_id, self.worker_id, token, "no free slot at the slot", now))
@@ -263,12 +271,14 @@ class Worker:
             self._send(self.topo.run_events, grant.job_id, ReturnGrant(run_id, self.worker_id, grant.token, reason, now))
             self.returned += 1
         self._staged.clear()
+        self._prepared.clear()
         self._timer.clear()
         self._due.clear()
 
-    def _start(self, grant: Grant, executor: Dispatcher) -> None:
+    def _prepare(self, grant: Grant, executor: Dispatcher) -> _Attempt:
+        """Build an attempt (context, log function, thread body) when its grant arrives,
+        so that at the slot only the thread handoff is left."""
         payload = json.loads(grant.spec.payload_json)
-        remaining_s = max(1.0, min(grant.spec.timeout_s, (grant.deadline_ms - self.clock.now_ms()) / 1000))
         holder: list[_Attempt] = []
 
         def emit(stream: LogStream | str, line: str) -> None:
@@ -280,7 +290,7 @@ class Worker:
             self._send(self.topo.run_logs, grant.run_id, LogLine(grant.run_id, grant.job_id, grant.tenant,
                                                                 grant.attempt, seq, stream, line, self.clock.now_ms()))
 
-        ctx = AttemptContext(grant.run_id, grant.job_id, grant.attempt, payload, float(remaining_s), emit)
+        ctx = AttemptContext(grant.run_id, grant.job_id, grant.attempt, payload, float(grant.spec.timeout_s), emit)
 
         def body() -> None:
             # The handler starts first; reporting is the loop's job (_report_started), so
@@ -298,12 +308,20 @@ class Worker:
             att.finished = True
             self._done.put((att, result))
 
-        now = self.clock.now_ms()
         lease_ms = grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)
-        att = _Attempt(grant, ctx, now, max(1000, lease_ms // 3), now)
+        att = _Attempt(grant, ctx, 0, max(1000, lease_ms // 3), 0, body=body)
         holder.append(att)
-        self._running[grant.run_id] = att
-        self._pool.submit(body)
+        return att
+
+    def _launch(self, att: _Attempt) -> None:
+        """Start a prepared attempt now, on a pooled thread."""
+        now = self.clock.now_ms()
+        g = att.grant
+        att.ctx.timeout_s = float(max(1.0, min(g.spec.timeout_s, (g.deadline_ms - now) / 1000)))
+        att.last_heartbeat_ms = att.started_ms = now
+        self._running[g.run_id] = att
+        assert att.body is not None
+        self._pool.submit(att.body)
 
     def _report_started(self) -> None:
         """AttemptStarted for attempts that started and still run; one that already
