@@ -343,3 +343,25 @@ def test_a_completion_that_carries_the_start_records_both() -> None:
     for e in evs:
         s = R.evolve(s, e)
     assert s.status is R.RunStatus.SUCCEEDED and s.started_at_ms == 100_001
+
+
+def test_an_edit_after_the_slot_leaves_a_staged_run_alone() -> None:
+    """The worker may have started it already (its report still in flight): never revoke it."""
+    s = R.RunState("j@s", "j", "t", spec("0 * * * * *"), 120_000, 120_000, False, R.RunStatus.RUNNING, 0, 0,
+                   attempt=1, token=1, worker_id="w", lease_until_ms=150_000, deadline_ms=200_000)
+    edited = J.JobState("j", "t", spec("0 * * * * *", argv=("echo",)), J.JobStatus.ACTIVE, 180_000, 2, 0, 0)
+    paused = replace(edited, spec=s.spec, status=J.JobStatus.PAUSED)
+    assert R.decide(s, R.JobChanged("j@s", edited, 120_001)) == []
+    assert R.decide(s, R.JobChanged("j@s", paused, 120_001)) == []
+    assert R.decide(s, R.JobChanged("j@s", None, 120_001)) == []
+    assert [type(e) for e in R.decide(s, R.JobChanged("j@s", edited, 119_999))] == [R.GrantRevoked]
+
+
+def test_a_skipped_range_at_the_dst_fall_back_is_not_inverted() -> None:
+    ny = JobSpec(name="n", schedule=Schedule(cron="30 1 * * *", tz="America/New_York"), target=CMD)
+    first = iso_to_ms("2026-11-01T05:30:00Z")  # 01:30 EDT, the first of the two 01:30s
+    state = J.JobState("n", "t", ny, J.JobStatus.ACTIVE, first, 1, 0, 0)
+    for until in (iso_to_ms("2026-11-01T06:00:00Z"), iso_to_ms("2026-11-01T06:29:59Z")):
+        (rng,) = J._skip_range(state, first, until, "paused", until, J.SchedulerConfig())
+        assert isinstance(rng, J.RunSkipped)
+        assert rng.slot_ms >= (rng.from_ms or rng.slot_ms) and rng.slot_ms == first and rng.count == 1

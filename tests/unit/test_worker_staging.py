@@ -176,3 +176,16 @@ def test_attempt_pool_reuses_at_most_threads_max_threads() -> None:
     for _ in range(30):
         assert done.acquire(timeout=5)
     assert pool.threads <= 3 and len(names) <= 3
+
+
+def test_a_newer_grant_is_staged_while_an_older_attempt_still_runs() -> None:
+    w, clock, _prod, ex, _ = make()
+    slot = clock.now_ms() + 1_000
+    w._on_inbox(grant("j@1", slot, token=1), ex)
+    clock.set(slot)
+    w._fire_due(ex)  # token 1 runs (and hangs on the gate)
+    w._on_inbox(grant("j@1", slot + 40_000, token=2), ex)  # its lease lapsed: granted again
+    assert w._staged["j@1"].token == 2
+    w._on_inbox(grant("j@1", slot, token=1), ex)  # a repeat of the old one changes nothing
+    assert w._staged["j@1"].token == 2
+    w.gate.set()  # type: ignore[attr-defined]

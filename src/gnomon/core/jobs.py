@@ -299,7 +299,12 @@ def _skip_range(
     if spec.schedule.run_at_ms is not None:
         last, count = first, 1
     else:
-        last = _last_slot_at_or_before(spec, until_ms, 1)[0]
+        before = _last_slot_at_or_before(spec, until_ms, 1)
+        last = before[0] if before else first
+        if last < first:  # the reverse walk can miss a repeated hour (DST fall-back): walk forward
+            last = first
+            while (nxt := _next_slot(spec, last)) is not None and nxt <= until_ms:
+                last = nxt
         count, slot = 1, first
         while count < cfg.skip_count_max:
             nxt = _next_slot(spec, slot)

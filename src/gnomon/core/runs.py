@@ -484,6 +484,8 @@ def _job_changed(state: RunState, job: JobState | None, now: int) -> list[RunEve
     still SCHEDULED looks at its job when it is staged, so it needs nothing here."""
     if not state.never_started or state.status not in (RunStatus.READY, RunStatus.RUNNING):
         return []
+    if state.status is RunStatus.RUNNING and state.not_before_ms <= now:
+        return []  # its slot has come: the worker may have started it (report in flight); leave it be
     staged_on = state.worker_id if state.status is RunStatus.RUNNING else None
     reason: str | None = None
     if job is None:
@@ -629,7 +631,10 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
                        finished_at_ms=event.at_ms if to.terminal else None, updated_at_ms=event.at_ms)
     if isinstance(event, RunCancelled):
         _guard(state, RunStatus.CANCELLED)
+        # a grant dropped before its slot is no attempt; after the slot the worker may have
+        # started it (its report still in flight), so it counts
+        dropped = state.staged and event.at_ms < state.not_before_ms
         return replace(state, status=RunStatus.CANCELLED, reason=event.reason, lease_until_ms=None,
-                       attempt=state.attempt - 1 if state.staged else state.attempt,  # a dropped grant is no attempt
+                       attempt=state.attempt - 1 if dropped else state.attempt,
                        deadline_ms=None, finished_at_ms=event.at_ms, updated_at_ms=event.at_ms)
     raise AssertionError(f"unknown event {event!r}")

@@ -61,8 +61,9 @@ class _Entry:
         ended), so a worker full of 10-minute runs takes nothing, while a worker whose
         slots turn over quickly can hold a run for every slot of every second ahead."""
         a = self.advert
-        occupied = a.running if second <= self.seen_ms // 1000 + NEAR_S else a.long_running
-        return a.slots - occupied + self.credited - self.buckets.get(second, 0)
+        if second <= self.seen_ms // 1000 + NEAR_S:  # ended attempts free slots counted as running
+            return a.slots - a.running + self.credited - self.buckets.get(second, 0)
+        return a.slots - a.long_running - self.buckets.get(second, 0)
 
     def stage_room(self) -> int:
         a = self.advert

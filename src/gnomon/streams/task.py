@@ -146,6 +146,7 @@ class PartitionTask:
         self.directory = directory
         self.stats = TaskStats()
         self.cache_max = 100_000  # decoded states kept per partition (each map)
+        self.assign_misses_per_tick_max = 200  # waiting runs tried without room, per pool per tick
         self._jobs_cache: dict[str, J.JobState | None] = {}
         self._runs_cache: dict[str, R.RunState | None] = {}
 
@@ -439,12 +440,13 @@ class PartitionTask:
             produced = self._tick_job(job_id, now_ms)
             budget -= max(1, len(produced))
             out.extend(produced)
-        due = [k[len(b"rt/") + _TIME_W + 1:].decode()
+        due = [(k, k[len(b"rt/") + _TIME_W + 1:].decode())
                for k, _ in self.kv.scan(b"rt/", _bound(b"rt/", now_ms), self.due_max)]
-        for run_id in due:
+        for key, run_id in due:
             self.stats.tick_runs_examined += 1
             run = self.run(run_id)
-            if run is None:
+            if run is None or key not in self._index_keys(run):
+                self.kv.delete(key)  # an orphan (e.g. timers computed by older settings): drop it
                 continue
             job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
             out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms),
@@ -469,6 +471,7 @@ class PartitionTask:
             if not self.directory.has_room(pool, now_ms):
                 continue
             prefix = _waiting_prefix(pool)
+            misses = 0
             for k, _ in list(self.kv.scan(prefix, _prefix_end(prefix), self.due_max)):
                 run = self.run(k[len(prefix) + _WAITING_FIXED:].decode())
                 if run is None or run.status is not R.RunStatus.READY:
@@ -476,6 +479,11 @@ class PartitionTask:
                     continue
                 new = self._assign(run, now_ms, out)
                 if new is run:
-                    break  # the pool is full for this run's start second
+                    # that run's start second is full; others (another second) may fit.
+                    # Bounded, so a long full queue costs little per tick.
+                    misses += 1
+                    if misses >= self.assign_misses_per_tick_max:
+                        break
+                    continue
                 self._store_run(run, new, out)
         return out

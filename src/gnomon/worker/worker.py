@@ -204,10 +204,11 @@ class Worker:
         if getattr(msg, "worker_id", None) != self.worker_id:
             return  # another worker's message on the same partition
         if isinstance(msg, Grant):
-            if msg.run_id in self._running or msg.run_id in self._staged:
-                old = self._staged.get(msg.run_id)
-                if old is None or old.token >= msg.token:
-                    return
+            running, old = self._running.get(msg.run_id), self._staged.get(msg.run_id)
+            if (running is not None and running.grant.token >= msg.token) or (old is not None and old.token >= msg.token):
+                return  # a repeat, or older than what this worker holds
+            # a newer token while an older attempt still runs (its lease lapsed): stage it;
+            # the old attempt is told to stop when it next reports
             self._staged[msg.run_id] = msg
             # work ahead of the slot here too: everything but the thread handoff is ready
             self._prepared[msg.run_id] = self._prepare(msg, executor)
@@ -347,7 +348,8 @@ class Worker:
             except queue.Empty:
                 return
             g = att.grant
-            self._running.pop(g.run_id, None)
+            if self._running.get(g.run_id) is att:  # not a newer attempt of the same run
+                del self._running[g.run_id]
             self.completed += 1
             self._send(self.topo.run_events, g.job_id, CompleteAttempt(
                 g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
