@@ -21,6 +21,7 @@ from typing import Any
 from gnomon import codec
 from gnomon.adapters.kafka import partition_for
 from gnomon.adapters.kv import MemoryKV
+from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import FakeClock
@@ -237,6 +238,14 @@ class InMemoryCluster:
 
     def job_state(self, job_id: str) -> J.JobState | None:
         return self.tasks[partition_for(job_id, self.partitions)].job(job_id)
+
+    def history_report(self, job_ids: list[str]) -> CheckReport:
+        """The history checker over every record of this run, for these jobs (as they are now)."""
+        checker = HistoryChecker()
+        for _, rec in self.log:
+            checker.observe(rec[1] if isinstance(rec, tuple) else rec)
+        jobs = [s for s in (self.job_state(j) for j in job_ids) if s is not None]
+        return checker.check(jobs, self.clock.now_ms())
 
     def runs_of(self, job_id: str) -> list[R.RunState]:
         out: dict[str, R.RunState] = {}

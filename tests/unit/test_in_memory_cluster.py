@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gnomon.checker import HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core.model import CatchUp, JobSpec, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.runs import RunStatus
@@ -19,11 +18,7 @@ def spec(cron: str = "*/5 * * * * *", **kw: object) -> JobSpec:
 
 
 def check(cluster: InMemoryCluster, job_ids: list[str]) -> None:
-    checker = HistoryChecker()
-    for _, rec in cluster.log:
-        checker.observe(rec[1] if isinstance(rec, tuple) else rec)
-    jobs = [s for s in (cluster.job_state(j) for j in job_ids) if s is not None]
-    rep = checker.check(jobs, cluster.clock.now_ms())
+    rep = cluster.history_report(job_ids)
     assert rep.ok, (rep.summary(), rep.problems[:5])
     assert cluster.stale_accepted == []
     return rep  # type: ignore[return-value]

@@ -9,7 +9,6 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnomon.checker import HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import iso_to_ms
@@ -39,11 +38,7 @@ def started(c: InMemoryCluster, run_id: str) -> list[tuple[str, int, str]]:
 
 
 def checked(c: InMemoryCluster, job_ids: list[str]) -> None:
-    checker = HistoryChecker()
-    for _, rec in c.log:
-        checker.observe(rec[1] if isinstance(rec, tuple) else rec)
-    jobs = [s for s in (c.job_state(j) for j in job_ids) if s is not None]
-    rep = checker.check(jobs, c.clock.now_ms())
+    rep = c.history_report(job_ids)
     assert rep.ok, (rep.summary(), rep.problems[:5])
 
 

@@ -185,7 +185,7 @@ def test_a_newer_grant_is_staged_while_an_older_attempt_still_runs() -> None:
     clock.set(slot)
     w._fire_due(ex)  # token 1 runs (and hangs on the gate)
     w._on_inbox(grant("j@1", slot + 40_000, token=2), ex)  # its lease lapsed: granted again
-    assert w._staged["j@1"].token == 2
+    assert w._staged["j@1"].grant.token == 2
     w._on_inbox(grant("j@1", slot, token=1), ex)  # a repeat of the old one changes nothing
-    assert w._staged["j@1"].token == 2
+    assert w._staged["j@1"].grant.token == 2
     w.gate.set()  # type: ignore[attr-defined]

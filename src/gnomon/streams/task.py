@@ -308,10 +308,8 @@ class PartitionTask:
 
     def _job_changed(self, job_id: str, job: J.JobState | None, now_ms: int) -> list[Output]:
         """An edit, pause or delete reaches the job's runs that have not started yet."""
-        prefix = _job_runs_prefix(job_id)
-        run_ids = [k[len(prefix):].decode() for k, _ in self.kv.scan(prefix, _prefix_end(prefix), self.due_max)]
         out: list[Output] = []
-        for run_id in run_ids:
+        for run_id in self._run_ids_under(_job_runs_prefix(job_id)):
             out.extend(self._handle_run(R.JobChanged(run_id, job, now_ms), now_ms))
         return out
 
@@ -319,14 +317,16 @@ class PartitionTask:
         """``worker_id`` stopped advertising: its attempts staged for a slot still ahead
         go to other workers. (One whose slot has passed may have started: its lease,
         counted from the slot, decides.)"""
-        prefix = _staged_prefix(worker_id)
-        run_ids = [k[len(prefix):].decode() for k, _ in self.kv.scan(prefix, _prefix_end(prefix), self.due_max)]
         out: list[Output] = []
-        for run_id in run_ids:
+        for run_id in self._run_ids_under(_staged_prefix(worker_id)):
             run = self.run(run_id)
             if run is not None and run.not_before_ms > now_ms:
                 out.extend(self._handle_run(R.WorkerLost(run_id, worker_id, now_ms), now_ms))
         return out
+
+    def _run_ids_under(self, prefix: bytes) -> list[str]:
+        """The run ids of an ``<index>/<id>\0<run_id>`` index entry family (at most due_max)."""
+        return [k[len(prefix):].decode() for k, _ in self.kv.scan(prefix, _prefix_end(prefix), self.due_max)]
 
     def _handle_run(self, cmd: R.RunCommand, now_ms: int | None) -> list[Output]:
         state = self.run(cmd.run_id)
@@ -374,18 +374,17 @@ class PartitionTask:
             if worker is not None and self.directory is not None:
                 staged = isinstance(ev, R.GrantRevoked | R.RunWithdrawn) or run.attempt_started_at_ms is None
                 self.directory.release(worker, staged_start_ms=run.not_before_ms if staged else None)
-        if isinstance(ev, R.GrantRevoked):
-            self.stats.revocations += 1
-            if not ev.notify_worker:
+        if isinstance(ev, R.GrantRevoked | R.RunWithdrawn):
+            # a staged grant taken back: its worker (if it is to be told) drops it
+            if isinstance(ev, R.GrantRevoked):
+                self.stats.revocations += 1
+                tell = ev.worker_id if ev.notify_worker else None
+            else:
+                self.stats.withdrawals += 1
+                tell = ev.worker_id
+            if tell is None:
                 return []
-            return [Output(inbox, ev.worker_id,
-                           Stop(ev.worker_id, ev.run_id, ev.token, StopReason.REVOKED, ev.reason, ev.at_ms))]
-        if isinstance(ev, R.RunWithdrawn):
-            self.stats.withdrawals += 1
-            if ev.worker_id is None:
-                return []
-            return [Output(inbox, ev.worker_id,
-                           Stop(ev.worker_id, ev.run_id, ev.token, StopReason.REVOKED, ev.reason, ev.at_ms))]
+            return [Output(inbox, tell, Stop(tell, ev.run_id, ev.token, StopReason.REVOKED, ev.reason, ev.at_ms))]
         if isinstance(ev, R.RunReleased):
             self.stats.releases += 1
             if self.directory is not None:

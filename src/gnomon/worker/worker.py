@@ -98,8 +98,8 @@ class Worker:
         self.topo = topology or load_topology()
         self.handlers: dict[str, Handler] = {}
         self._stop = threading.Event()
-        self._staged: dict[str, Grant] = {}  # run_id -> grant waiting for its slot (or a free slot)
-        self._prepared: dict[str, _Attempt] = {}  # run_id -> its attempt, built when the grant came
+        # run_id -> its attempt, prepared when the grant came, waiting for its slot (or a free slot)
+        self._staged: dict[str, _Attempt] = {}
         self._timer: list[tuple[int, str, int]] = []  # heap of (not_before_ms, run_id, token)
         self._due: deque[tuple[int, str, int]] = deque()  # slot reached, waiting for a free slot
         self._running: dict[str, _Attempt] = {}
@@ -204,21 +204,19 @@ class Worker:
         if getattr(msg, "worker_id", None) != self.worker_id:
             return  # another worker's message on the same partition
         if isinstance(msg, Grant):
-            running, old = self._running.get(msg.run_id), self._staged.get(msg.run_id)
-            if (running is not None and running.grant.token >= msg.token) or (old is not None and old.token >= msg.token):
+            held = [a for a in (self._running.get(msg.run_id), self._staged.get(msg.run_id)) if a is not None]
+            if any(a.grant.token >= msg.token for a in held):
                 return  # a repeat, or older than what this worker holds
             # a newer token while an older attempt still runs (its lease lapsed): stage it;
-            # the old attempt is told to stop when it next reports
-            self._staged[msg.run_id] = msg
-            # work ahead of the slot here too: everything but the thread handoff is ready
-            self._prepared[msg.run_id] = self._prepare(msg, executor)
+            # the old attempt is told to stop when it next reports. Work ahead of the slot
+            # here too: everything but the thread handoff is ready.
+            self._staged[msg.run_id] = self._prepare(msg, executor)
             heapq.heappush(self._timer, (msg.not_before_ms, msg.run_id, msg.token))
             self._fire_due(executor)
         elif isinstance(msg, Stop):
             staged = self._staged.get(msg.run_id)
-            if staged is not None and msg.token >= staged.token and msg.kind is not StopReason.REJECTED:
+            if staged is not None and msg.token >= staged.grant.token and msg.kind is not StopReason.REJECTED:
                 del self._staged[msg.run_id]  # dropped before its start: nothing ran
-                self._prepared.pop(msg.run_id, None)
                 log.info("dropped staged %s: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
                 return
             att = self._running.get(msg.run_id)
@@ -236,43 +234,40 @@ class Worker:
             self._due.append(heapq.heappop(self._timer))
         while self._due:
             _, run_id, token = self._due[0]
-            grant = self._staged.get(run_id)
-            if grant is None or grant.token != token:
+            att = self._staged.get(run_id)
+            if att is None or att.grant.token != token:
                 self._due.popleft()  # dropped or superseded
                 continue
-            if now >= grant.lease_until_ms:
+            if now >= att.grant.lease_until_ms:
                 # its lease (counted from the slot) lapsed before it could start, e.g. this
                 # process was stopped: the processor has moved it on, so never start it
                 self._due.popleft()
                 del self._staged[run_id]
-                self._prepared.pop(run_id, None)
                 log.warning("dropped staged %s: its lease lapsed before the start", run_id)
                 continue
             if len(self._running) < self.concurrency_max:
                 self._due.popleft()
                 del self._staged[run_id]
-                att = self._prepared.pop(run_id, None)
-                self._launch(att if att is not None and att.grant is grant else self._prepare(grant, executor))
+                self._launch(att)
                 continue
             break
         # full: attempts that waited past handback_after_ms go back to the processor
         while self._due and now - max(self._due[0][0], 0) > self.handback_after_ms:
             _, run_id, token = self._due.popleft()
-            grant = self._staged.get(run_id)
-            if grant is not None and grant.token == token:
+            att = self._staged.get(run_id)
+            if att is not None and att.grant.token == token:
                 del self._staged[run_id]
-                self._prepared.pop(run_id, None)
-                self.returned += 1
-                self._send(self.topo.run_events, grant.job_id,
-                           ReturnGrant(run_id, self.worker_id, token, "no free slot at the slot", now))
+                self._hand_back(att.grant, "no free slot at the slot", now)
+
+    def _hand_back(self, grant: Grant, reason: str, now: int) -> None:
+        self.returned += 1
+        self._send(self.topo.run_events, grant.job_id, ReturnGrant(grant.run_id, self.worker_id, grant.token, reason, now))
 
     def _return_staged(self, reason: str) -> None:
         now = self.clock.now_ms()
-        for run_id, grant in list(self._staged.items()):
-            self._send(self.topo.run_events, grant.job_id, ReturnGrant(run_id, self.worker_id, grant.token, reason, now))
-            self.returned += 1
+        for att in self._staged.values():
+            self._hand_back(att.grant, reason, now)
         self._staged.clear()
-        self._prepared.clear()
         self._timer.clear()
         self._due.clear()
 
