@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import ConfigResource
 
 from gnomon.config import Settings
@@ -132,7 +132,15 @@ def test_three_node_cluster(infra: Settings, tmp_path: Path) -> None:
         assert sorted(md.brokers) == [1, 2, 3]
         assert all(len(p.replicas) == 3 for p in md.topics["gnomon.runs"].partitions.values())
         res = ConfigResource("topic", "gnomon.runs")
-        assert client.describe_configs([res])[res].result()["min.insync.replicas"].value == "2"
+        for attempt in range(20):  # the broker asked may not know the topic yet (seen in CI)
+            try:
+                configs = client.describe_configs([res])[res].result()
+                break
+            except KafkaException:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+        assert configs["min.insync.replicas"].value == "2"
     finally:
         stopped = manager.down(settings)
     assert sorted(stopped) == ["kafka-1", "kafka-2", "kafka-3"]
