@@ -68,6 +68,9 @@ class InMemoryCluster:
     staging: bool = True  # False: the legacy pull path (dispatch hints + claims)
     worker_slots: int = 100
     advert_interval_ms: int = 1000
+    # history (the projector) has every ledger record older than this: finished runs past
+    # their retention are purged. None: history never catches up, nothing is purged.
+    history_lag_ms: int | None = 0
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -148,8 +151,9 @@ class InMemoryCluster:
             for wid in self.directory.lost(now):
                 for task in self.tasks.values():
                     self._route(task.worker_lost(wid, now))
+        history = None if self.history_lag_ms is None else now - self.history_lag_ms
         for task in self.tasks.values():
-            self._route(task.tick(now))
+            self._route(task.tick(now, history_until_ms=history))
         self.drain()
 
     def kill_worker(self, worker_id: str) -> None:
@@ -250,6 +254,6 @@ class InMemoryCluster:
     def runs_of(self, job_id: str) -> list[R.RunState]:
         out: dict[str, R.RunState] = {}
         for _, rec in self.log:
-            if isinstance(rec, tuple) and rec[0] == self.topo.runs and rec[1].job_id == job_id:
+            if isinstance(rec, tuple) and rec[0] == self.topo.runs and rec[1] is not None and rec[1].job_id == job_id:
                 out[rec[1].run_id] = rec[1]
         return sorted(out.values(), key=lambda r: r.slot_ms)

@@ -20,6 +20,7 @@ class Topology:
     run_events: str = "gnomon.run-events"
     jobs: str = "gnomon.jobs"
     runs: str = "gnomon.runs"
+    run_history: str = "gnomon.run-history"
     worker_inbox: str = "gnomon.worker-inbox"
     run_logs: str = "gnomon.run-logs"
     dead_letters: str = "gnomon.dead-letters"

@@ -41,6 +41,10 @@ def processor(
         min=1000, max=300_000,
         help="a dead processor's partitions move after this; the broker's group.min.session.timeout.ms "
              "must allow it (gnomon infra sets 1000; Kafka's default minimum is 6000)")] = 3000,
+    retention_s: Annotated[int, typer.Option(
+        min=1, max=30 * 86400,
+        help="a finished run leaves processor state and the ledger this long after it ended, "
+             "once history has it (history keeps it)")] = 3600,
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
@@ -55,7 +59,7 @@ def processor(
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(), session_timeout_ms=session_timeout_ms,
                           sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
-                          runs=RunConfig(lease_ms=lease_s * 1000,
+                          runs=RunConfig(lease_ms=lease_s * 1000, retention_ms=retention_s * 1000,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
     proc = Processor(cfg)
     _stop_on_signals(proc)

@@ -76,6 +76,7 @@ TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.jobs", "gnomon.jobs-value", (JobState,), None),
     TopicSchema("gnomon.runs", "gnomon.runs-value", (RunState,), None),
     TopicSchema("gnomon.dead-letters", "gnomon.dead-letters-value", (RunState,), None),
+    TopicSchema("gnomon.run-history", "gnomon.run-history-value", (RunState,), None),
     TopicSchema("gnomon.dispatch", "gnomon.dispatch-value", (DispatchRun,), None),
     TopicSchema("gnomon.worker-inbox", "gnomon.worker-inbox-value", (Grant, Stop, LeaseAck), "gnomon.WorkerMessage"),
     TopicSchema("gnomon.run-logs", "gnomon.run-logs-value", (LogLine,), None),

@@ -79,10 +79,18 @@ class RunConfig:
     redispatch_after_ms: int = 1_000  # READY and no worker took it: try to assign again
     timeout_grace_ms: int = 30_000  # the processor fails an attempt past timeout + grace
     stage_ahead_ms: int = 30_000  # release + grant this long before the slot (pre-staging)
+    # Bounded state (docs/adr/0005-bounded-state.md): a finished run leaves processor state
+    # and the ledger (a tombstone) this long after it ended, once history has its final state.
+    retention_ms: int = 3_600_000
+    manual_key_retention_ms: int = 86_400_000  # a manual run (its idempotency key) is kept this long
+    dead_letter_retention_ms: int = 7 * 86_400_000  # a FAILED run stays replayable this long
+    purges_per_tick_max: int = 1_000
 
     def __post_init__(self) -> None:
         assert self.lease_ms > 0 and self.redispatch_after_ms > 0 and self.timeout_grace_ms >= 0
         assert self.stage_ahead_ms >= 0
+        assert self.retention_ms > 0 and self.purges_per_tick_max > 0
+        assert self.manual_key_retention_ms >= 0 and self.dead_letter_retention_ms >= 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,22 @@ class RunState:
         """No attempt of this run has started yet (a job edit still applies to it)."""
         return not self.status.terminal and self.started_at_ms is None and self.attempt <= 1 and (
             self.status is not RunStatus.RUNNING or self.attempt_started_at_ms is None)
+
+    def purge_at_ms(self, cfg: RunConfig | None = None) -> int | None:
+        """When this finished run may leave processor state (None: it is not finished).
+        Never earlier than ``retention_ms`` after it ended; a manual run keeps its
+        idempotency key ``manual_key_retention_ms`` from its creation; a dead letter stays
+        replayable ``dead_letter_retention_ms``."""
+        if not self.status.terminal:
+            return None
+        cfg = cfg or _DEFAULT_CFG
+        ended = self.finished_at_ms if self.finished_at_ms is not None else self.updated_at_ms
+        at = ended + cfg.retention_ms
+        if self.status is RunStatus.FAILED:
+            at = max(at, ended + cfg.dead_letter_retention_ms)
+        if self.manual:
+            at = max(at, self.created_at_ms + cfg.manual_key_retention_ms)
+        return at
 
     def timer_ms(self, cfg: RunConfig | None = None) -> int | None:
         """When time alone next changes this run (the processor's timer index key)."""

@@ -4,7 +4,8 @@
 ``$GNOMON_CONNECT_PORT``, default 8083). ``down`` without ``--only`` stops all three.
 
 ``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
-(``--bootstrap``, ``--replication-factor``); docker-compose.yml uses it.
+(``--bootstrap``, ``--replication-factor``) and applies changed configs to existing ones,
+as ``up`` does; docker-compose.yml uses it.
 
 Exit codes: 0 ok, 1 a component failed (one line, then a log excerpt), 2 bad usage.
 """
@@ -82,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "down":
             manager.down(settings, components=components)
         elif args.action == "topics":
-            from gnomon.infra.topics import ensure_topics, topic_specs
+            from gnomon.infra.topics import sync_topics, topic_specs
 
             bootstrap = args.bootstrap or settings.kafka_bootstrap
             specs = topic_specs(settings.topology_path)
-            created = ensure_topics(bootstrap, specs, args.replication_factor)
-            print(f"{len(specs)} topics declared, {len(created)} created on {bootstrap}")
+            changes = sync_topics(bootstrap, specs, args.replication_factor)
+            print(
+                f"{len(specs)} topics declared, {len(changes.created)} created, "
+                f"{len(changes.reconfigured)} reconfigured on {bootstrap}"
+            )
         else:
             _print_status(manager.status(settings), args.json)
     except InfraError as exc:

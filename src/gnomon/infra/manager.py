@@ -2,7 +2,9 @@
 
 ``up`` starts every JVM first and only then waits, so Kafka (seconds) and Cassandra
 (tens of seconds on first boot) start concurrently; then it creates the topics declared in
-``Settings.topology_path``. A lock file serialises concurrent ``up``/``down`` calls.
+``Settings.topology_path`` and sets the declared configs that differ on existing ones
+(:func:`gnomon.infra.topics.sync_topics`). A lock file serialises concurrent ``up``/``down``
+calls.
 """
 
 from __future__ import annotations

@@ -3,12 +3,17 @@
 ``[topics."<name>"]`` tables give ``partitions`` (default ``[defaults].partitions``),
 ``cleanup_policy`` and optionally ``retention_ms``; ``[dispatch]`` expands to one topic
 per pool x priority through ``name_format``.
+
+:func:`sync_topics` creates the missing topics and sets, on the existing ones, every
+declared config whose value differs (:func:`config_diff`); keys the topology does not
+declare are never touched, and partition counts are never changed.
 """
 
 from __future__ import annotations
 
 import time
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,16 +85,54 @@ def min_insync_for(replication_factor: int) -> int:
     return 2 if replication_factor >= 3 else 1
 
 
+ConfigDiff = dict[str, tuple[str | None, str]]
+"""Config key -> (current value, or None when the broker reports none; wanted value)."""
+
+UNKNOWN_TOPIC_RETRY_S = 10.0
+"""How long a topic's configs are asked for again while the broker asked does not know it."""
+
+
+@dataclass(frozen=True)
+class TopicChanges:
+    """What :func:`sync_topics` did: topics created, and config changes per existing topic."""
+
+    created: list[str] = field(default_factory=list)
+    reconfigured: dict[str, ConfigDiff] = field(default_factory=dict)
+
+
+def config_diff(current: Mapping[str, str | None], wanted: Mapping[str, str]) -> ConfigDiff:
+    """The keys of ``wanted`` whose ``current`` value differs (pure).
+
+    Only keys of ``wanted`` are looked at, so configs the topology does not declare are
+    never changed; a key missing from ``current`` counts as different.
+    """
+    return {
+        key: (current.get(key), value) for key, value in wanted.items() if current.get(key) != value
+    }
+
+
 def ensure_topics(
     bootstrap: str, specs: list[TopicSpec], replication_factor: int, timeout_s: float = 30.0
 ) -> list[str]:
-    """Create the topics that do not exist yet; existing ones are left alone.
+    """Create the missing topics and apply changed configs to existing ones.
 
-    Returns the names created. Warns (does not fail) when an existing topic has a
-    different partition count than declared, because that breaks co-partitioning.
+    Returns the names created (see :func:`sync_topics` for the config changes too).
     """
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+    return sync_topics(bootstrap, specs, replication_factor, timeout_s).created
+
+
+def sync_topics(
+    bootstrap: str, specs: list[TopicSpec], replication_factor: int, timeout_s: float = 30.0
+) -> TopicChanges:
+    """Create the missing topics; set the declared configs that differ on existing ones.
+
+    New topics get ``replication_factor`` replicas. An existing topic's wanted
+    ``min.insync.replicas`` follows its own replica count, so running this with another
+    replication factor never sets a min ISR its replicas cannot meet. Warns (does not
+    fail, changes nothing) when an existing topic has a different partition count than
+    declared, because that breaks co-partitioning. Says one line per changed key.
+    """
+    from confluent_kafka import KafkaException
 
     from gnomon.infra.kafka import admin
 
@@ -98,13 +141,47 @@ def ensure_topics(
         existing = client.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
         raise InfraError(f"cannot list topics on {bootstrap}: {exc}") from exc
+    _warn_partition_mismatch(specs, existing)
+    missing = [s for s in specs if s.name not in existing]
+    created = _create_topics(client, bootstrap, missing, replication_factor, timeout_s)
+    present = {s.name: s for s in specs if s.name in existing}
+    wanted = {
+        name: spec.config(min_insync_for(_replicas(existing[name], replication_factor)))
+        for name, spec in present.items()
+    }
+    current = _current_configs(client, sorted(present), timeout_s)
+    diffs = {name: config_diff(current[name], wanted[name]) for name in sorted(present)}
+    reconfigured = {name: diff for name, diff in diffs.items() if diff}
+    _alter_configs(client, reconfigured, timeout_s)
+    return TopicChanges(created=created, reconfigured=reconfigured)
+
+
+def _warn_partition_mismatch(specs: list[TopicSpec], existing: Mapping[str, Any]) -> None:
     for spec in specs:
         if spec.name in existing and len(existing[spec.name].partitions) != spec.partitions:
             say(
                 f"warning: topic {spec.name} has {len(existing[spec.name].partitions)} partitions, "
                 f"topology.toml declares {spec.partitions}"
             )
-    missing = [s for s in specs if s.name not in existing]
+
+
+def _replicas(topic: Any, default: int) -> int:
+    """The fewest replicas of any partition of ``topic`` (metadata), ``default`` if none."""
+    counts = [len(p.replicas) for p in topic.partitions.values()]
+    return min(counts) if counts else default
+
+
+def _create_topics(
+    client: Any,
+    bootstrap: str,
+    missing: list[TopicSpec],
+    replication_factor: int,
+    timeout_s: float,
+) -> list[str]:
+    """Create ``missing``; returns the names created (not those a concurrent call made)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
     if not missing:
         return []
     min_isr = min_insync_for(replication_factor)
@@ -133,6 +210,98 @@ def ensure_topics(
             raise InfraError(f"cannot create topic {name}: {err}") from exc
     _wait_until_led(bootstrap, {s.name: s.partitions for s in missing}, timeout_s)
     return sorted(created)
+
+
+def _is_unknown_topic(exc: Exception) -> bool:
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def _current_configs(
+    client: Any, names: list[str], timeout_s: float
+) -> dict[str, dict[str, str | None]]:
+    """Each topic's configs as the broker reports them (defaults included).
+
+    On a fresh multi-broker cluster the broker asked may not know a just-created topic
+    yet (UNKNOWN_TOPIC_OR_PART): such topics are asked again for up to
+    :data:`UNKNOWN_TOPIC_RETRY_S`.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+    deadline = time.monotonic() + UNKNOWN_TOPIC_RETRY_S
+    found: dict[str, dict[str, str | None]] = {}
+    pending = list(names)
+    while pending:
+        try:
+            futures = client.describe_configs(
+                [ConfigResource("topic", n) for n in pending], request_timeout=timeout_s
+            )
+        except KafkaException as exc:
+            raise InfraError(f"cannot read the configs of topics {pending}: {exc}") from exc
+        retry = []
+        for resource, future in futures.items():
+            try:
+                entries = future.result()
+            except KafkaException as exc:
+                if _is_unknown_topic(exc) and time.monotonic() < deadline:
+                    retry.append(resource.name)
+                    continue
+                raise InfraError(
+                    f"cannot read the configs of topic {resource.name}: {exc.args[0]}"
+                ) from exc
+            found[resource.name] = {key: entry.value for key, entry in entries.items()}
+        pending = retry
+        if pending:
+            time.sleep(0.2)
+    return found
+
+
+def _alter_configs(client: Any, diffs: Mapping[str, ConfigDiff], timeout_s: float) -> None:
+    """SET the wanted value of every key in ``diffs`` (incrementally: nothing else changes).
+
+    Says one line per key set; raises InfraError naming each topic and key that failed.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    if not diffs:
+        return
+    resources = [
+        ConfigResource(
+            "topic",
+            name,
+            incremental_configs=[
+                ConfigEntry(key, wanted, incremental_operation=AlterConfigOpType.SET)
+                for key, (_, wanted) in diff.items()
+            ],
+        )
+        for name, diff in diffs.items()
+    ]
+    try:
+        futures = client.incremental_alter_configs(resources, request_timeout=timeout_s)
+    except KafkaException as exc:
+        raise InfraError(f"cannot alter the configs of topics {sorted(diffs)}: {exc}") from exc
+    failures = []
+    for resource, future in sorted(futures.items(), key=lambda item: str(item[0].name)):
+        diff = diffs[resource.name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            keys = ", ".join(f"{key}={wanted}" for key, (_, wanted) in diff.items())
+            failures.append(f"cannot set {keys} on topic {resource.name}: {exc.args[0]}")
+            continue
+        for key, (current, wanted) in diff.items():
+            shown = current if current is not None else "(unset)"
+            say(f"topic {resource.name}: {key} {shown} -> {wanted}")
+    if failures:
+        raise InfraError("; ".join(failures))
 
 
 def _wait_until_led(bootstrap: str, partitions: dict[str, int], timeout_s: float) -> None:

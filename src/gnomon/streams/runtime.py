@@ -36,12 +36,14 @@ from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.workers import WorkerDirectory
 from gnomon.streams.adverts import AdvertFeed
+from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.topology import Topology, load_topology
 
 log = logging.getLogger("gnomon.processor")
 
 GROUP_ID = "gnomon-processor"
+_WRITTEN_AT = "written_at_ms"  # checkpoint file: when it was written (processor clock)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class ProcessorConfig:
     transaction_timeout_ms: int = 5_000  # a killed processor's open transaction blocks its partitions this long
     session_timeout_ms: int = 3_000  # a killed processor is noticed after this (the broker allows >= 1 s)
     producer_rebuilds_max: int = 20  # fatal producer errors survived before the process exits
+    # A local checkpoint older than this is not trusted (full rebuild instead): a restore
+    # from it could miss tombstones the log cleaner removed (delete.retention.ms, 1 h).
+    checkpoint_max_age_ms: int = 1_800_000
     sched: J.SchedulerConfig = field(default_factory=J.SchedulerConfig)
     runs: R.RunConfig = field(default_factory=R.RunConfig)
 
@@ -87,6 +92,7 @@ class Processor:
         self.producer = self._new_producer()
         self.directory = WorkerDirectory()
         self.adverts: AdvertFeed | None = None
+        self.history: HistoryWatermark | None = None
 
     def _new_producer(self) -> Producer:
         return Producer(
@@ -113,6 +119,7 @@ class Processor:
             raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
         self.adverts = AdvertFeed(self.cfg.bootstrap, self.topo.workers, self.directory, self.clock)
         self.adverts.poll()
+        self.history = HistoryWatermark(self.cfg.bootstrap, self.topo.runs, self.clock)
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
@@ -123,9 +130,10 @@ class Processor:
                 if time.monotonic() - last_report > 10:
                     last_report = time.monotonic()
                     free = self.directory.snapshot(self.clock.now_ms())
-                    log.info("partitions=%s txns=%d poisoned=%d workers=%d free_slots=%d state=%s", sorted(self.tasks),
-                             self.transactions, self.poisoned, len(free), sum(max(0, f) for f in free.values()),
-                             self._state_sizes())
+                    log.info("partitions=%s txns=%d poisoned=%d workers=%d free_slots=%d purged=%d state=%s",
+                             sorted(self.tasks), self.transactions, self.poisoned, len(free),
+                             sum(max(0, f) for f in free.values()),
+                             sum(t.stats.purged for t in self.tasks.values()), self._state_sizes())
         finally:
             self._close()
 
@@ -147,6 +155,8 @@ class Processor:
             self.consumer.close()
         if self.adverts is not None:
             self.adverts.close()
+        if self.history is not None:
+            self.history.close()
 
     # ---- rebalance -----------------------------------------------------------------------
 
@@ -194,10 +204,11 @@ class Processor:
             log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
             return
         try:
-            ends = {t: read_end_offset(self.cfg.bootstrap, t, partition) for t in (self.topo.jobs, self.topo.runs)}
+            ends: dict[str, int] = {t: read_end_offset(self.cfg.bootstrap, t, partition)
+                                    for t in (self.topo.jobs, self.topo.runs)}
             ckpt = self._state_path(partition).with_suffix(".checkpoint")
             tmp = ckpt.with_suffix(".tmp")
-            tmp.write_text(json.dumps(ends))
+            tmp.write_text(json.dumps({**ends, _WRITTEN_AT: self.clock.now_ms()}))
             tmp.replace(ckpt)
         except (EventLogError, OSError) as exc:
             log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
@@ -211,6 +222,11 @@ class Processor:
             with contextlib.suppress(OSError, ValueError):
                 ckpt = json.loads(ckpt_file.read_text()) if trust_checkpoint and path.is_dir() else None
             ckpt_file.unlink(missing_ok=True)
+            age_ms = self.clock.now_ms() - int((ckpt or {}).get(_WRITTEN_AT, 0))
+            if ckpt is not None and age_ms > self.cfg.checkpoint_max_age_ms:
+                log.info("partition %d checkpoint is %d s old (tombstones may be gone); full rebuild",
+                         partition, age_ms // 1000)
+                ckpt = None
         task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory)
         n = 0
@@ -243,6 +259,8 @@ class Processor:
     # ---- one step --------------------------------------------------------------------------
 
     def step(self) -> None:
+        if self.history is not None:
+            self.history.poll(self.tasks)  # between transactions: everything before now is committed
         msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
         now = self.clock.now_ms()
         due_tick = now - self._last_tick_ms >= self.cfg.tick_interval_ms
@@ -271,7 +289,8 @@ class Processor:
             behind = self._behind()
             for p, task in list(self.tasks.items()):
                 # a partition with unread run events judges leases by how far it has read
-                outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None))
+                outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None,
+                                         self.history.until_ms(p) if self.history is not None else None))
         if outputs or offsets:
             self._commit(outputs, offsets)
         self._clean = True

@@ -13,6 +13,7 @@ State layout in the partition's ordered key-value store (RocksDB):
                                              room: punctual before catch-up, by priority, by due time
     jr/<job_id>\0<run_id>           -> b""   runs of a job that have not started (edits reach them)
     ws/<worker_id>\0<run_id>        -> b""   attempts staged on a worker (moved if it is lost)
+    rp/<purge_at_ms:013>/<run_id>   -> b""   finished runs, by when they may leave state (purge)
 
 A tick reads only the index prefixes up to "now": its cost grows with what is due,
 not with what exists.
@@ -21,6 +22,13 @@ Staging: a run is released ``stage_ahead_ms`` before its slot and, in the same s
 granted to a live worker of its pool with a free slot (``WorkerDirectory``); the grant
 goes to that worker's inbox and the worker starts it at the slot. A trigger is applied
 to the co-partitioned run state directly (no round trip through gnomon.run-events).
+
+Bounded state (docs/adr/0005-bounded-state.md): a finished run is purged (state deleted,
+tombstone on the ledger) at ``RunState.purge_at_ms`` once history has its final state
+(``history_until_ms``, from the projector's committed position). A purged slot never runs
+again: the scheduler never re-triggers a slot behind the job's ``next_run_at``, a trigger
+read from the log for an unknown run must be ahead of it, and a manual trigger is refused
+once it is older than the idempotency-key retention.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
-from gnomon.core.errors import ValidationError
+from gnomon.core.errors import TransitionError, ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
@@ -88,6 +96,10 @@ def _staged_prefix(worker_id: str) -> bytes:
     return b"ws/" + worker_id.encode() + b"\0"
 
 
+def _purge_key(ms: int, run_id: str) -> bytes:
+    return b"rp/%013d/" % ms + run_id.encode()
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
@@ -123,6 +135,8 @@ class TaskStats:
     tick_jobs_examined: int = 0
     catch_up_deferred: int = 0  # ticks whose catch-up budget ran out (the backlog goes on next tick)
     tick_runs_examined: int = 0
+    purged: int = 0  # finished runs that left state (tombstoned)
+    replays_refused: int = 0  # triggers for slots already decided (maybe purged), refused
 
 
 class PartitionTask:
@@ -147,6 +161,9 @@ class PartitionTask:
         self.stats = TaskStats()
         self.cache_max = 100_000  # decoded states kept per partition (each map)
         self.assign_misses_per_tick_max = 200  # waiting runs tried without room, per pool per tick
+        # a run is purged only if its last write is this much older than history_until_ms
+        # (guards against a wall clock stepping back between a sample and a write)
+        self.purge_clock_margin_ms = 5_000
         self._jobs_cache: dict[str, J.JobState | None] = {}
         self._runs_cache: dict[str, R.RunState | None] = {}
 
@@ -207,6 +224,9 @@ class PartitionTask:
             keys.add(_job_runs_prefix(run.job_id) + run.run_id.encode())
         if run.staged and run.worker_id is not None:
             keys.add(_staged_prefix(run.worker_id) + run.run_id.encode())
+        purge_at = run.purge_at_ms(self.run_cfg)
+        if purge_at is not None:
+            keys.add(_purge_key(purge_at, run.run_id))
         return keys
 
     def _store_run(self, old: R.RunState | None, new: R.RunState, out: list[Output]) -> None:
@@ -220,6 +240,9 @@ class PartitionTask:
         for k in new_keys - old_keys:
             self.kv.put(k, b"")
         out.append(Output(self.topo.runs, new.run_id, new, self.partition, raw))
+        if new.status.terminal and (old is None or old.status is not new.status):
+            # the history stream (not compacted, never tombstoned): what exports read
+            out.append(Output(self.topo.run_history, new.run_id, new, self.partition))
 
     # ---- restore from changelogs -------------------------------------------------------
 
@@ -256,12 +279,15 @@ class PartitionTask:
         old = self.run(run_id)
         if value is None:
             if old is not None:
-                for k in self._index_keys(old):
-                    self.kv.delete(k)
-                self.kv.delete(_run_key(run_id))
-            self._runs_cache.pop(run_id, None)
+                self._forget_run(old)
             return
         self._store_run(old, codec.decode(value), [])
+
+    def _forget_run(self, run: R.RunState) -> None:
+        for k in self._index_keys(run):
+            self.kv.delete(k)
+        self.kv.delete(_run_key(run.run_id))
+        self._runs_cache.pop(run.run_id, None)
 
     # ---- commands ----------------------------------------------------------------------
 
@@ -272,8 +298,37 @@ class PartitionTask:
         if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
             raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
         if isinstance(cmd, J.RegisterJob | J.UpdateJob | J.PauseJob | J.ResumeJob | J.DeleteJob | J.TriggerJob):
-            return self._handle_job(cmd, cmd.at_ms if now_ms is None else now_ms)
+            now = cmd.at_ms if now_ms is None else now_ms
+            if isinstance(cmd, J.TriggerJob) and now - cmd.at_ms >= self.run_cfg.manual_key_retention_ms:
+                self.stats.replays_refused += 1
+                raise TransitionError(
+                    f"manual trigger of {cmd.job_id} (key {cmd.idempotency_key!r}) was requested "
+                    f"{(now - cmd.at_ms) // 1000} s ago, beyond the idempotency-key retention of "
+                    f"{self.run_cfg.manual_key_retention_ms // 1000} s; refused (its run may be purged)")
+            return self._handle_job(cmd, now)
+        if isinstance(cmd, J.RunTriggered | J.RunSkipped) and self.run(cmd.run_id) is None:
+            refused = self._decided_slot(cmd, cmd.at_ms if now_ms is None else now_ms)
+            if refused is not None:
+                self.stats.replays_refused += 1
+                raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: {refused}")
         return self._handle_run(cmd, now_ms)
+
+    def _decided_slot(self, cmd: J.RunTriggered | J.RunSkipped, now_ms: int) -> str | None:
+        """Why a trigger read from the log (the scheduler applies its own triggers in
+        place, so this is a replay or a forgery) must not create its unknown run: its slot
+        is already decided, and its run may have been purged. None: it may."""
+        job = self.job(cmd.job_id)
+        if job is None:
+            return "the job does not exist (deleted or never registered)"
+        if job.tenant != cmd.tenant:
+            return "the job belongs to another tenant"
+        if isinstance(cmd, J.RunTriggered) and cmd.manual:
+            if now_ms - cmd.at_ms >= self.run_cfg.manual_key_retention_ms:
+                return "a manual trigger older than the idempotency-key retention"
+            return None
+        if job.next_run_at_ms is None or cmd.slot_ms < job.next_run_at_ms:
+            return "its slot is behind the job's schedule position (already decided; maybe purged)"
+        return None
 
     def _handle_job(self, cmd: J.JobCommand, now_ms: int) -> list[Output]:
         state = self.job(cmd.job_id)
@@ -417,10 +472,13 @@ class PartitionTask:
 
     # ---- time --------------------------------------------------------------------------
 
-    def tick(self, now_ms: int, read_up_to_ms: int | None = None) -> list[Output]:
-        """Time-driven work of this partition: due jobs, run timers. Bounded by due_max.
+    def tick(self, now_ms: int, read_up_to_ms: int | None = None, history_until_ms: int | None = None,
+             ) -> list[Output]:
+        """Time-driven work of this partition: due jobs, run timers, purges. Bounded by due_max.
         ``read_up_to_ms``: record time up to which this partition's input was read, when it
-        is behind (see ``runs.decide_timer``); None when caught up."""
+        is behind (see ``runs.decide_timer``); None when caught up. ``history_until_ms``:
+        every ledger record this partition committed before that time is in history (the
+        projector has read past it); None: unknown, purge nothing."""
         out: list[Output] = []
         horizon = now_ms + self.sched_cfg.lookahead_ms
         # Jobs due now first (next_run_at from the misfire edge to the horizon), then the
@@ -451,6 +509,27 @@ class PartitionTask:
             out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms),
                                               now_ms))
         out.extend(self._assign_waiting(now_ms))
+        if history_until_ms is not None:
+            out.extend(self._purge(now_ms, history_until_ms))
+        return out
+
+    def _purge(self, now_ms: int, history_until_ms: int) -> list[Output]:
+        """Finished runs past their retention whose final state history has: out of state,
+        a tombstone on the ledger. Bounded per tick."""
+        out: list[Output] = []
+        cutoff = history_until_ms - self.purge_clock_margin_ms
+        # purge_at >= ended + retention_ms, so every entry up to this bound ended before cutoff
+        upto = min(now_ms, cutoff - 1 + self.run_cfg.retention_ms)
+        for key, _ in list(self.kv.scan(b"rp/", _bound(b"rp/", upto), self.run_cfg.purges_per_tick_max)):
+            run = self.run(key[len(b"rp/") + _TIME_W + 1:].decode())
+            if run is None or key not in self._index_keys(run):
+                self.kv.delete(key)  # orphan
+                continue
+            if run.updated_at_ms >= cutoff:
+                continue  # (never expected: terminal runs end when last updated)
+            self._forget_run(run)
+            self.stats.purged += 1
+            out.append(Output(self.topo.runs, run.run_id, None, self.partition))
         return out
 
     def _tick_job(self, job_id: str, now_ms: int) -> list[Output]:

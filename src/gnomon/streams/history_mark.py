@@ -1,0 +1,80 @@
+"""How far history has read the run ledger, in the processor's own time.
+
+A finished run may leave processor state (a tombstone on gnomon.runs) only once the
+history projector has its final state. The projector commits its position on the
+ledger (consumer group ``gnomon-history``) after it has written the records before it.
+
+``HistoryWatermark`` samples, every ``interval_ms`` between two steps of the processor,
+the pair (T = now, E = the ledger partition's committed end offset). Every record this
+partition's owner committed before T lies below E - 1: its own transaction's commit
+marker lies after it and before E. So once the projector's committed offset C >= E - 1,
+everything committed before T is in history, and ``until_ms(p)`` answers the latest
+such T. The check is conservative: an idle projector (or none) holds purging back,
+never the other way round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from gnomon.adapters.kafka import consumer_config
+from gnomon.core.clock import Clock
+
+log = logging.getLogger("gnomon.processor.history")
+
+HISTORY_GROUP_ID = "gnomon-history"  # the projector's group (gnomon.history.projector.GROUP_ID)
+
+
+class HistoryWatermark:
+    def __init__(self, bootstrap: str, ledger_topic: str, clock: Clock, *, group_id: str = HISTORY_GROUP_ID,
+                 interval_ms: int = 5_000, samples_max: int = 120, timeout_s: float = 2.0) -> None:
+        self.topic = ledger_topic
+        self.clock = clock
+        self.interval_ms = interval_ms
+        self.samples_max = samples_max  # per partition; oldest dropped (history lagging that far waits)
+        self.timeout_s = timeout_s
+        self._samples: dict[int, deque[tuple[int, int]]] = {}
+        self._until: dict[int, int] = {}
+        self._last_ms = -(10**15)
+        # never subscribes: it only reads the projector group's committed offsets (no join)
+        self._consumer = Consumer(consumer_config(bootstrap, group_id, **{
+            "enable.auto.commit": False, "isolation.level": "read_committed"}))
+
+    def until_ms(self, partition: int) -> int | None:
+        return self._until.get(partition)
+
+    def poll(self, partitions: Iterable[int]) -> None:
+        """Take a sample if one is due. Call between steps (no transaction of ours open)."""
+        now = self.clock.now_ms()
+        if now - self._last_ms < self.interval_ms:
+            return
+        self._last_ms = now
+        parts = sorted(partitions)
+        if not parts:
+            return
+        try:
+            committed = {tp.partition: tp.offset for tp in self._consumer.committed(
+                [TopicPartition(self.topic, p) for p in parts], self.timeout_s)}
+            for p in parts:
+                _, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), self.timeout_s)
+                self._observe(p, now, int(end), committed.get(p, -1))
+        except KafkaException as exc:
+            log.warning("cannot read the history projector's position (%s); purging waits", exc)
+
+    def _observe(self, partition: int, now_ms: int, end: int, committed: int) -> None:
+        samples = self._samples.setdefault(partition, deque())
+        samples.append((now_ms, end))
+        while len(samples) > self.samples_max:
+            samples.popleft()
+        while samples and committed >= 0 and committed >= samples[0][1] - 1:
+            self._until[partition] = samples.popleft()[0]
+
+    def close(self) -> None:
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("history watermark consumer close: %s", exc)
