@@ -2,6 +2,8 @@
 its partitions go quiet, and the start lag of runs whose slots fall in the failover.
 
     .venv/bin/python bench/failover.py [--jobs 200] [--kills 3]
+    .venv/bin/python bench/failover.py --mode rolling [--kills 2]   # SIGTERM + restart, one by one
+    .venv/bin/python bench/failover.py --mode quiet --quiet-s 600   # no faults: count false takeovers
 
 Starts 2 processors and 2 workers as separate processes on the running broker
 (`gnomon infra up` first), registers N jobs firing every second, and kills -9 a
@@ -47,11 +49,21 @@ def owned_partitions(logfile: Path) -> list[int]:
     return found
 
 
+def partition_moves(logfile: Path) -> int:
+    """Rebalances that took partitions from this processor (revoked or lost)."""
+    text = logfile.read_text(errors="replace") if logfile.exists() else ""
+    return text.count("revoked partitions [") - text.count("revoked partitions []") + text.count("lost partitions [")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--between-s", type=float, default=65)
+    ap.add_argument("--mode", choices=("kill", "rolling", "quiet"), default="kill",
+                    help="kill: kill -9 and restart; rolling: SIGTERM, wait for the exit, restart at once; "
+                         "quiet: no faults for --quiet-s, then count partition moves (false takeovers)")
+    ap.add_argument("--quiet-s", type=float, default=600)
     args = ap.parse_args()
     s, topo = load(), load_topology()
     from gnomon.infra import manager
@@ -75,16 +87,27 @@ def main() -> None:
             sc.send(RegisterJob(f"{tag}-{i:05d}", "bench", spec, now))
         sc.flush()
         time.sleep(15)
-        for k in range(args.kills):
+        moves_before = {n: partition_moves(logs / f"{n}.log") for n in ("pA", "pB")}
+        if args.mode == "quiet":
+            print(f"no faults for {args.quiet_s:.0f} s", file=sys.stderr)
+            time.sleep(args.quiet_s)
+            moves = {n: partition_moves(logs / f"{n}.log") - moves_before[n] for n in ("pA", "pB")}
+        for k in range(args.kills if args.mode != "quiet" else 0):
             victim = "pA" if k % 2 == 0 else "pB"
             parts = owned_partitions(logs / f"{victim}.log")
             t_kill = int(time.time() * 1000)
-            sc.signal(victim, signal.SIGKILL)
+            if args.mode == "rolling":
+                sc.signal(victim, signal.SIGTERM)
+                sc.procs[victim].wait(60)
+                del sc.procs[victim]
+                print(f"restart {k + 1}: {victim} stopped in {time.time() - t_kill / 1000:.1f} s", file=sys.stderr)
+            else:
+                sc.signal(victim, signal.SIGKILL)
+                time.sleep(args.between_s)
             kills.append((t_kill, parts))
-            print(f"kill {k + 1}: {victim} owned partitions {parts}", file=sys.stderr)
-            time.sleep(args.between_s)
+            print(f"{args.mode} {k + 1}: {victim} owned partitions {parts}", file=sys.stderr)
             sc.processor(victim)
-            time.sleep(10)
+            time.sleep(args.between_s if args.mode == "rolling" else 10)
         now = int(time.time() * 1000)
         for i in range(args.jobs):
             sc.send(PauseJob(f"{tag}-{i:05d}", "bench", now))
@@ -93,7 +116,13 @@ def main() -> None:
     finally:
         sc.stop_all()
     runs, _, _ = sc.history()
-    print(f"jobs={args.jobs} (every 1 s) processors=2 workers=2 kills={len(kills)}")
+    print(f"jobs={args.jobs} (every 1 s) processors=2 workers=2 mode={args.mode} events={len(kills)}")
+    if args.mode == "quiet":
+        final = {x.run_id: x for x in runs}
+        lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in final.values() if r.started_at_ms]
+        print(f"quiet {args.quiet_s:.0f} s: partition moves (revoked or lost) after warm-up: {moves}; "
+              f"start lag p50={pct(lags, 50):.3f} p99={pct(lags, 99):.3f} max={max(lags, default=0):.3f} s "
+              f"(n={len(lags)}, more than one attempt={sum(1 for r in final.values() if r.attempt > 1)})")
     for k, (t_kill, parts) in enumerate(kills, 1):
         first_write: dict[int, int] = {}
         for r in runs:
@@ -106,7 +135,7 @@ def main() -> None:
         lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in window if r.started_at_ms]
         not_run = sum(1 for r in window if r.started_at_ms is None)
         retried = sum(1 for r in window if r.attempt > 1)
-        print(f"kill {k}: partitions {parts} quiet for {min(gaps):.1f}-{max(gaps):.1f} s; "
+        print(f"{args.mode} {k}: partitions {parts} quiet for {min(gaps):.1f}-{max(gaps):.1f} s; "
               f"start lag of slots in the next 60 s: p50={pct(lags, 50):.3f} p99={pct(lags, 99):.3f} "
               f"max={max(lags) if lags else float('nan'):.3f} s (n={len(lags)}, not started={not_run}, "
               f"more than one attempt={retried})")
