@@ -64,6 +64,7 @@ def main() -> None:
                     help="kill: kill -9 and restart; rolling: SIGTERM, wait for the exit, restart at once; "
                          "quiet: no faults for --quiet-s, then count partition moves (false takeovers)")
     ap.add_argument("--quiet-s", type=float, default=600)
+    ap.add_argument("--no-standbys", action="store_true", help="processors without warm standbys (for comparison)")
     args = ap.parse_args()
     s, topo = load(), load_topology()
     from gnomon.infra import manager
@@ -72,7 +73,8 @@ def main() -> None:
     tag = "fo" + secrets.token_hex(3)
     logs = Path(s.state_dir) / "bench-logs" / tag
     logs.mkdir(parents=True, exist_ok=True)
-    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30)
+    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30,
+                  processor_args=("--no-standbys",) if args.no_standbys else ())
     kills: list[tuple[int, list[int]]] = []
     try:
         sc.processor("pA")
@@ -116,7 +118,12 @@ def main() -> None:
     finally:
         sc.stop_all()
     runs, _, _ = sc.history()
-    print(f"jobs={args.jobs} (every 1 s) processors=2 workers=2 mode={args.mode} events={len(kills)}")
+    print(f"jobs={args.jobs} (every 1 s) processors=2 workers=2 mode={args.mode} events={len(kills)} "
+          f"standbys={'off' if args.no_standbys else 'on'}")
+    for name in ("pA", "pB"):
+        for line in (logs / f"{name}.log").read_text(errors="replace").splitlines():
+            if "restored:" in line and "0 records" not in line:
+                print(f"  {name}: {line.split(': ', 1)[-1]}")
     if args.mode == "quiet":
         final = {x.run_id: x for x in runs}
         lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in final.values() if r.started_at_ms]

@@ -81,6 +81,7 @@ class Scenario:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     lease_s: int = 8
     lookahead_s: int = 10
+    processor_args: tuple[str, ...] = ()  # extra `gnomon processor` options for every processor
 
     def __post_init__(self) -> None:
         self.settings = load()
@@ -98,7 +99,7 @@ class Scenario:
 
     def processor(self, name: str) -> None:
         self.start(name, "processor", "--instance-id", f"{self.tag}-{name}", "--lease-s", str(self.lease_s),
-                   "--lookahead-s", str(self.lookahead_s))
+                   "--lookahead-s", str(self.lookahead_s), *self.processor_args)
 
     def worker(self, name: str, concurrency: int = 32, pool: str = "default") -> None:
         self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),

@@ -45,6 +45,9 @@ def processor(
         min=1, max=30 * 86400,
         help="a finished run leaves processor state and the ledger this long after it ended, "
              "once history has it (history keeps it)")] = 3600,
+    standbys: Annotated[bool, typer.Option(
+        help="keep warm copies of the partitions other processors own, so a takeover reads only "
+             "the changelog tail (costs a second apply of every changelog record)")] = True,
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
@@ -58,6 +61,7 @@ def processor(
     s = load()
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(), session_timeout_ms=session_timeout_ms,
+                          standbys=standbys,
                           sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
                           runs=RunConfig(lease_ms=lease_s * 1000, retention_ms=retention_s * 1000,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))

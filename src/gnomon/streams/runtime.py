@@ -37,6 +37,7 @@ from gnomon.core.messages import PoisonRecord
 from gnomon.core.workers import WorkerDirectory
 from gnomon.streams.adverts import AdvertFeed
 from gnomon.streams.history_mark import HistoryWatermark
+from gnomon.streams.standby import StandbySet
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.topology import Topology, load_topology
 
@@ -61,6 +62,9 @@ class ProcessorConfig:
     # A local checkpoint older than this is not trusted (full rebuild instead): a restore
     # from it could miss tombstones the log cleaner removed (delete.retention.ms, 1 h).
     checkpoint_max_age_ms: int = 1_800_000
+    # keep warm copies of the partitions other processors own (docs/adr/0005): a takeover
+    # reads only the changelog tail. Costs a second apply of every changelog record.
+    standbys: bool = True
     sched: J.SchedulerConfig = field(default_factory=J.SchedulerConfig)
     runs: R.RunConfig = field(default_factory=R.RunConfig)
 
@@ -93,6 +97,10 @@ class Processor:
         self.directory = WorkerDirectory()
         self.adverts: AdvertFeed | None = None
         self.history: HistoryWatermark | None = None
+        self.standbys: StandbySet | None = None
+        if cfg.standbys:
+            self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
+                                       lambda p: self._open_store(p))
 
     def _new_producer(self) -> Producer:
         return Producer(
@@ -130,8 +138,10 @@ class Processor:
                 if time.monotonic() - last_report > 10:
                     last_report = time.monotonic()
                     free = self.directory.snapshot(self.clock.now_ms())
-                    log.info("partitions=%s txns=%d poisoned=%d workers=%d free_slots=%d purged=%d state=%s",
-                             sorted(self.tasks), self.transactions, self.poisoned, len(free),
+                    log.info("partitions=%s standbys=%s txns=%d poisoned=%d workers=%d free_slots=%d purged=%d "
+                             "state=%s", sorted(self.tasks),
+                             sorted(self.standbys.copies) if self.standbys is not None else "off",
+                             self.transactions, self.poisoned, len(free),
                              sum(max(0, f) for f in free.values()),
                              sum(t.stats.purged for t in self.tasks.values()), self._state_sizes())
         finally:
@@ -151,6 +161,11 @@ class Processor:
     def _close(self) -> None:
         for p in list(self.tasks):
             self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
+        if self.standbys is not None:
+            positions = self.standbys.positions()
+            self.standbys.close()
+            for p, pos in positions.items():
+                self._write_checkpoint(p, pos)  # warm copies stay warm across a restart
         with contextlib.suppress(Exception):  # closing is best-effort
             self.consumer.close()
         if self.adverts is not None:
@@ -194,27 +209,42 @@ class Processor:
         return self.cfg.state_dir / "processor" / self.cfg.instance_id / f"p{partition:03d}"
 
     def _release(self, partition: int, *, checkpoint: bool = True) -> None:
+        """Give up an owned partition. Clean (revoked, stopping, after a commit): its store
+        stays warm as a standby, or is checkpointed to disk. Otherwise it is dropped."""
         task = self.tasks.pop(partition, None)
         if task is None:
             return
-        task.kv.close()
-        if not checkpoint:
-            return
-        if not self._clean:
+        if checkpoint and not self._clean:
             log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
+            checkpoint = False
+        ends: dict[str, int] | None = None
+        if checkpoint:
+            try:
+                ends = {t: read_end_offset(self.cfg.bootstrap, t, partition) for t in (self.topo.jobs, self.topo.runs)}
+            except EventLogError as exc:
+                log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
+        if ends is not None and self.standbys is not None:
+            self.standbys.adopt(partition, task, ends)
             return
+        task.kv.close()
+        if ends is not None:
+            self._write_checkpoint(partition, ends)
+
+    def _write_checkpoint(self, partition: int, positions: dict[str, int]) -> None:
+        """The partition's (closed) store holds the changelogs up to ``positions``."""
         try:
-            ends: dict[str, int] = {t: read_end_offset(self.cfg.bootstrap, t, partition)
-                                    for t in (self.topo.jobs, self.topo.runs)}
             ckpt = self._state_path(partition).with_suffix(".checkpoint")
             tmp = ckpt.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**ends, _WRITTEN_AT: self.clock.now_ms()}))
+            tmp.write_text(json.dumps({**positions, _WRITTEN_AT: self.clock.now_ms()}))
             tmp.replace(ckpt)
-        except (EventLogError, OSError) as exc:
+        except OSError as exc:
             log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
 
-    def _restore(self, partition: int, *, trust_checkpoint: bool = True) -> PartitionTask:
-        started = time.monotonic()
+    def _open_store(self, partition: int, *, trust_checkpoint: bool = True,
+                    ) -> tuple[PartitionTask, dict[str, int] | None]:
+        """The partition's store and the changelog positions it holds, from its checkpoint
+        (consumed: a crash before the next clean close means a rebuild). None: an empty
+        store (no checkpoint, an untrusted or a too old one)."""
         path = self._state_path(partition)
         ckpt_file = path.with_suffix(".checkpoint")
         ckpt: dict[str, int] | None = None
@@ -227,8 +257,21 @@ class Processor:
                 log.info("partition %d checkpoint is %d s old (tombstones may be gone); full rebuild",
                          partition, age_ms // 1000)
                 ckpt = None
+        if ckpt is not None and not {self.topo.jobs, self.topo.runs} <= set(ckpt):
+            ckpt = None
         task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory)
+        return task, None if ckpt is None else {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}
+
+    def _restore(self, partition: int, *, trust_checkpoint: bool = True) -> PartitionTask:
+        started = time.monotonic()
+        promoted = self.standbys.promote(partition) if self.standbys is not None and trust_checkpoint else None
+        if promoted is not None:
+            task, ckpt = promoted
+            source = "from a warm standby"
+        else:
+            task, ckpt = self._open_store(partition, trust_checkpoint=trust_checkpoint)
+            source = "full rebuild" if ckpt is None else "from checkpoint"
         n = 0
         if ckpt is None:  # full rebuild: keep the last value per key, then load once
             latest: dict[str, dict[str, bytes | None]] = {self.topo.jobs: {}, self.topo.runs: {}}
@@ -240,11 +283,11 @@ class Processor:
                 task.bulk_load(latest[self.topo.jobs], latest[self.topo.runs])
             except GnomonError as exc:
                 raise EventLogError(f"changelog of partition {partition} holds an undecodable record: {exc}") from exc
-        else:  # tail after a clean close: the last value per key, applied on the local state
+        else:  # the tail after a clean close or a standby's position: the last value per key
             for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
                 tail: dict[str, bytes | None] = {}
                 for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
-                                                 ckpt.get(topic)):
+                                                 ckpt[topic]):
                     tail[msg.key().decode() if msg.key() else ""] = msg.value()
                     n += 1
                 for key, value in tail.items():
@@ -252,8 +295,7 @@ class Processor:
                         apply(key, value)
                     except GnomonError as exc:
                         log.error("changelog %s[%d] key %s undecodable, skipped: %s", topic, partition, key, exc)
-        log.info("partition %d restored: %d records in %.2fs (%s)", partition, n, time.monotonic() - started,
-                 "from checkpoint" if ckpt else "full rebuild")
+        log.info("partition %d restored: %d records in %.2fs (%s)", partition, n, time.monotonic() - started, source)
         return task
 
     # ---- one step --------------------------------------------------------------------------
@@ -261,6 +303,9 @@ class Processor:
     def step(self) -> None:
         if self.history is not None:
             self.history.poll(self.tasks)  # between transactions: everything before now is committed
+        if self.standbys is not None:
+            self.standbys.track(set(range(self.topo.partitions)) - set(self.tasks))
+            self.standbys.poll()
         msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
         now = self.clock.now_ms()
         due_tick = now - self._last_tick_ms >= self.cfg.tick_interval_ms
