@@ -9,7 +9,8 @@ Starts 2 processors and 2 workers as separate processes on the running broker
 (`gnomon infra up` first), registers N jobs firing every second, and kills -9 a
 processor `--kills` times (restarting it each time). For each kill it prints the gap
 from the kill until the first ledger write on each of the victim's partitions, and the
-start-lag percentiles (worker-reported start - slot) of runs whose slot is within 60 s after it,
+start-lag percentiles (worker-reported start - slot) of runs whose slot is within 60 s after it
+(and before the jobs are paused at the end),
 and how many of those slots did not run (missed) or ran twice (more than one attempt started).
 """
 
@@ -76,6 +77,7 @@ def main() -> None:
     sc = Scenario(tag, logs, lease_s=30, lookahead_s=30,
                   processor_args=("--no-standbys",) if args.no_standbys else ())
     kills: list[tuple[int, list[int]]] = []
+    t_pause = 1 << 62
     try:
         sc.processor("pA")
         sc.processor("pB")
@@ -110,7 +112,7 @@ def main() -> None:
             print(f"{args.mode} {k + 1}: {victim} owned partitions {parts}", file=sys.stderr)
             sc.processor(victim)
             time.sleep(args.between_s if args.mode == "rolling" else 10)
-        now = int(time.time() * 1000)
+        now = t_pause = int(time.time() * 1000)
         for i in range(args.jobs):
             sc.send(PauseJob(f"{tag}-{i:05d}", "bench", now))
         sc.flush()
@@ -138,7 +140,7 @@ def main() -> None:
                 first_write[p] = min(first_write.get(p, 1 << 62), r.updated_at_ms)
         gaps = [(first_write.get(p, 1 << 62) - t_kill) / 1000 for p in parts]
         final = {x.run_id: x for x in runs}
-        window = [r for r in final.values() if t_kill <= r.slot_ms < t_kill + 60_000]
+        window = [r for r in final.values() if t_kill <= r.slot_ms < min(t_kill + 60_000, t_pause - 2_000)]
         lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in window if r.started_at_ms]
         not_run = sum(1 for r in window if r.started_at_ms is None)
         retried = sum(1 for r in window if r.attempt > 1)

@@ -140,7 +140,7 @@ class Processor:
                     free = self.directory.snapshot(self.clock.now_ms())
                     log.info("partitions=%s standbys=%s txns=%d poisoned=%d workers=%d free_slots=%d purged=%d "
                              "state=%s", sorted(self.tasks),
-                             sorted(self.standbys.copies) if self.standbys is not None else "off",
+                             self.standbys.lag() if self.standbys is not None else "off",
                              self.transactions, self.poisoned, len(free),
                              sum(max(0, f) for f in free.values()),
                              sum(t.stats.purged for t in self.tasks.values()), self._state_sizes())

@@ -6,12 +6,19 @@ a rebalance hands it one of them (another processor died or left), it only has t
 the changelog from where its copy stands instead of rebuilding from the start; when a
 partition is taken from it cleanly, its store stays open as a standby.
 
-The copy is built only from committed changelog records (``read_committed``), applied in
-offset order with the same ``PartitionTask.restore_*`` as a restore, so a promoted
-standby is exactly a checkpointed store: the owner's tail restore finishes the job.
+A copy is built from committed changelog records only (``read_committed``):
 
-The work is bounded per call (``poll``): records and time, so tailing never delays the
-processor's own partitions. Positions are next offsets to apply, per changelog topic.
+* **Building** (an empty store): records are buffered, last value per key, up to the end
+  offsets seen when the copy was opened, then loaded at once with ``bulk_load`` (as a
+  full rebuild does, one partition per call).
+* **Tailing** (warm): records are buffered per key and applied with the same
+  ``PartitionTask.restore_*`` as a restore, within a time budget per call. A run
+  changes state several times within seconds, so buffering per key saves most applies.
+
+``positions`` are the changelog offsets the store is consistent with: they move to the
+consumed offsets whenever the buffer is empty. A store may hold some records beyond its
+positions (applied from the buffer); a tail restore from the positions re-applies them,
+last value per key, so a promoted copy is exactly a checkpointed store.
 """
 
 from __future__ import annotations
@@ -19,9 +26,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from gnomon.adapters.kafka import consumer_config
 from gnomon.core.errors import GnomonError
@@ -36,20 +50,28 @@ OpenStore = Callable[[int], tuple[PartitionTask, dict[str, int] | None]]
 @dataclass
 class _Copy:
     task: PartitionTask
-    positions: dict[str, int]  # changelog topic -> next offset to apply
-    from_scratch: bool  # started on an empty store (offset 0)
-    applied: int = 0
+    positions: dict[str, int]  # the store is consistent with the changelogs up to these offsets
+    consumed: dict[str, int]  # next offset read (buffered or applied)
+    building_until: dict[str, int] | None  # set: an empty store, loaded in bulk once these ends are read
+    pending: dict[tuple[str, str], bytes | None] = field(default_factory=dict)  # (topic, key) -> last value
+
+    @property
+    def warm(self) -> bool:
+        return self.building_until is None
 
 
 class StandbySet:
     def __init__(self, bootstrap: str, topics: tuple[str, str], open_store: OpenStore, *,
-                 records_per_poll_max: int = 2_000, poll_budget_ms: int = 25) -> None:
+                 records_per_poll_max: int = 5_000, poll_budget_ms: int = 25, pending_max: int = 200_000,
+                 timeout_s: float = 5.0, consumer: Consumer | None = None) -> None:
         self.topics = topics  # (jobs changelog, runs changelog)
         self.open_store = open_store
         self.records_per_poll_max = records_per_poll_max
         self.poll_budget_ms = poll_budget_ms
+        self.pending_max = pending_max  # buffered keys per copy; reading pauses beyond it
+        self.timeout_s = timeout_s
         self.copies: dict[int, _Copy] = {}
-        self._consumer = Consumer(consumer_config(bootstrap, "gnomon-standby", **{
+        self._consumer = consumer or Consumer(consumer_config(bootstrap, "gnomon-standby", **{
             "enable.auto.commit": False, "enable.partition.eof": False, "fetch.wait.max.ms": 50}))
         self._assigned: set[int] = set()
 
@@ -58,12 +80,23 @@ class StandbySet:
     def track(self, wanted: set[int]) -> None:
         """Keep copies of exactly ``wanted`` (the partitions this processor does not own)."""
         for p in sorted(set(self.copies) - wanted):
-            copy = self.copies.pop(p)
-            copy.task.kv.close()
+            self.copies.pop(p).task.kv.close()
         for p in sorted(wanted - set(self.copies)):
             task, positions = self.open_store(p)
-            self.copies[p] = _Copy(task, dict(positions or dict.fromkeys(self.topics, 0)), positions is None)
-            log.info("standby for partition %d from %s", p, positions or "the beginning")
+            if positions is not None:
+                self.copies[p] = _Copy(task, dict(positions), dict(positions), None)
+                log.info("standby for partition %d from its checkpoint %s", p, positions)
+                continue
+            try:
+                ends = {t: int(self._consumer.get_watermark_offsets(TopicPartition(t, p), self.timeout_s)[1])
+                        for t in self.topics}
+            except KafkaException as exc:
+                task.kv.close()
+                log.warning("standby for partition %d not started (%s); will retry", p, exc)
+                continue
+            start = dict.fromkeys(self.topics, 0)
+            self.copies[p] = _Copy(task, dict(start), dict(start), ends)
+            log.info("standby for partition %d: building from the changelogs up to %s", p, ends)
         self._reassign()
 
     def adopt(self, partition: int, task: PartitionTask, positions: dict[str, int]) -> None:
@@ -71,29 +104,34 @@ class StandbySet:
         old = self.copies.pop(partition, None)
         if old is not None:
             old.task.kv.close()
-        self.copies[partition] = _Copy(task, dict(positions), from_scratch=False)
+        self.copies[partition] = _Copy(task, dict(positions), dict(positions), None)
         self._reassign(force=True)
 
     def promote(self, partition: int) -> tuple[PartitionTask, dict[str, int]] | None:
-        """Hand over the copy of ``partition`` (it is ours now) with the positions it holds.
-        None: no copy, or one that has read nothing yet (a full rebuild is faster)."""
+        """Hand over the copy of ``partition`` (it is ours now) with the positions its store
+        is consistent with. None: no copy, or one still being built (a full rebuild is
+        as fast)."""
         copy = self.copies.pop(partition, None)
         if copy is None:
             return None
         self._reassign()
-        if copy.from_scratch and copy.applied == 0:
+        if not copy.warm:
             copy.task.kv.close()
             return None
-        return copy.task, copy.positions
+        return copy.task, copy.positions  # the owner's tail restore applies what is buffered
 
     def positions(self) -> dict[int, dict[str, int]]:
-        """The changelog positions each copy holds (copies that have read nothing: left out)."""
-        return {p: dict(c.positions) for p, c in self.copies.items() if not (c.from_scratch and c.applied == 0)}
+        """The changelog positions each warm copy's store is consistent with."""
+        return {p: dict(c.positions) for p, c in self.copies.items() if c.warm}
+
+    def lag(self) -> dict[int, int]:
+        """Buffered records not yet applied, per copy (-1: still building)."""
+        return {p: len(c.pending) if c.warm else -1 for p, c in self.copies.items()}
 
     def _reassign(self, force: bool = False) -> None:
         if set(self.copies) == self._assigned and not force:
             return
-        tps = [TopicPartition(t, p, copy.positions[t] or OFFSET_BEGINNING)
+        tps = [TopicPartition(t, p, copy.consumed[t] or OFFSET_BEGINNING)
                for p, copy in sorted(self.copies.items()) for t in self.topics]
         try:
             self._consumer.assign(tps)
@@ -105,45 +143,99 @@ class StandbySet:
     # ---- tailing -------------------------------------------------------------------------
 
     def poll(self) -> int:
-        """Apply what the changelogs have for our copies, within the per-call budget."""
+        """Read what the changelogs have for our copies and apply some of it, within the
+        per-call budget. Returns the records read."""
         if not self.copies:
             return 0
         self._reassign()
         deadline = time.monotonic() + self.poll_budget_ms / 1000
         n = 0
         while n < self.records_per_poll_max and time.monotonic() < deadline:
+            if any(len(c.pending) >= self.pending_max for c in self.copies.values()):
+                break
             try:
-                msgs = self._consumer.consume(min(500, self.records_per_poll_max - n), 0)
+                msgs = self._consumer.consume(min(1_000, self.records_per_poll_max - n), 0)
             except KafkaException as exc:
                 log.warning("standby consume failed: %s", exc)
-                return n
+                break
             if not msgs:
                 break
             for msg in msgs:
-                n += self._apply(msg)
+                n += self._buffer(msg)
+        self._build_one()
+        self._apply(deadline)
         return n
 
-    def _apply(self, msg: object) -> int:
-        err = msg.error()  # type: ignore[attr-defined]
+    def _buffer(self, msg: Message) -> int:
+        err = msg.error()
         if err is not None:
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("standby consume error: %s", err)
             return 0
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()  # type: ignore[attr-defined]
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None
         copy = self.copies.get(partition)
-        if copy is None or offset < copy.positions[topic]:
+        if copy is None or offset < copy.consumed[topic]:
             return 0  # promoted meanwhile, or a record the copy already holds
-        key = (msg.key() or b"").decode()  # type: ignore[attr-defined]
-        try:
-            if topic == self.topics[0]:
-                copy.task.restore_job(key, msg.value())  # type: ignore[attr-defined]
-            else:
-                copy.task.restore_run(key, msg.value())  # type: ignore[attr-defined]
-        except GnomonError as exc:
-            log.error("standby %s[%d]@%d undecodable, skipped: %s", topic, partition, offset, exc)
-        copy.positions[topic] = offset + 1
-        copy.applied += 1
+        key = (topic, (msg.key() or b"").decode())
+        copy.pending.pop(key, None)  # keep the buffer in order of last change
+        copy.pending[key] = msg.value()
+        copy.consumed[topic] = offset + 1
         return 1
+
+    def _build_one(self) -> None:
+        """Load one copy whose build has read up to its target ends (a bulk load)."""
+        for p, copy in self.copies.items():
+            ends = copy.building_until
+            if ends is None:
+                continue
+            # the consumer's position moves past commit markers and aborted records, which
+            # are never delivered: the end of a transactional changelog is one of those
+            try:
+                read = {tp.topic: tp.offset for tp in self._consumer.position([TopicPartition(t, p) for t in self.topics])}
+            except KafkaException:
+                continue
+            for t in self.topics:
+                copy.consumed[t] = max(copy.consumed[t], read.get(t) or 0)
+            if any(copy.consumed[t] < ends[t] for t in self.topics):
+                continue
+            started = time.monotonic()
+            jobs_t, runs_t = self.topics
+            jobs = {k: v for (t, k), v in copy.pending.items() if t == jobs_t}
+            runs = {k: v for (t, k), v in copy.pending.items() if t == runs_t}
+            try:
+                loaded = copy.task.bulk_load(jobs, runs)
+            except GnomonError as exc:
+                log.error("standby for partition %d: undecodable changelog record (%s); rebuilding later", p, exc)
+                copy.consumed = dict.fromkeys(self.topics, 0)
+                copy.pending.clear()
+                self._reassign(force=True)
+                return
+            copy.pending.clear()
+            copy.positions = dict(copy.consumed)
+            copy.building_until = None
+            log.info("standby for partition %d built: %d live keys in %.2fs, at %s", p, loaded,
+                     time.monotonic() - started, copy.positions)
+            return  # one per call: a bulk load takes a while
+
+    def _apply(self, deadline: float) -> None:
+        """Apply buffered records of warm copies, oldest change first, until the deadline."""
+        for copy in self.copies.values():
+            if not copy.warm:
+                continue
+            jobs_t = self.topics[0]
+            while copy.pending and time.monotonic() < deadline:
+                (topic, key), value = next(iter(copy.pending.items()))
+                del copy.pending[(topic, key)]
+                try:
+                    if topic == jobs_t:
+                        copy.task.restore_job(key, value)
+                    else:
+                        copy.task.restore_run(key, value)
+                except GnomonError as exc:
+                    log.error("standby %s[%d] key %s undecodable, skipped: %s", topic, copy.task.partition, key, exc)
+            if not copy.pending:
+                copy.positions = dict(copy.consumed)
 
     def close(self) -> None:
         for copy in self.copies.values():
