@@ -65,6 +65,8 @@ def main() -> None:
                     help="kill: kill -9 and restart; rolling: SIGTERM, wait for the exit, restart at once; "
                          "quiet: no faults for --quiet-s, then count partition moves (false takeovers)")
     ap.add_argument("--quiet-s", type=float, default=600)
+    ap.add_argument("--settle-s", type=float, default=10,
+                    help="after restarting a victim, wait this long before the next event (its standbys warm up)")
     ap.add_argument("--no-standbys", action="store_true", help="processors without warm standbys (for comparison)")
     args = ap.parse_args()
     s, topo = load(), load_topology()
@@ -111,7 +113,7 @@ def main() -> None:
             kills.append((t_kill, parts))
             print(f"{args.mode} {k + 1}: {victim} owned partitions {parts}", file=sys.stderr)
             sc.processor(victim)
-            time.sleep(args.between_s if args.mode == "rolling" else 10)
+            time.sleep(args.between_s if args.mode == "rolling" else args.settle_s)
         now = t_pause = int(time.time() * 1000)
         for i in range(args.jobs):
             sc.send(PauseJob(f"{tag}-{i:05d}", "bench", now))

@@ -7,7 +7,9 @@ run:
   1. triggers for slots already run are replayed onto gnomon.run-events, some for runs
      already purged (tombstoned), some racing their purge: none may run a slot again;
   2. both processors are restarted one by one with SIGTERM (a rolling restart): their
-     partitions are handed over, nothing is missed or doubled.
+     partitions are handed over, nothing is missed or doubled;
+  3. one processor is killed (kill -9): the other takes its partitions over from its
+     warm standby copies (it reads only the changelog tail).
 
 Then every ledger and inbox record of the scenario goes through the history checker:
 0 missed, 0 doubled, 0 stale accepted. The purge is shown by the tombstones on the
@@ -127,7 +129,12 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
         restart_to = int(time.time() * 1000)
         runs, _, _ = sc.history()
         log(f"replaying {_replay(sc, tag, runs)} triggers after the restarts")
-        time.sleep(10)
+        time.sleep(8)
+        survivor_log = sc.logs / "p2.log"
+        before_kill = survivor_log.stat().st_size
+        sc.signal("p1", signal.SIGKILL)  # standby takeover
+        kill_ms = int(time.time() * 1000)
+        time.sleep(15)
         end_ms = int(time.time() * 1000)
     finally:
         sc.stop_all()
@@ -148,6 +155,16 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
     log(f"rolling restart: {len(lags)} slots, start lag p50 {lags[len(lags) // 2]:.3f}s p99 {p99:.3f}s "
         f"max {lags[-1]:.3f}s; {len(purged)} runs purged")
     assert lags[0] >= 0  # never early
+    with open(survivor_log, "rb") as f:
+        f.seek(before_kill)
+        takeover = [ln for ln in f.read().decode(errors="replace").splitlines() if "restored:" in ln]
+    log("takeover after kill -9: " + "; ".join(ln.split(": ", 1)[-1] for ln in takeover))
+    assert takeover and all("from a warm standby" in ln for ln in takeover), takeover
+    kill_lags = sorted(((r.started_at_ms or 0) - r.slot_ms) / 1000 for r in final.values()
+                       if r.status is RunStatus.SUCCEEDED and kill_ms <= r.slot_ms <= end_ms - 5_000)
+    assert kill_lags and kill_lags[0] >= 0
+    log(f"kill -9: {len(kill_lags)} slots after it, start lag p50 {kill_lags[len(kill_lags) // 2]:.3f}s "
+        f"max {kill_lags[-1]:.3f}s")
     refused = [p for p in read_range(sc.settings.kafka_bootstrap, poison_from)
                if isinstance(p, PoisonRecord) and (p.key or b"").startswith(tag.encode()) and "refused" in p.reason]
     log(f"{len(refused)} replayed triggers refused (on gnomon.poison with the reason)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from gnomon import codec
@@ -105,7 +106,10 @@ def _tail(task: PartitionTask, log: FakeLog, positions: dict[str, int]) -> None:
             apply(k, v)
 
 
-def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild() -> None:
+@pytest.mark.parametrize("applies_per_poll", [100_000, 7])
+def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild(applies_per_poll: int) -> None:
+    """Whether the copy keeps up (its buffer empties) or lags (its positions stay at its
+    oldest unapplied change), promotion plus the tail from its positions is exact."""
     topo = load_topology()
     cluster = InMemoryCluster(partitions=topo.partitions, seed=3)
     log = FakeLog()
@@ -117,7 +121,7 @@ def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild() -> None:
     p = max(range(topo.partitions), key=lambda q: len(log.records.get((RUNS, q), [])))
 
     standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None),
-                         consumer=log)  # type: ignore[arg-type]
+                         applies_per_poll_max=applies_per_poll, consumer=log)  # type: ignore[arg-type]
     standby.track({p})
     assert standby.lag() == {p: -1}  # building
     standby.poll()
@@ -126,6 +130,8 @@ def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild() -> None:
     for _ in range(5):  # the owner goes on writing; the copy tails it
         cluster.run_for(4_000)
         standby.poll()
+    if applies_per_poll < 100:
+        assert standby.lag()[p] > 0 and standby.positions()[p][RUNS] < log.pos[(RUNS, p)]
     cluster.run_for(3_000)  # written after the copy's last read: the promotion's tail
     promoted = standby.promote(p)
     assert promoted is not None and standby.copies == {}

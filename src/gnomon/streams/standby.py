@@ -53,22 +53,35 @@ class _Copy:
     positions: dict[str, int]  # the store is consistent with the changelogs up to these offsets
     consumed: dict[str, int]  # next offset read (buffered or applied)
     building_until: dict[str, int] | None  # set: an empty store, loaded in bulk once these ends are read
-    pending: dict[tuple[str, str], bytes | None] = field(default_factory=dict)  # (topic, key) -> last value
+    # topic -> key -> (offset, value) of its last change not applied yet, oldest change first
+    pending: dict[str, dict[str, tuple[int, bytes | None]]] = field(default_factory=dict)
 
     @property
     def warm(self) -> bool:
         return self.building_until is None
 
+    def buffered(self) -> int:
+        return sum(len(keys) for keys in self.pending.values())
+
+    def settle_positions(self) -> None:
+        """Records below the oldest unapplied change of a topic are all in the store (or
+        superseded by a buffered one, which a tail restore from there re-applies)."""
+        for t in self.consumed:
+            keys = self.pending.get(t)
+            self.positions[t] = next(iter(keys.values()))[0] if keys else self.consumed[t]
+
 
 class StandbySet:
     def __init__(self, bootstrap: str, topics: tuple[str, str], open_store: OpenStore, *,
                  records_per_poll_max: int = 5_000, poll_budget_ms: int = 25, pending_max: int = 200_000,
-                 timeout_s: float = 5.0, consumer: Consumer | None = None) -> None:
+                 applies_per_poll_max: int = 100_000, timeout_s: float = 5.0, consumer: Consumer | None = None,
+                 ) -> None:
         self.topics = topics  # (jobs changelog, runs changelog)
         self.open_store = open_store
         self.records_per_poll_max = records_per_poll_max
         self.poll_budget_ms = poll_budget_ms
         self.pending_max = pending_max  # buffered keys per copy; reading pauses beyond it
+        self.applies_per_poll_max = applies_per_poll_max
         self.timeout_s = timeout_s
         self.copies: dict[int, _Copy] = {}
         self._consumer = consumer or Consumer(consumer_config(bootstrap, "gnomon-standby", **{
@@ -126,7 +139,7 @@ class StandbySet:
 
     def lag(self) -> dict[int, int]:
         """Buffered records not yet applied, per copy (-1: still building)."""
-        return {p: len(c.pending) if c.warm else -1 for p, c in self.copies.items()}
+        return {p: c.buffered() if c.warm else -1 for p, c in self.copies.items()}
 
     def _reassign(self, force: bool = False) -> None:
         if set(self.copies) == self._assigned and not force:
@@ -151,7 +164,7 @@ class StandbySet:
         deadline = time.monotonic() + self.poll_budget_ms / 1000
         n = 0
         while n < self.records_per_poll_max and time.monotonic() < deadline:
-            if any(len(c.pending) >= self.pending_max for c in self.copies.values()):
+            if any(c.buffered() >= self.pending_max for c in self.copies.values()):
                 break
             try:
                 msgs = self._consumer.consume(min(1_000, self.records_per_poll_max - n), 0)
@@ -177,9 +190,10 @@ class StandbySet:
         copy = self.copies.get(partition)
         if copy is None or offset < copy.consumed[topic]:
             return 0  # promoted meanwhile, or a record the copy already holds
-        key = (topic, (msg.key() or b"").decode())
-        copy.pending.pop(key, None)  # keep the buffer in order of last change
-        copy.pending[key] = msg.value()
+        keys = copy.pending.setdefault(topic, {})
+        key = (msg.key() or b"").decode()
+        keys.pop(key, None)  # keep the buffer in order of last change
+        keys[key] = (offset, msg.value())
         copy.consumed[topic] = offset + 1
         return 1
 
@@ -201,8 +215,8 @@ class StandbySet:
                 continue
             started = time.monotonic()
             jobs_t, runs_t = self.topics
-            jobs = {k: v for (t, k), v in copy.pending.items() if t == jobs_t}
-            runs = {k: v for (t, k), v in copy.pending.items() if t == runs_t}
+            jobs = {k: v for k, (_, v) in copy.pending.get(jobs_t, {}).items()}
+            runs = {k: v for k, (_, v) in copy.pending.get(runs_t, {}).items()}
             try:
                 loaded = copy.task.bulk_load(jobs, runs)
             except GnomonError as exc:
@@ -219,23 +233,23 @@ class StandbySet:
             return  # one per call: a bulk load takes a while
 
     def _apply(self, deadline: float) -> None:
-        """Apply buffered records of warm copies, oldest change first, until the deadline."""
+        """Apply buffered changes of warm copies, oldest first, until the deadline."""
+        budget = self.applies_per_poll_max
         for copy in self.copies.values():
             if not copy.warm:
                 continue
-            jobs_t = self.topics[0]
-            while copy.pending and time.monotonic() < deadline:
-                (topic, key), value = next(iter(copy.pending.items()))
-                del copy.pending[(topic, key)]
-                try:
-                    if topic == jobs_t:
-                        copy.task.restore_job(key, value)
-                    else:
-                        copy.task.restore_run(key, value)
-                except GnomonError as exc:
-                    log.error("standby %s[%d] key %s undecodable, skipped: %s", topic, copy.task.partition, key, exc)
-            if not copy.pending:
-                copy.positions = dict(copy.consumed)
+            for topic, keys in copy.pending.items():
+                apply = copy.task.restore_job if topic == self.topics[0] else copy.task.restore_run
+                while keys and budget > 0 and time.monotonic() < deadline:
+                    key, (_, value) = next(iter(keys.items()))
+                    del keys[key]
+                    budget -= 1
+                    try:
+                        apply(key, value)
+                    except GnomonError as exc:
+                        log.error("standby %s[%d] key %s undecodable, skipped: %s", topic, copy.task.partition, key,
+                                  exc)
+            copy.settle_positions()
 
     def close(self) -> None:
         for copy in self.copies.values():
