@@ -65,6 +65,7 @@ def main() -> None:
                     help="kill: kill -9 and restart; rolling: SIGTERM, wait for the exit, restart at once; "
                          "quiet: no faults for --quiet-s, then count partition moves (false takeovers)")
     ap.add_argument("--quiet-s", type=float, default=600)
+    ap.add_argument("--warmup-s", type=float, default=15, help="load before the first event")
     ap.add_argument("--settle-s", type=float, default=10,
                     help="after restarting a victim, wait this long before the next event (its standbys warm up)")
     ap.add_argument("--no-standbys", action="store_true", help="processors without warm standbys (for comparison)")
@@ -92,7 +93,7 @@ def main() -> None:
         for i in range(args.jobs):
             sc.send(RegisterJob(f"{tag}-{i:05d}", "bench", spec, now))
         sc.flush()
-        time.sleep(15)
+        time.sleep(args.warmup_s)
         moves_before = {n: partition_moves(logs / f"{n}.log") for n in ("pA", "pB")}
         if args.mode == "quiet":
             print(f"no faults for {args.quiet_s:.0f} s", file=sys.stderr)
@@ -126,7 +127,7 @@ def main() -> None:
           f"standbys={'off' if args.no_standbys else 'on'}")
     for name in ("pA", "pB"):
         for line in (logs / f"{name}.log").read_text(errors="replace").splitlines():
-            if "restored:" in line and "0 records" not in line:
+            if "restored:" in line and "restored: 0 records" not in line:
                 print(f"  {name}: {line.split(': ', 1)[-1]}")
     if args.mode == "quiet":
         final = {x.run_id: x for x in runs}

@@ -98,6 +98,7 @@ class Processor:
         self.adverts: AdvertFeed | None = None
         self.history: HistoryWatermark | None = None
         self.standbys: StandbySet | None = None
+        self._saturated = False  # the last batch was full: input is waiting
         if cfg.standbys:
             self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
                                        lambda p: self._open_store(p))
@@ -305,8 +306,10 @@ class Processor:
             self.history.poll(self.tasks)  # between transactions: everything before now is committed
         if self.standbys is not None:
             self.standbys.track(set(range(self.topo.partitions)) - set(self.tasks))
-            self.standbys.poll()
+            if not self._saturated:
+                self.standbys.poll()  # our own partitions first: standbys get the spare time
         msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
+        self._saturated = len(msgs) >= self.cfg.batch_max
         now = self.clock.now_ms()
         due_tick = now - self._last_tick_ms >= self.cfg.tick_interval_ms
         if not msgs and not due_tick:
