@@ -203,6 +203,14 @@ def test_replay_of_a_failed_run_produces_replay_run(env: Any) -> None:
     assert producer.sent == [("gnomon.run-events", "job_ab", ReplayRun(COLON_ID, NOW))]
 
 
+def test_replay_of_a_dead_letter_past_its_retention_is_409(env: Any) -> None:
+    client, producer, history = env
+    _run(history, COLON_ID, RunStatus.FAILED, attempt=3, token=3, finished_at_ms=NOW - 8 * 86_400_000)
+    resp = client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH)
+    assert resp.status_code == 409 and "replayable" in resp.json()["detail"]
+    assert producer.sent == []
+
+
 @pytest.mark.parametrize("status", [s for s in RunStatus if s is not RunStatus.FAILED])
 def test_replay_of_a_run_that_is_not_failed_is_409(env: Any, status: RunStatus) -> None:
     client, producer, history = env

@@ -31,7 +31,7 @@ from gnomon.core.jobs import (
     first_slot_after,
 )
 from gnomon.core.model import job_id_of, manual_run_id
-from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
+from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatus
 from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
@@ -215,6 +215,10 @@ def create_app(
         run = owned_run(tenant, run_id)
         if run.status is not RunStatus.FAILED:
             raise Conflict(f"run {run_id!r} is {run.status.value}; only a failed (dead-lettered) run can be replayed")
+        window_ms = RunConfig().dead_letter_retention_ms  # the processors' default (docs/adr/0005)
+        if run.finished_at_ms is not None and clock.now_ms() - run.finished_at_ms >= window_ms:
+            raise Conflict(f"run {run_id!r} failed more than {window_ms // 86_400_000} days ago; dead letters are "
+                           "replayable for that long (history keeps it; trigger the job by hand instead)")
         run_sink.send(job_id_of(run_id), ReplayRun(run_id, clock.now_ms()))
         return {"runId": run_id, "accepted": "replay"}
 
