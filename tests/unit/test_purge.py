@@ -191,3 +191,36 @@ def test_history_watermark_waits_for_the_projector_past_each_sample() -> None:
         assert mark.until_ms(0) == 4_000
     finally:
         mark.close()
+
+
+def test_changed_retention_settings_reindex_finished_runs() -> None:
+    """A restart with a longer retention: entries computed with the old one come due
+    first and are replaced by the run's own, never dropped (a run that lost its purge
+    entry would stay in state forever). (A shorter one applies to runs that ended before
+    the change at their old time.)"""
+    c = cluster(history_lag_ms=None)  # 10 s retention, but history never caught up: nothing purged
+    c.submit(J.RegisterJob("job", "t", spec(), c.clock.now_ms()))
+    c.run_for(60_000)
+    assert sum(t.stats.purged for t in c.tasks.values()) == 0
+    for t in c.tasks.values():
+        t.run_cfg = R.RunConfig(retention_ms=20_000)
+    c.history_lag_ms = 0
+    c.run_for(30_000)  # the old entries (ended + 10 s) come due: re-indexed at ended + 20 s, purged then
+    old = [r for r in c.runs_of("job") if r.finished_at_ms is not None and r.finished_at_ms < c.clock.now_ms() - 25_000]
+    assert len(old) > 5 and all(c.run_state(r.run_id) is None for r in old)
+
+
+def test_a_run_withdrawn_before_its_slot_is_kept_until_the_slot_has_passed() -> None:
+    cfg = R.RunConfig(retention_ms=1_000, stage_ahead_ms=30_000)
+    c = InMemoryCluster(run_cfg=cfg, sched_cfg=J.SchedulerConfig(lookahead_ms=30_000))
+    c.submit(J.RegisterJob("job", "t", spec("*/20 * * * * *"), c.clock.now_ms()))
+    c.run_for(1_000)
+    ahead = [r for r in c.runs_of("job") if r.slot_ms > c.clock.now_ms() + 12_000]
+    assert ahead
+    c.submit(J.PauseJob("job", "t", c.clock.now_ms()))  # withdraws them: skipped, finished now
+    c.run_for(8_000)  # past retention (1 s) and the purge's clock margin (5 s)
+    assert all(c.run_state(r.run_id) is not None for r in ahead)  # but the slot is still ahead
+    c.submit(J.ResumeJob("job", "t", c.clock.now_ms()))
+    c.run_for(40_000)
+    rep = c.history_report(["job"])
+    assert rep.duplicates == 0, rep.problems[:3]

@@ -12,6 +12,7 @@ from confluent_kafka import TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kv import MemoryKV
+from gnomon.core.clock import FakeClock
 from gnomon.core import jobs as J
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.streams.standby import StandbySet
@@ -29,6 +30,7 @@ class _Msg:
     _offset: int
     _key: bytes
     _value: bytes | None
+    _ts: int
 
     def error(self) -> None:
         return None
@@ -48,20 +50,25 @@ class _Msg:
     def value(self) -> bytes | None:
         return self._value
 
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._ts
+
 
 @dataclass
 class FakeLog:
     """Changelog partitions in memory, and a consumer over them (assign/consume/position)."""
 
+    clock: FakeClock = field(default_factory=FakeClock)
     records: dict[tuple[str, int], list[_Msg]] = field(default_factory=dict)
     pos: dict[tuple[str, int], int] = field(default_factory=dict)
+    paused: set[tuple[str, int]] = field(default_factory=set)
 
     def append(self, o: Output) -> None:
         assert o.partition is not None
         tp = (o.topic, o.partition)
         part = self.records.setdefault(tp, [])
         raw = None if o.value is None else (o.encoded or codec.encode(o.value, o.topic))
-        part.append(_Msg(o.topic, o.partition, len(part), o.key.encode(), raw))
+        part.append(_Msg(o.topic, o.partition, len(part), o.key.encode(), raw, self.clock.now_ms()))
 
     def assign(self, tps: list[TopicPartition]) -> None:
         self.pos = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in tps}
@@ -69,6 +76,8 @@ class FakeLog:
     def consume(self, n: int, timeout: float) -> list[_Msg]:
         out: list[_Msg] = []
         for tp, at in self.pos.items():
+            if tp in self.paused:
+                continue
             part = self.records.get(tp, [])
             take = part[at:at + n - len(out)]
             out.extend(take)
@@ -78,8 +87,14 @@ class FakeLog:
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition, self.pos.get((tp.topic, tp.partition), 0)) for tp in tps]
 
-    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float = 0, cached: bool = False) -> tuple[int, int]:
         return 0, len(self.records.get((tp.topic, tp.partition), []))
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused |= {(tp.topic, tp.partition) for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.paused -= {(tp.topic, tp.partition) for tp in tps}
 
     def close(self) -> None:
         pass
@@ -112,7 +127,7 @@ def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild(applies_per_poll
     oldest unapplied change), promotion plus the tail from its positions is exact."""
     topo = load_topology()
     cluster = InMemoryCluster(partitions=topo.partitions, seed=3)
-    log = FakeLog()
+    log = FakeLog(clock=cluster.clock)
     cluster.hooks.append(lambda o: log.append(o) if o.topic in (JOBS, RUNS) else None)
     spec = JobSpec(name="s", schedule=Schedule(cron="*/2 * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)))
     for i in range(40):
@@ -120,18 +135,18 @@ def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild(applies_per_poll
     cluster.run_for(20_000)
     p = max(range(topo.partitions), key=lambda q: len(log.records.get((RUNS, q), [])))
 
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None),
+    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
                          applies_per_poll_max=applies_per_poll, consumer=log)  # type: ignore[arg-type]
     standby.track({p})
     assert standby.lag() == {p: -1}  # building
     standby.poll()
-    assert standby.lag() == {p: 0} and standby.positions()[p] == {JOBS: len(log.records.get((JOBS, p), [])),
+    assert standby.lag() == {p: 0} and standby.checkpoints()[p][0] == {JOBS: len(log.records.get((JOBS, p), [])),
                                                                    RUNS: len(log.records[(RUNS, p)])}
     for _ in range(5):  # the owner goes on writing; the copy tails it
         cluster.run_for(4_000)
         standby.poll()
     if applies_per_poll < 100:
-        assert standby.lag()[p] > 0 and standby.positions()[p][RUNS] < log.pos[(RUNS, p)]
+        assert standby.lag()[p] > 0 and standby.checkpoints()[p][0][RUNS] < log.pos[(RUNS, p)]
     cluster.run_for(3_000)  # written after the copy's last read: the promotion's tail
     promoted = standby.promote(p)
     assert promoted is not None and standby.copies == {}
@@ -145,7 +160,7 @@ def test_a_copy_still_building_is_not_promoted() -> None:
     topo = load_topology()
     log = FakeLog()
     log.records[(RUNS, 0)] = []
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None),
+    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
                          consumer=log)  # type: ignore[arg-type]
     standby.track({0})
     assert standby.promote(0) is None  # a full rebuild is as fast
@@ -155,9 +170,46 @@ def test_an_adopted_store_stays_warm_from_its_positions() -> None:
     topo = load_topology()
     log = FakeLog()
     task = PartitionTask(1, MemoryKV(), topo)
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None),
+    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
                          consumer=log)  # type: ignore[arg-type]
     standby.adopt(1, task, {JOBS: 5, RUNS: 7})
-    assert standby.positions() == {1: {JOBS: 5, RUNS: 7}}
+    assert standby.checkpoints() == {1: ({JOBS: 5, RUNS: 7}, log.clock.now_ms())}
     promoted = standby.promote(1)
     assert promoted is not None and promoted[0] is task and promoted[1] == {JOBS: 5, RUNS: 7}
+
+
+def test_a_copy_behind_by_more_than_its_max_age_is_not_promoted() -> None:
+    """Tombstones after its positions may have been cleaned away: a full rebuild instead."""
+    topo = load_topology()
+    log = FakeLog()
+    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         max_age_ms=60_000, consumer=log)  # type: ignore[arg-type]
+    standby.adopt(1, PartitionTask(1, MemoryKV(), topo), {JOBS: 0, RUNS: 0})
+    log.clock.advance(30_000)
+    assert standby.checkpoints()[1][1] == log.clock.now_ms() - 30_000
+    standby.poll()  # nothing to read: it is current now
+    log.clock.advance(50_000)
+    assert standby.promote(1) is not None
+    standby.adopt(1, PartitionTask(1, MemoryKV(), topo), {JOBS: 0, RUNS: 0})
+    log.records[(RUNS, 1)] = []
+    standby._consumer.pause([TopicPartition(RUNS, 1)])  # stalled: it cannot read (a saturated owner)
+    log.append(Output(RUNS, "r1", None, 1))
+    log.clock.advance(61_000)
+    standby.poll()
+    assert standby.promote(1) is None
+
+
+def test_a_full_buffer_pauses_only_its_own_copy_and_never_a_build() -> None:
+    topo = load_topology()
+    log = FakeLog()
+    for i in range(30):
+        log.append(Output(RUNS, f"gone{i}", None, 0))  # partition 0: a changelog to build from
+        log.append(Output(RUNS, f"also-gone{i}", None, 1))
+    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         pending_max=10, applies_per_poll_max=1, consumer=log)  # type: ignore[arg-type]
+    standby.adopt(1, PartitionTask(1, MemoryKV(), topo), {JOBS: 0, RUNS: 0})  # warm, 30 records behind
+    standby.track({0, 1})
+    for _ in range(5):
+        standby.poll()
+    assert standby.lag()[0] >= 0  # the build of partition 0 finished despite its 30 buffered records
+    assert (RUNS, 1) in log.paused and 0 < standby.lag()[1] <= 30

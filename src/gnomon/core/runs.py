@@ -146,11 +146,14 @@ class RunState:
             return None
         cfg = cfg or _DEFAULT_CFG
         ended = self.finished_at_ms if self.finished_at_ms is not None else self.updated_at_ms
-        at = ended + cfg.retention_ms
+        # never before its slot has passed (a run cancelled ahead of its slot keeps the slot
+        # decided, whatever the retention and the lookahead)
+        at = max(ended, self.not_before_ms) + cfg.retention_ms
         if self.status is RunStatus.FAILED:
             at = max(at, ended + cfg.dead_letter_retention_ms)
         if self.manual:
-            at = max(at, self.created_at_ms + cfg.manual_key_retention_ms)
+            # a manual run's slot is its request time (the key's age is judged from it)
+            at = max(at, max(self.created_at_ms, self.slot_ms) + cfg.manual_key_retention_ms)
         return at
 
     def timer_ms(self, cfg: RunConfig | None = None) -> int | None:

@@ -65,6 +65,10 @@ class HistoryWatermark:
         except KafkaException as exc:
             log.warning("cannot read the history projector's position (%s); purging waits", exc)
 
+    def forget(self, partition: int) -> None:
+        self._samples.pop(partition, None)
+        self._until.pop(partition, None)
+
     def _observe(self, partition: int, now_ms: int, end: int, committed: int) -> None:
         samples = self._samples.setdefault(partition, deque())
         samples.append((now_ms, end))

@@ -101,7 +101,8 @@ class Processor:
         self._saturated = False  # the last batch was full: input is waiting
         if cfg.standbys:
             self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
-                                       lambda p: self._open_store(p))
+                                       lambda p: self._open_store(p), self.clock,
+                                       max_age_ms=cfg.checkpoint_max_age_ms)
 
     def _new_producer(self) -> Producer:
         return Producer(
@@ -163,10 +164,10 @@ class Processor:
         for p in list(self.tasks):
             self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
         if self.standbys is not None:
-            positions = self.standbys.positions()
+            checkpoints = self.standbys.checkpoints()
             self.standbys.close()
-            for p, pos in positions.items():
-                self._write_checkpoint(p, pos)  # warm copies stay warm across a restart
+            for p, (pos, current_at) in checkpoints.items():
+                self._write_checkpoint(p, pos, current_at)  # warm copies stay warm across a restart
         with contextlib.suppress(Exception):  # closing is best-effort
             self.consumer.close()
         if self.adverts is not None:
@@ -181,6 +182,8 @@ class Processor:
         log.info("assigned partitions %s; restoring state", wanted)
         for p in wanted:
             self._read_ts.pop(p, None)
+            if self.history is not None:
+                self.history.forget(p)  # samples from an earlier ownership say nothing of what others wrote
             if p not in self.tasks:
                 self.tasks[p] = self._restore(p)
 
@@ -229,20 +232,21 @@ class Processor:
             return
         task.kv.close()
         if ends is not None:
-            self._write_checkpoint(partition, ends)
+            self._write_checkpoint(partition, ends, self.clock.now_ms())
 
-    def _write_checkpoint(self, partition: int, positions: dict[str, int]) -> None:
-        """The partition's (closed) store holds the changelogs up to ``positions``."""
+    def _write_checkpoint(self, partition: int, positions: dict[str, int], current_at_ms: int) -> None:
+        """The partition's (closed) store held the changelogs up to ``positions`` at
+        ``current_at_ms`` (its age decides whether it is trusted later)."""
         try:
             ckpt = self._state_path(partition).with_suffix(".checkpoint")
             tmp = ckpt.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**positions, _WRITTEN_AT: self.clock.now_ms()}))
+            tmp.write_text(json.dumps({**positions, _WRITTEN_AT: current_at_ms}))
             tmp.replace(ckpt)
         except OSError as exc:
             log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
 
     def _open_store(self, partition: int, *, trust_checkpoint: bool = True,
-                    ) -> tuple[PartitionTask, dict[str, int] | None]:
+                    ) -> tuple[PartitionTask, dict[str, int] | None, int | None]:
         """The partition's store and the changelog positions it holds, from its checkpoint
         (consumed: a crash before the next clean close means a rebuild). None: an empty
         store (no checkpoint, an untrusted or a too old one)."""
@@ -262,7 +266,9 @@ class Processor:
             ckpt = None
         task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory)
-        return task, None if ckpt is None else {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}
+        if ckpt is None:
+            return task, None, None
+        return task, {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}, int(ckpt.get(_WRITTEN_AT, 0))
 
     def _restore(self, partition: int, *, trust_checkpoint: bool = True) -> PartitionTask:
         started = time.monotonic()
@@ -271,7 +277,7 @@ class Processor:
             task, ckpt = promoted
             source = "from a warm standby"
         else:
-            task, ckpt = self._open_store(partition, trust_checkpoint=trust_checkpoint)
+            task, ckpt, _ = self._open_store(partition, trust_checkpoint=trust_checkpoint)
             source = "full rebuild" if ckpt is None else "from checkpoint"
         n = 0
         if ckpt is None:  # full rebuild: keep the last value per key, then load once

@@ -15,10 +15,17 @@ A copy is built from committed changelog records only (``read_committed``):
   ``PartitionTask.restore_*`` as a restore, within a time budget per call. A run
   changes state several times within seconds, so buffering per key saves most applies.
 
-``positions`` are the changelog offsets the store is consistent with: they move to the
-consumed offsets whenever the buffer is empty. A store may hold some records beyond its
+``positions`` are the changelog offsets the store is consistent with: the oldest
+unapplied change, or the consumed offsets when the buffer is empty. A store may hold some records beyond its
 positions (applied from the buffer); a tail restore from the positions re-applies them,
 last value per key, so a promoted copy is exactly a checkpointed store.
+
+A copy is only as good as the tombstones still on the log after its positions: the
+cleaner removes them ``delete.retention.ms`` (1 h) after they are cleaned. So each copy
+knows since when it may be missing records (``fresh_ms``: the time of its oldest
+unapplied change, or of the last record it read, or when it was adopted), and a copy
+older than ``max_age_ms`` is neither promoted nor checkpointed as fresh: the new owner
+rebuilds in full instead.
 """
 
 from __future__ import annotations
@@ -38,13 +45,15 @@ from confluent_kafka import (
 )
 
 from gnomon.adapters.kafka import consumer_config
-from gnomon.core.errors import GnomonError
+from gnomon.core.clock import Clock
+from gnomon.core.errors import GnomonError, StateStoreError
 from gnomon.streams.task import PartitionTask
 
 log = logging.getLogger("gnomon.processor.standby")
 
-# open_store(partition) -> (task on the partition's store, changelog positions it holds or None: empty store)
-OpenStore = Callable[[int], tuple[PartitionTask, dict[str, int] | None]]
+# open_store(partition) -> (task on the partition's store, changelog positions it holds or None (an empty
+# store), when those positions were current (ms))
+OpenStore = Callable[[int], tuple[PartitionTask, dict[str, int] | None, int | None]]
 
 
 @dataclass
@@ -53,8 +62,11 @@ class _Copy:
     positions: dict[str, int]  # the store is consistent with the changelogs up to these offsets
     consumed: dict[str, int]  # next offset read (buffered or applied)
     building_until: dict[str, int] | None  # set: an empty store, loaded in bulk once these ends are read
-    # topic -> key -> (offset, value) of its last change not applied yet, oldest change first
-    pending: dict[str, dict[str, tuple[int, bytes | None]]] = field(default_factory=dict)
+    current_at_ms: int  # the store held every record up to its positions at this time (adopted, checkpoint)
+    # topic -> key -> (offset, record time, value) of its last change not applied yet, oldest change first
+    pending: dict[str, dict[str, tuple[int, int, bytes | None]]] = field(default_factory=dict)
+    last_read_ms: int = 0  # time of the last record read
+    paused: bool = False
 
     @property
     def warm(self) -> bool:
@@ -62,6 +74,14 @@ class _Copy:
 
     def buffered(self) -> int:
         return sum(len(keys) for keys in self.pending.values())
+
+    def fresh_ms(self) -> int:
+        """Records written after this time are all still after its positions, unread or
+        buffered: no tombstone it lacks can have been cleaned away before then."""
+        oldest = [next(iter(keys.values()))[1] for keys in self.pending.values() if keys]
+        if oldest:
+            return min(oldest)
+        return max(self.current_at_ms, self.last_read_ms)
 
     def settle_positions(self) -> None:
         """Records below the oldest unapplied change of a topic are all in the store (or
@@ -72,12 +92,16 @@ class _Copy:
 
 
 class StandbySet:
-    def __init__(self, bootstrap: str, topics: tuple[str, str], open_store: OpenStore, *,
+    def __init__(self, bootstrap: str, topics: tuple[str, str], open_store: OpenStore, clock: Clock, *,
+                 max_age_ms: int = 1_800_000,
                  records_per_poll_max: int = 5_000, poll_budget_ms: int = 25, pending_max: int = 200_000,
                  applies_per_poll_max: int = 100_000, timeout_s: float = 5.0, consumer: Consumer | None = None,
                  ) -> None:
         self.topics = topics  # (jobs changelog, runs changelog)
         self.open_store = open_store
+        self.clock = clock
+        self.max_age_ms = max_age_ms  # a copy whose fresh_ms is older is not trusted (tombstones may be gone)
+        self.broken: set[int] = set()  # partitions whose changelog a copy cannot load: not tracked again
         self.records_per_poll_max = records_per_poll_max
         self.poll_budget_ms = poll_budget_ms
         self.pending_max = pending_max  # buffered keys per copy; reading pauses beyond it
@@ -94,10 +118,10 @@ class StandbySet:
         """Keep copies of exactly ``wanted`` (the partitions this processor does not own)."""
         for p in sorted(set(self.copies) - wanted):
             self.copies.pop(p).task.kv.close()
-        for p in sorted(wanted - set(self.copies)):
-            task, positions = self.open_store(p)
+        for p in sorted(wanted - set(self.copies) - self.broken):
+            task, positions, current_at = self.open_store(p)
             if positions is not None:
-                self.copies[p] = _Copy(task, dict(positions), dict(positions), None)
+                self.copies[p] = _Copy(task, dict(positions), dict(positions), None, current_at or 0)
                 log.info("standby for partition %d from its checkpoint %s", p, positions)
                 continue
             try:
@@ -108,7 +132,7 @@ class StandbySet:
                 log.warning("standby for partition %d not started (%s); will retry", p, exc)
                 continue
             start = dict.fromkeys(self.topics, 0)
-            self.copies[p] = _Copy(task, dict(start), dict(start), ends)
+            self.copies[p] = _Copy(task, dict(start), dict(start), ends, 0)
             log.info("standby for partition %d: building from the changelogs up to %s", p, ends)
         self._reassign()
 
@@ -117,7 +141,7 @@ class StandbySet:
         old = self.copies.pop(partition, None)
         if old is not None:
             old.task.kv.close()
-        self.copies[partition] = _Copy(task, dict(positions), dict(positions), None)
+        self.copies[partition] = _Copy(task, dict(positions), dict(positions), None, self.clock.now_ms())
         self._reassign(force=True)
 
     def promote(self, partition: int) -> tuple[PartitionTask, dict[str, int]] | None:
@@ -131,11 +155,18 @@ class StandbySet:
         if not copy.warm:
             copy.task.kv.close()
             return None
+        age_ms = self.clock.now_ms() - copy.fresh_ms()
+        if age_ms > self.max_age_ms:
+            log.warning("standby for partition %d is %d s behind (tombstones may be gone); not used", partition,
+                        age_ms // 1000)
+            copy.task.kv.close()
+            return None
         return copy.task, copy.positions  # the owner's tail restore applies what is buffered
 
-    def positions(self) -> dict[int, dict[str, int]]:
-        """The changelog positions each warm copy's store is consistent with."""
-        return {p: dict(c.positions) for p, c in self.copies.items() if c.warm}
+    def checkpoints(self) -> dict[int, tuple[dict[str, int], int]]:
+        """For each warm copy: the changelog positions its store is consistent with, and
+        its ``fresh_ms`` (what a checkpoint of it must claim as its time)."""
+        return {p: (dict(c.positions), c.fresh_ms()) for p, c in self.copies.items() if c.warm}
 
     def lag(self) -> dict[int, int]:
         """Buffered records not yet applied, per copy (-1: still building)."""
@@ -163,21 +194,50 @@ class StandbySet:
         self._reassign()
         deadline = time.monotonic() + self.poll_budget_ms / 1000
         n = 0
+        self._pause_full()
         while n < self.records_per_poll_max and time.monotonic() < deadline:
-            if any(c.buffered() >= self.pending_max for c in self.copies.values()):
-                break
             try:
                 msgs = self._consumer.consume(min(1_000, self.records_per_poll_max - n), 0)
             except KafkaException as exc:
                 log.warning("standby consume failed: %s", exc)
                 break
             if not msgs:
+                self._mark_current()
                 break
             for msg in msgs:
                 n += self._buffer(msg)
         self._build_one()
         self._apply(deadline)
         return n
+
+    def _mark_current(self) -> None:
+        """Nothing left to read: a copy whose positions reached the ends last fetched (and
+        whose buffer is empty) is current now."""
+        now = self.clock.now_ms()
+        for p, copy in self.copies.items():
+            if copy.pending and any(copy.pending.values()):
+                continue
+            try:
+                read = self._consumer.position([TopicPartition(t, p) for t in self.topics])
+                ends = [self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)[1]
+                        for t in self.topics]
+            except KafkaException:
+                continue
+            if all(tp.offset is not None and tp.offset >= 0 and tp.offset >= end >= 0 for tp, end in zip(read, ends, strict=True)):
+                copy.current_at_ms = now
+
+    def _pause_full(self) -> None:
+        """A warm copy whose buffer is full stops reading until it has applied half of it
+        (a copy being built is never paused: it must reach its ends, as a rebuild does)."""
+        for p, copy in self.copies.items():
+            full = copy.warm and copy.buffered() >= self.pending_max
+            if full != copy.paused and (full or copy.buffered() < self.pending_max // 2):
+                tps = [TopicPartition(t, p) for t in self.topics]
+                try:
+                    (self._consumer.pause if full else self._consumer.resume)(tps)
+                    copy.paused = full
+                except KafkaException as exc:
+                    log.warning("standby pause/resume of partition %d failed: %s", p, exc)
 
     def _buffer(self, msg: Message) -> int:
         err = msg.error()
@@ -193,8 +253,10 @@ class StandbySet:
         keys = copy.pending.setdefault(topic, {})
         key = (msg.key() or b"").decode()
         keys.pop(key, None)  # keep the buffer in order of last change
-        keys[key] = (offset, msg.value())
+        ts = msg.timestamp()[1]
+        keys[key] = (offset, ts, msg.value())
         copy.consumed[topic] = offset + 1
+        copy.last_read_ms = max(copy.last_read_ms, ts)
         return 1
 
     def _build_one(self) -> None:
@@ -215,15 +277,18 @@ class StandbySet:
                 continue
             started = time.monotonic()
             jobs_t, runs_t = self.topics
-            jobs = {k: v for k, (_, v) in copy.pending.get(jobs_t, {}).items()}
-            runs = {k: v for k, (_, v) in copy.pending.get(runs_t, {}).items()}
+            jobs = {k: v for k, (_, _, v) in copy.pending.get(jobs_t, {}).items()}
+            runs = {k: v for k, (_, _, v) in copy.pending.get(runs_t, {}).items()}
             try:
                 loaded = copy.task.bulk_load(jobs, runs)
+            except StateStoreError:
+                raise
             except GnomonError as exc:
-                log.error("standby for partition %d: undecodable changelog record (%s); rebuilding later", p, exc)
-                copy.consumed = dict.fromkeys(self.topics, 0)
-                copy.pending.clear()
-                self._reassign(force=True)
+                log.error("standby for partition %d: undecodable changelog record (%s); no standby for it "
+                          "(a takeover rebuilds it, and fails as loudly)", p, exc)
+                self.copies.pop(p).task.kv.close()
+                self.broken.add(p)
+                self._reassign()
                 return
             copy.pending.clear()
             copy.positions = dict(copy.consumed)
@@ -241,11 +306,13 @@ class StandbySet:
             for topic, keys in copy.pending.items():
                 apply = copy.task.restore_job if topic == self.topics[0] else copy.task.restore_run
                 while keys and budget > 0 and time.monotonic() < deadline:
-                    key, (_, value) = next(iter(keys.items()))
+                    key, (_, _, value) = next(iter(keys.items()))
                     del keys[key]
                     budget -= 1
                     try:
                         apply(key, value)
+                    except StateStoreError:
+                        raise  # the store itself failed: never skip past that
                     except GnomonError as exc:
                         log.error("standby %s[%d] key %s undecodable, skipped: %s", topic, copy.task.partition, key,
                                   exc)

@@ -503,7 +503,7 @@ class PartitionTask:
             self.stats.tick_runs_examined += 1
             run = self.run(run_id)
             if run is None or key not in self._index_keys(run):
-                self.kv.delete(key)  # an orphan (e.g. timers computed by older settings): drop it
+                self._drop_stale_entry(key, run)
                 continue
             job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
             out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms),
@@ -523,7 +523,7 @@ class PartitionTask:
         for key, _ in list(self.kv.scan(b"rp/", _bound(b"rp/", upto), self.run_cfg.purges_per_tick_max)):
             run = self.run(key[len(b"rp/") + _TIME_W + 1:].decode())
             if run is None or key not in self._index_keys(run):
-                self.kv.delete(key)  # orphan
+                self._drop_stale_entry(key, run)
                 continue
             if run.updated_at_ms >= cutoff:
                 continue  # (never expected: terminal runs end when last updated)
@@ -531,6 +531,15 @@ class PartitionTask:
             self.stats.purged += 1
             out.append(Output(self.topo.runs, run.run_id, None, self.partition))
         return out
+
+    def _drop_stale_entry(self, key: bytes, run: R.RunState | None) -> None:
+        """An index entry its run does not derive (any more): e.g. computed with other
+        settings (retention, lease) before a restart. Replace it with the run's own
+        entries, so the run keeps its timer and its purge."""
+        self.kv.delete(key)
+        if run is not None:
+            for k in self._index_keys(run):
+                self.kv.put(k, b"")
 
     def _tick_job(self, job_id: str, now_ms: int) -> list[Output]:
         self.stats.tick_jobs_examined += 1
