@@ -12,8 +12,8 @@ from confluent_kafka import TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kv import MemoryKV
-from gnomon.core.clock import FakeClock
 from gnomon.core import jobs as J
+from gnomon.core.clock import FakeClock
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.streams.standby import StandbySet
 from gnomon.streams.task import Output, PartitionTask
