@@ -99,6 +99,7 @@ class Processor:
         self.history: HistoryWatermark | None = None
         self.standbys: StandbySet | None = None
         self._saturated = False  # the last batch was full: input is waiting
+        self._joined = False  # the group gave this processor its first assignment
         if cfg.standbys:
             self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
                                        lambda p: self._open_store(p), self.clock,
@@ -179,6 +180,7 @@ class Processor:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         wanted = sorted({tp.partition for tp in partitions})
+        self._joined = True
         log.info("assigned partitions %s; restoring state", wanted)
         for p in wanted:
             self._read_ts.pop(p, None)
@@ -310,7 +312,7 @@ class Processor:
     def step(self) -> None:
         if self.history is not None:
             self.history.poll(self.tasks)  # between transactions: everything before now is committed
-        if self.standbys is not None:
+        if self.standbys is not None and self._joined:  # (before the first assignment every partition looks free)
             self.standbys.track(set(range(self.topo.partitions)) - set(self.tasks))
             if not self._saturated:
                 self.standbys.poll()  # our own partitions first: standbys get the spare time
