@@ -89,17 +89,27 @@ def test_one_time_job_runs_once_then_done() -> None:
     assert s.status is J.JobStatus.DONE and J.decide_tick(s, T0 + 100_000) == []
 
 
-@pytest.mark.parametrize(("policy", "runs", "skipped"), [(CatchUp.SKIP, 0, 12), (CatchUp.ONCE, 1, 11), (CatchUp.ALL, 12, 0)])
+@pytest.mark.parametrize(("policy", "runs", "skipped"), [(CatchUp.SKIP, 0, 19), (CatchUp.ONCE, 1, 18), (CatchUp.ALL, 19, 0)])
 def test_catch_up_policies_after_outage(policy: CatchUp, runs: int, skipped: int) -> None:
     s = register(spec("*/10 * * * * *", policy))  # slots every 10 s from T0
-    now = T0 + 180_000  # processors away 3 min; grace 60 s -> slots < now-60s are missed (12 of them)
+    # processors away 3 min: the job is behind by more than the 60 s grace, so the policy
+    # decides over every slot up to now (19 of them), the grace's last minute included
+    now = T0 + 180_000
     evs = J.decide_tick(s, now, J.SchedulerConfig(lookahead_ms=0))
-    missed = [e for e in evs if e.slot_ms < now - 60_000]
+    missed = [e for e in evs if e.slot_ms <= now]
     assert sum(isinstance(e, J.RunTriggered) for e in missed) == runs
     assert sum(e.count for e in missed if isinstance(e, J.RunSkipped)) == skipped
     assert sum(isinstance(e, J.RunSkipped) for e in missed) == (1 if skipped else 0)  # a range, not one each
+    if policy is CatchUp.ONCE:
+        assert [e.slot_ms for e in missed if isinstance(e, J.RunTriggered)] == [now]  # the latest
     s = apply(s, evs)
     assert s.next_run_at_ms is not None and s.next_run_at_ms > now
+
+
+def test_a_job_late_by_less_than_the_grace_runs_every_slot() -> None:
+    s = register(spec("*/10 * * * * *", CatchUp.SKIP))
+    evs = J.decide_tick(s, T0 + 50_000, J.SchedulerConfig(lookahead_ms=0))  # 50 s late: within the grace
+    assert [type(e) for e in evs] == [J.RunTriggered] * 6
 
 
 @settings(max_examples=60, deadline=None)

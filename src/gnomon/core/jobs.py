@@ -343,10 +343,14 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
                 return [RunSkipped(slot_run_id(state.job_id, first), state.job_id, state.tenant, spec, first,
                                    "catch-up policy skip", now_ms, advances=True)]
             return [trigger(first, None, advances=True)]
+        # The job is behind by more than the grace: the policy decides over its whole
+        # backlog, up to now. (Slots inside the grace are not run one by one on top of it:
+        # after an outage that would be up to grace/interval extra runs per job at once,
+        # all due now, ahead of every slot that is due now.)
         keep_n = {CatchUp.SKIP: 0, CatchUp.ONCE: 1, CatchUp.ALL: cfg.catch_up_all_max}[spec.catch_up]
-        latest = sorted(_last_slot_at_or_before(spec, missed_before - 1, keep_n)) if keep_n else []
+        latest = sorted(_last_slot_at_or_before(spec, now_ms, keep_n)) if keep_n else []
         latest = [s for s in latest if s >= first]
-        skip_until = (latest[0] - 1) if latest else (missed_before - 1)
+        skip_until = (latest[0] - 1) if latest else now_ms
         reason = f"catch-up policy {spec.catch_up.value}"
         events.extend(_skip_range(state, first, skip_until, reason, now_ms, cfg))
         for s in latest:
