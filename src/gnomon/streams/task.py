@@ -34,7 +34,7 @@ once it is older than the idempotency-key retention.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gnomon import codec
@@ -164,6 +164,9 @@ class PartitionTask:
         # a run is purged only if its last write is this much older than history_until_ms
         # (guards against a wall clock stepping back between a sample and a write)
         self.purge_clock_margin_ms = 5_000
+        # a tick emits the slots due within this first, for every job, then the rest of the lookahead
+        self.near_lookahead_ms = 2_000
+        self._near: tuple[J.SchedulerConfig, J.SchedulerConfig] | None = None
         self._jobs_cache: dict[str, J.JobState | None] = {}
         self._runs_cache: dict[str, R.RunState | None] = {}
 
@@ -480,23 +483,25 @@ class PartitionTask:
         every ledger record this partition committed before that time is in history (the
         projector has read past it); None: unknown, purge nothing."""
         out: list[Output] = []
-        horizon = now_ms + self.sched_cfg.lookahead_ms
-        # Jobs due now first (next_run_at from the misfire edge to the horizon), then the
-        # catch-up backlog (older), paced by a record budget: a backlog drains over a few
-        # ticks and never delays the slots that are due now.
-        edge = now_ms - self.sched_cfg.misfire_grace_ms
-        punctual = self.kv.scan(b"jd/%013d/" % max(edge, 0), _bound(b"jd/", horizon), self.due_max)
-        for job_id in [k[len(b"jd/") + _TIME_W + 1:].decode() for k, _ in punctual]:
-            out.extend(self._tick_job(job_id, now_ms))
+        # 1. Jobs due now (next_run_at from the misfire edge on), their near slots only;
+        # 2. the catch-up backlog (older), paced by a record budget, near slots only;
+        # 3. the rest of the lookahead.
+        # So a tick that has much to do (a backlog decided, a lookahead filled after a
+        # restart) emits the slots due in the next seconds first, for every job: their
+        # grants come first in each worker's inbox, ahead of slots 30 s away.
+        edge = max(now_ms - self.sched_cfg.misfire_grace_ms, 0)
+        near = self._near_cfg()
+        out.extend(self._tick_jobs_from(edge, now_ms + near.lookahead_ms, now_ms, near))
         budget = self.sched_cfg.catch_up_records_per_tick_max
-        backlog = self.kv.scan(b"jd/", b"jd/%013d/" % max(edge, 0), self.due_max)
+        backlog = self.kv.scan(b"jd/", b"jd/%013d/" % edge, self.due_max)
         for job_id in [k[len(b"jd/") + _TIME_W + 1:].decode() for k, _ in backlog]:
             if budget <= 0:
                 self.stats.catch_up_deferred += 1
                 break
-            produced = self._tick_job(job_id, now_ms)
+            produced = self._tick_job(job_id, now_ms, near)
             budget -= max(1, len(produced))
             out.extend(produced)
+        out.extend(self._tick_jobs_from(edge, now_ms + self.sched_cfg.lookahead_ms, now_ms, self.sched_cfg))
         due = [(k, k[len(b"rt/") + _TIME_W + 1:].decode())
                for k, _ in self.kv.scan(b"rt/", _bound(b"rt/", now_ms), self.due_max)]
         for key, run_id in due:
@@ -541,12 +546,26 @@ class PartitionTask:
             for k in self._index_keys(run):
                 self.kv.put(k, b"")
 
-    def _tick_job(self, job_id: str, now_ms: int) -> list[Output]:
+    def _near_cfg(self) -> J.SchedulerConfig:
+        if self._near is None or self._near[0] is not self.sched_cfg:
+            cfg = replace(self.sched_cfg, lookahead_ms=min(self.near_lookahead_ms, self.sched_cfg.lookahead_ms))
+            self._near = (self.sched_cfg, cfg)
+        return self._near[1]
+
+    def _tick_jobs_from(self, from_ms: int, horizon_ms: int, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
+        """Tick the jobs whose next slot is in [from_ms, horizon_ms] (at most due_max)."""
+        out: list[Output] = []
+        due = self.kv.scan(b"jd/%013d/" % from_ms, _bound(b"jd/", horizon_ms), self.due_max)
+        for job_id in [k[len(b"jd/") + _TIME_W + 1:].decode() for k, _ in due]:
+            out.extend(self._tick_job(job_id, now_ms, cfg))
+        return out
+
+    def _tick_job(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
         self.stats.tick_jobs_examined += 1
         state = self.job(job_id)
         if state is None:
             return []
-        return self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, self.sched_cfg), now_ms)
+        return self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, cfg), now_ms)
 
     def _assign_waiting(self, now_ms: int) -> list[Output]:
         """READY runs waiting for room, by priority then due time, while their pool has
