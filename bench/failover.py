@@ -81,6 +81,7 @@ def main() -> None:
                   processor_args=("--no-standbys",) if args.no_standbys else ())
     kills: list[tuple[int, list[int]]] = []
     t_pause = 1 << 62
+    quiet_from = quiet_to = 0
     try:
         sc.processor("pA")
         sc.processor("pB")
@@ -97,7 +98,9 @@ def main() -> None:
         moves_before = {n: partition_moves(logs / f"{n}.log") for n in ("pA", "pB")}
         if args.mode == "quiet":
             print(f"no faults for {args.quiet_s:.0f} s", file=sys.stderr)
+            quiet_from = int(time.time() * 1000)
             time.sleep(args.quiet_s)
+            quiet_to = int(time.time() * 1000)
             moves = {n: partition_moves(logs / f"{n}.log") - moves_before[n] for n in ("pA", "pB")}
         for k in range(args.kills if args.mode != "quiet" else 0):
             victim = "pA" if k % 2 == 0 else "pB"
@@ -131,10 +134,12 @@ def main() -> None:
                 print(f"  {name}: {line.split(': ', 1)[-1]}")
     if args.mode == "quiet":
         final = {x.run_id: x for x in runs}
-        lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in final.values() if r.started_at_ms]
+        window = [r for r in final.values() if quiet_from <= r.slot_ms < quiet_to]  # not the start-up
+        lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in window if r.started_at_ms]
         print(f"quiet {args.quiet_s:.0f} s: partition moves (revoked or lost) after warm-up: {moves}; "
               f"start lag p50={pct(lags, 50):.3f} p99={pct(lags, 99):.3f} max={max(lags, default=0):.3f} s "
-              f"(n={len(lags)}, more than one attempt={sum(1 for r in final.values() if r.attempt > 1)})")
+              f"(n={len(lags)}, not started={len(window) - len(lags)}, "
+              f"more than one attempt={sum(1 for r in window if r.attempt > 1)})")
     for k, (t_kill, parts) in enumerate(kills, 1):
         first_write: dict[int, int] = {}
         for r in runs:
