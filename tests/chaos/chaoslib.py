@@ -9,11 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
@@ -46,12 +47,12 @@ def end_offsets(bootstrap: str, topic: str, attempts: int = 10) -> list[TopicPar
     raise AssertionError("unreachable")
 
 
-def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> list[Any]:
-    """Every committed record from ``start`` to the current end, decoded, in partition order."""
+def read_messages(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> Iterator[Message]:
+    """Every committed record from ``start`` to the current end, raw (tombstones too), in
+    partition order."""
     topic = start[0].topic
     ends = {tp.partition: tp.offset for tp in end_offsets(bootstrap, topic)}
     c = Consumer(consumer_config(bootstrap, "chaos-reader", **{"enable.partition.eof": True}))
-    out: list[Any] = []
     try:
         c.assign(start)
         pending = {tp.partition for tp in start if ends[tp.partition] > tp.offset}
@@ -63,14 +64,21 @@ def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 6
             if msg.error():
                 pending.discard(msg.partition())  # EOF (at the last stable offset)
                 continue
-            if msg.value() is not None:
-                # poison records (from other tests) are skipped: processors route them to gnomon.poison
-                with contextlib.suppress(DecodeError):
-                    out.append(codec.decode(msg.value()))
+            yield msg
             if msg.offset() + 1 >= ends[msg.partition()]:
                 pending.discard(msg.partition())
     finally:
         c.close()
+
+
+def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> list[Any]:
+    """Every committed record from ``start`` to the current end, decoded, in partition order."""
+    out: list[Any] = []
+    for msg in read_messages(bootstrap, start, timeout_s):
+        if msg.value() is not None:
+            # poison records (from other tests) are skipped: processors route them to gnomon.poison
+            with contextlib.suppress(DecodeError):
+                out.append(codec.decode(msg.value()))
     return out
 
 
@@ -165,4 +173,7 @@ class Scenario:
                 first[j.job_id] = j.next_run_at_ms
             last[j.job_id] = j
         report = checker.check(list(last.values()), now_ms, first_slots=first)
+        log("checker: " + report.summary())
+        for problem in report.problems[:20]:
+            log("problem: " + problem)
         return report, runs, last

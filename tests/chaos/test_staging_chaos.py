@@ -112,9 +112,6 @@ def test_staged_runs_survive_worker_and_processor_kills(tmp_path_factory: pytest
         sc.stop_all()
 
     report, runs, _ = sc.check(end_ms)
-    log("checker: " + report.summary())
-    for problem in report.problems[:20]:
-        log("problem: " + problem)
     assert report.ok, report.summary()
     final = _latest(runs)
     for group, slot in (("a", slot1), ("b", slot2)):

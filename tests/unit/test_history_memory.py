@@ -30,6 +30,7 @@ from gnomon.history.contract import (  # noqa: E402
 )
 from gnomon.history.memory import InMemoryHistoryStore  # noqa: E402
 from gnomon.history.projector import HistoryProjector  # noqa: E402
+from gnomon.testing import FakeMessage  # noqa: E402
 
 
 class TestInMemoryContract(HistoryStoreContract):
@@ -100,37 +101,10 @@ TOPICS = {"jobs": "gnomon.jobs", "runs": "gnomon.runs", "logs": "gnomon.run-logs
 
 
 @dataclass
-class FakeMsg:
-    _topic: str
-    _partition: int
-    _offset: int
-    _key: bytes | None
-    _value: bytes | None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def error(self) -> None:
-        return None
-
-
-@dataclass
 class FakeConsumer:
     """Serves queued messages from a position per partition, like a Kafka consumer."""
 
-    log: dict[tuple[str, int], list[FakeMsg]] = field(default_factory=dict)
+    log: dict[tuple[str, int], list[FakeMessage]] = field(default_factory=dict)
     pos: dict[tuple[str, int], int] = field(default_factory=dict)
     commits: list[dict[tuple[str, int], int]] = field(default_factory=list)
     seeks: list[tuple[str, int, int]] = field(default_factory=list)
@@ -139,19 +113,19 @@ class FakeConsumer:
     def add(self, topic: str, key: str | None, value: bytes | None, partition: int = 0) -> None:
         tp = (topic, partition)
         msgs = self.log.setdefault(tp, [])
-        msgs.append(FakeMsg(topic, partition, len(msgs), key.encode() if key is not None else None, value))
+        msgs.append(FakeMessage(topic, partition, len(msgs), key.encode() if key is not None else None, value))
 
-    def _pending(self) -> list[FakeMsg]:
+    def _pending(self) -> list[FakeMessage]:
         out = []
         for tp, msgs in sorted(self.log.items()):
             out += msgs[self.pos.get(tp, 0):]
         return out
 
-    def poll(self, timeout: float) -> FakeMsg | None:
+    def poll(self, timeout: float) -> FakeMessage | None:
         got = self.consume(1, timeout)
         return got[0] if got else None
 
-    def consume(self, n: int, timeout: float) -> list[FakeMsg]:
+    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
         got = self._pending()[:n]
         for m in got:
             self.pos[(m.topic(), m.partition())] = m.offset() + 1

@@ -17,41 +17,10 @@ from gnomon.core.clock import FakeClock
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.streams.standby import StandbySet
 from gnomon.streams.task import Output, PartitionTask
-from gnomon.testing import InMemoryCluster
+from gnomon.testing import FakeMessage, InMemoryCluster
 from gnomon.topology import load_topology
 
 JOBS, RUNS = "gnomon.jobs", "gnomon.runs"
-
-
-@dataclass
-class _Msg:
-    _topic: str
-    _partition: int
-    _offset: int
-    _key: bytes
-    _value: bytes | None
-    _ts: int
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return 1, self._ts
 
 
 @dataclass
@@ -59,7 +28,7 @@ class FakeLog:
     """Changelog partitions in memory, and a consumer over them (assign/consume/position)."""
 
     clock: FakeClock = field(default_factory=FakeClock)
-    records: dict[tuple[str, int], list[_Msg]] = field(default_factory=dict)
+    records: dict[tuple[str, int], list[FakeMessage]] = field(default_factory=dict)
     pos: dict[tuple[str, int], int] = field(default_factory=dict)
     paused: set[tuple[str, int]] = field(default_factory=set)
 
@@ -68,13 +37,13 @@ class FakeLog:
         tp = (o.topic, o.partition)
         part = self.records.setdefault(tp, [])
         raw = None if o.value is None else (o.encoded or codec.encode(o.value, o.topic))
-        part.append(_Msg(o.topic, o.partition, len(part), o.key.encode(), raw, self.clock.now_ms()))
+        part.append(FakeMessage(o.topic, o.partition, len(part), o.key.encode(), raw, self.clock.now_ms()))
 
     def assign(self, tps: list[TopicPartition]) -> None:
         self.pos = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in tps}
 
-    def consume(self, n: int, timeout: float) -> list[_Msg]:
-        out: list[_Msg] = []
+    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
+        out: list[FakeMessage] = []
         for tp, at in self.pos.items():
             if tp in self.paused:
                 continue
