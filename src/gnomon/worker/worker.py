@@ -286,7 +286,7 @@ class Worker:
             self._send(self.topo.run_logs, grant.run_id, LogLine(grant.run_id, grant.job_id, grant.tenant,
                                                                 grant.attempt, seq, stream, line, self.clock.now_ms()))
 
-        ctx = AttemptContext(grant.run_id, grant.job_id, grant.attempt, payload, float(grant.spec.timeout_s), emit)
+        ctx = AttemptContext(grant.run_id, grant.job_id, grant.tenant, grant.attempt, payload, float(grant.spec.timeout_s), emit)
 
         def body() -> None:
             # The handler starts first; reporting is the loop's job (_report_started), so
@@ -343,6 +343,7 @@ class Worker:
             except queue.Empty:
                 return
             g = att.grant
+            result = result.capped()  # an error text of any size must not stop the loop
             if self._running.get(g.run_id) is att:  # not a newer attempt of the same run
                 del self._running[g.run_id]
             self.completed += 1
