@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-unit test-integration test-chaos lint typecheck bench infra-up infra-down clean
+.PHONY: help setup sysdeps run test test-security test-unit test-integration test-chaos lint typecheck bench infra-up infra-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -20,20 +20,34 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## install gnomon and its dev tools into .venv/ (so .venv/bin/gnomon works)
 
-run: setup ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live (DURATION=s to stop by itself)
+SYSDEPS := bwrap:bubblewrap prlimit:util-linux setpriv:util-linux
+sysdeps: ## install the sandbox tools from Debian packages (bubblewrap), as root, if missing
+	@missing=""; for dep in $(SYSDEPS); do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "gnomon: installing$$missing (sandboxes for command targets)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null; }; \
+	  else echo "gnomon: command targets need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
+	fi
+
+run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live (DURATION=s to stop by itself)
 	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
 
-test: setup ## everything CI runs: lint, types, unit, integration + e2e + chaos on real Kafka and Cassandra
+test: setup sysdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src/gnomon/core
 	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/security -q -m "not integration"
 	$(BIN)/python -m gnomon.infra up
-	$(BIN)/python -m pytest tests/integration -q -m integration
+	$(BIN)/python -m pytest tests/integration tests/security -q -m integration
 	$(BIN)/python -m pytest tests/e2e -q -m integration
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
 test-chaos: setup ## the chaos suite alone (starts infra; about 5 minutes)
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
+
+test-security: setup sysdeps ## the security suite that needs no services (sandboxes, SSRF, API contract)
+	$(BIN)/python -m pytest tests/security -q -m "not integration"
 
 test-unit: setup ## pure tests only (no services)
 	$(BIN)/python -m pytest tests/unit -q

@@ -77,7 +77,7 @@ def main() -> None:
     tag = "fo" + secrets.token_hex(3)
     logs = Path(s.state_dir) / "bench-logs" / tag
     logs.mkdir(parents=True, exist_ok=True)
-    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30,
+    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30, worker_tenants=("bench",),
                   processor_args=("--no-standbys",) if args.no_standbys else ())
     kills: list[tuple[int, list[int]]] = []
     t_pause = 1 << 62

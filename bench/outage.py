@@ -69,7 +69,7 @@ def main() -> None:
     tag = "out" + secrets.token_hex(3)
     logs = Path(s.state_dir) / "bench-logs" / tag
     logs.mkdir(parents=True, exist_ok=True)
-    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30)
+    sc = Scenario(tag, logs, lease_s=30, lookahead_s=30, worker_tenants=("bench",))
     every_s = JobSpec(name="o", schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.HANDLER, handler="noop"),
                       timeout_s=30, catch_up=CatchUp.ONCE)
     backlog = [f"{tag}-b{i:04d}" for i in range(args.backlog_jobs)]

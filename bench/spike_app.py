@@ -20,7 +20,7 @@ from typing import IO
 
 from gnomon.worker import AttemptContext, Worker
 
-worker = Worker(pool="default", concurrency_max=int(os.environ.get("SPIKE_CONCURRENCY", "500")))
+worker = Worker(pool="default", tenants=["bench"], concurrency_max=int(os.environ.get("SPIKE_CONCURRENCY", "500")))
 
 _lock = threading.Lock()
 _out: IO[str] | None = None

@@ -90,6 +90,7 @@ class Scenario:
     lease_s: int = 8
     lookahead_s: int = 10
     processor_args: tuple[str, ...] = ()  # extra `gnomon processor` options for every processor
+    worker_tenants: tuple[str, ...] = ("chaos",)  # the tenants every worker serves (`--tenant`)
 
     def __post_init__(self) -> None:
         self.settings = load()
@@ -110,8 +111,9 @@ class Scenario:
                    "--lookahead-s", str(self.lookahead_s), *self.processor_args)
 
     def worker(self, name: str, concurrency: int = 32, pool: str = "default") -> None:
+        tenants = [arg for t in self.worker_tenants for arg in ("--tenant", t)]
         self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),
-                   "--pool", pool)
+                   "--pool", pool, *tenants)
 
     def signal(self, name: str, sig: int) -> None:
         p = self.procs[name]

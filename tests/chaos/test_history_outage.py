@@ -43,7 +43,7 @@ def _api_read(client: Client, run_id: str) -> tuple[int, dict[str, Any]]:
 def test_history_survives_a_cassandra_outage(tmp_path_factory: pytest.TempPathFactory) -> None:
     settings = load()
     tag = "cas" + secrets.token_hex(3)
-    sc = Scenario(tag, tmp_path_factory.mktemp("outage-logs"))
+    sc = Scenario(tag, tmp_path_factory.mktemp("outage-logs"), worker_tenants=(tag,))
     sc.env.update({"GNOMON_API_TOKENS": f"{TOKEN}:{tag}", "GNOMON_API_PORT": str(API_PORT)})
     url = f"http://127.0.0.1:{API_PORT}"
     client = Client(url, TOKEN)

@@ -63,7 +63,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     url = f"http://127.0.0.1:{API_PORT}"
     st = Stack(url, Client(url, TOKEN), {}, logs, env)
     st.start("processor", "processor", "--instance-id", "e2e-0")
-    st.start("worker", "worker", "--worker-id", "e2e-w1", "--concurrency", "16")
+    st.start("worker", "worker", "--worker-id", "e2e-w1", "--concurrency", "16", "--tenant", "acme",
+             "--policy", str(Path(__file__).parent / "worker-policy.toml"))
     st.start("projector", "projector")
     st.start("api", "api", "--port", str(API_PORT))
     deadline = time.monotonic() + 60

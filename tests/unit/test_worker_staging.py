@@ -43,7 +43,7 @@ SPEC = JobSpec(name="j", schedule=Schedule(run_at_ms=0), target=Target(TargetTyp
 def make(concurrency: int = 2) -> tuple[Worker, FakeClock, RecordingProducer, Dispatcher, list[str]]:
     clock = FakeClock()
     w = Worker("default", bootstrap="unused:1", worker_id="w1", concurrency_max=concurrency, clock=clock,
-               topology=load_topology(), handback_after_ms=1000)
+               topology=load_topology(), handback_after_ms=1000, tenants=["t"])
     ran: list[str] = []
     gate = threading.Event()
 

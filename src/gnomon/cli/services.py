@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gnomon.cli.common import command, console, fail
-from gnomon.config import load
+from gnomon.config import REPO_ROOT, load
 
 
 def _logging(verbose: bool) -> None:
@@ -77,10 +79,21 @@ def worker(
         min=1, max=20_000, help="attempts at once; the processor stages at most this many ahead on it")] = 8,
     app: Annotated[str | None, typer.Option(help="module:attribute of a Worker with your handlers")] = None,
     worker_id: Annotated[str | None, typer.Option(help="default: host-pid-random")] = None,
+    tenant: Annotated[list[str] | None, typer.Option(
+        help="a tenant this pool serves (repeat for a shared pool; default: $GNOMON_WORKER_TENANTS)")] = None,
+    policy: Annotated[Path | None, typer.Option(
+        help="the pool's policy file (TOML): commands, containers, sandbox limits, HTTP rules")] = None,
+    secrets_dir: Annotated[Path | None, typer.Option(
+        help="per-tenant secrets on this host: DIR/<tenant>/<name> (default: <state dir>/secrets)")] = None,
     verbose: bool = False,
 ) -> None:
-    """Run a worker of POOL: holds runs staged on it and starts each at its slot."""
+    """Run a worker of POOL: holds runs staged on it and starts each at its slot.
+
+    Runs only the jobs of the tenants it serves; commands and containers run sandboxed,
+    and only when the policy enables them (README, "Security model")."""
     from gnomon.worker import Worker
+    from gnomon.worker.policy import PolicyError, PoolPolicy
+    from gnomon.worker.secrets import SecretStore
 
     _logging(verbose)
     if app:
@@ -99,6 +112,15 @@ def worker(
         demo.register(w)
     if worker_id:
         w.worker_id = worker_id
+    tenants = [t for t in (tenant or os.environ.get("GNOMON_WORKER_TENANTS", "").split(",")) if t.strip()]
+    w.tenants = w.tenants | {t.strip() for t in tenants}
+    try:
+        if policy is not None:
+            w._policy = PoolPolicy.load(policy, w.tenants)
+        w.policy  # noqa: B018  (resolves and checks it now, before joining)
+    except PolicyError as exc:
+        fail(str(exc), 2)
+    w.secrets = SecretStore(secrets_dir or load().state_dir / "secrets")
     _stop_on_signals(w)
     w.run()
 
@@ -145,7 +167,7 @@ def dev(
     logs = s.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker"]),
+    for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker", "--tenant", "dev", "--policy", str(REPO_ROOT / "infra/policies/dev.toml")]),
                        ("projector", ["projector"]), ("api", ["api"])):
         out = open(logs / f"dev-{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         procs[name] = subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)

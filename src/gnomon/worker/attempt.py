@@ -9,6 +9,7 @@ own failures.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,12 @@ class AttemptContext:
     log: Callable[[LogStream, str], None]
     stop: threading.Event = field(default_factory=threading.Event)
     stop_reason: str = ""
+
+    def sandbox_env(self) -> dict[str, str]:
+        """The variables a sandboxed attempt starts with: the run's own, none of the worker's."""
+        from gnomon.worker.sandbox import base_env
+
+        return base_env(self.run_id, self.job_id, self.tenant, self.attempt, json.dumps(self.payload))
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():

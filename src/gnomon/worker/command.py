@@ -1,88 +1,162 @@
-"""Command targets: an argv run as a subprocess in its own process group."""
+"""Command targets: an argv run in a fresh bubblewrap sandbox per attempt.
+
+``worker/sandbox.py`` builds the sandbox; this module runs it: it reads stdout and
+stderr in bounded chunks (lines cut at ``LINE_MAX_CHARS``, all output capped at the
+policy's ``output_max_bytes``), and kills the whole sandbox on timeout, cancel, drain
+or too much output.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
+import itertools
 import os
-import signal
 import subprocess
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import IO
 
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
-from gnomon.worker.attempt import KILL_GRACE_S, LINE_MAX_CHARS, AttemptContext, AttemptResult
+from gnomon.worker.attempt import LINE_MAX_CHARS, AttemptContext, AttemptResult
+from gnomon.worker.sandbox import (
+    BwrapSandbox,
+    Cgroups,
+    SandboxError,
+    SandboxLimits,
+    SandboxRequest,
+    kill_tree,
+)
+
+READ_CHUNK_BYTES = 64 * 1024
+POLL_S = 0.02
+_attempt_seq = itertools.count(1)
 
 
-def _env_for(ctx: AttemptContext) -> dict[str, str]:
-    env = dict(os.environ)
-    env["GNOMON_RUN_ID"] = ctx.run_id
-    env["GNOMON_JOB_ID"] = ctx.job_id
-    env["GNOMON_ATTEMPT"] = str(ctx.attempt)
-    env["GNOMON_PAYLOAD"] = json.dumps(ctx.payload)
-    return env
+class OutputMeter:
+    """Counts the bytes both streams produced; past the cap, ``exceeded`` is set."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.total_bytes = 0
+        self.exceeded = threading.Event()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Account n bytes; False once the cap is passed (stop logging, kill)."""
+        with self._lock:
+            self.total_bytes += n
+            if self.total_bytes > self.max_bytes:
+                self.exceeded.set()
+                return False
+            return True
 
 
-class CommandExecutor:
-    """Runs argv in its own process group; at timeout/stop the whole group is killed."""
+def pump_lines(stream: IO[bytes], emit: Callable[[str], None], meter: OutputMeter) -> None:
+    """Read a pipe in chunks and emit its lines, each cut at LINE_MAX_CHARS; never holds
+    more than one chunk plus one capped line, whatever the child writes."""
+    fd = stream.fileno()
+    partial = bytearray()
+    while True:
+        chunk = os.read(fd, READ_CHUNK_BYTES)
+        if not chunk:
+            break
+        if not meter.take(len(chunk)):
+            return  # the attempt is being killed; the rest is not read
+        partial += chunk
+        *lines, rest = bytes(partial).split(b"\n")
+        for line in lines:
+            emit(line[:LINE_MAX_CHARS].decode("utf-8", "replace"))
+        partial = bytearray(rest[: LINE_MAX_CHARS + 1])  # a newline-less flood stays bounded
+    if partial:
+        emit(bytes(partial[:LINE_MAX_CHARS]).decode("utf-8", "replace"))
+
+
+class SandboxedCommandExecutor:
+    """Runs ``target.argv`` in bubblewrap with the pool's limits (see worker/sandbox.py)."""
+
+    def __init__(self, limits: SandboxLimits | None = None, network: bool = False,
+                 sandbox: BwrapSandbox | None = None,
+                 extra_env: Callable[[AttemptContext], dict[str, str]] | None = None) -> None:
+        self.limits = limits or SandboxLimits()
+        self.network = network
+        self.sandbox = sandbox or BwrapSandbox()
+        self.extra_env = extra_env  # the job's secrets, resolved by the worker
 
     def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
         try:
-            proc = subprocess.Popen(
-                list(target.argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                env=_env_for(ctx), start_new_session=True, text=True, errors="replace",
-            )
+            self.sandbox.check()
+            env = ctx.sandbox_env()
+            if self.extra_env is not None:
+                env.update(self.extra_env(ctx))
+            name = f"{os.getpid()}-{next(_attempt_seq)}"
+            cgroups = Cgroups.create(name, self.limits)
+        except (SandboxError, ValueError) as exc:
+            ctx.log(LogStream.SYSTEM, f"sandbox unavailable: {exc}")
+            return AttemptResult(Outcome.FAILED, None, f"sandbox unavailable: {exc}")
+        try:
+            return self._run(SandboxRequest(name, target.argv, env, self.limits, self.network), cgroups, ctx)
+        finally:
+            if cgroups is not None:
+                cgroups.kill_all()
+                cgroups.remove()
+
+    def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext) -> AttemptResult:
+        argv, launcher_env = self.sandbox.argv(req, cgroups)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=launcher_env, start_new_session=True, close_fds=True)
         except OSError as exc:
-            ctx.log(LogStream.SYSTEM, f"cannot start {target.argv[0]!r}: {exc}")
-            return AttemptResult(Outcome.FAILED, 127, f"cannot start command: {exc}")
-        pumps = [
-            threading.Thread(target=self._pump, args=(proc.stdout, LogStream.STDOUT, ctx), daemon=True),
-            threading.Thread(target=self._pump, args=(proc.stderr, LogStream.STDERR, ctx), daemon=True),
-        ]
+            ctx.log(LogStream.SYSTEM, f"cannot start the sandbox: {exc}")
+            return AttemptResult(Outcome.FAILED, 127, f"cannot start the sandbox: {exc}")
+        meter = OutputMeter(req.limits.output_max_bytes)
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [threading.Thread(target=pump_lines, args=(s, lambda line, k=k: ctx.log(k, line), meter), daemon=True)
+                 for s, k in ((proc.stdout, LogStream.STDOUT), (proc.stderr, LogStream.STDERR))]
         for t in pumps:
             t.start()
         deadline = time.monotonic() + ctx.timeout_s
-        timed_out = False
+        why = ""
         while proc.poll() is None:
             if time.monotonic() >= deadline:
-                timed_out = True
+                why = "timeout"
+            elif meter.exceeded.is_set():
+                why = "output"
+            elif ctx.stop.wait(POLL_S):
+                why = "stop"
+            if why:
                 break
-            if ctx.stop.wait(0.05):
-                break
-        if proc.poll() is None:
-            self._kill_group(proc)
+        if why or cgroups is not None:
+            kill_tree(proc.pid, cgroups)  # also reaps what a setsid child left behind
+        proc.wait()
         for t in pumps:
             t.join(timeout=2)
-        code = proc.returncode
-        if timed_out:
-            ctx.log(LogStream.SYSTEM, f"timed out after {ctx.timeout_s:g}s; process group killed")
+        for s in (proc.stdout, proc.stderr):
+            s.close()
+        if cgroups is not None:
+            ctx.log(LogStream.SYSTEM, f"peak processes {cgroups.peak_pids()} of {req.limits.pids_max} allowed")
+        return self._result(proc.returncode, why or ("output" if meter.exceeded.is_set() else ""), ctx, req, cgroups)
+
+    @staticmethod
+    def _result(code: int, why: str, ctx: AttemptContext, req: SandboxRequest, cgroups: Cgroups | None) -> AttemptResult:
+        if why == "timeout":
+            ctx.log(LogStream.SYSTEM, f"timed out after {ctx.timeout_s:g}s; sandbox killed")
             return AttemptResult(Outcome.TIMED_OUT, code, f"timed out after {ctx.timeout_s:g}s")
-        if ctx.stop.is_set():
-            ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}")
+        if why == "output":
+            cap = req.limits.output_max_bytes
+            ctx.log(LogStream.SYSTEM, f"output passed the limit of {cap} bytes; sandbox killed")
+            return AttemptResult(Outcome.FAILED, code, f"output limit exceeded ({cap} bytes)")
+        if why == "stop":
+            ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; sandbox killed")
             return AttemptResult(Outcome.FAILED, code, f"stopped: {ctx.stop_reason}")
+        if code == 125:
+            ctx.log(LogStream.SYSTEM, "the sandbox could not join its cgroups")
+            return AttemptResult(Outcome.FAILED, code, "sandbox setup failed (cgroups)")
         ctx.log(LogStream.SYSTEM, f"exit code {code}")
         if code == 0:
             return AttemptResult(Outcome.SUCCEEDED, 0)
         return AttemptResult(Outcome.FAILED, code, f"exit code {code}")
 
-    @staticmethod
-    def _kill_group(proc: subprocess.Popen[str]) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=KILL_GRACE_S)
-        except (ProcessLookupError, PermissionError):
-            pass
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
-    @staticmethod
-    def _pump(stream: Any, kind: LogStream, ctx: AttemptContext) -> None:
-        for line in stream:
-            ctx.log(kind, line.rstrip("\n")[:LINE_MAX_CHARS])
-
-
+CommandExecutor = SandboxedCommandExecutor

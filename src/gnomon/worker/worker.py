@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +45,14 @@ from gnomon.config import load
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
+from gnomon.core.model import TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Handler
+from gnomon.worker.policy import PolicyError, PoolPolicy
 from gnomon.worker.pool import AttemptPool
+from gnomon.worker.secrets import SecretStore
 
 log = logging.getLogger("gnomon.worker")
 
@@ -81,6 +84,8 @@ class Worker:
         stage_max: int = 10_000,
         clock: Clock | None = None,
         topology: Topology | None = None,
+        tenants: Iterable[str] = (),
+        policy: PoolPolicy | None = None,
     ) -> None:
         if concurrency_max < 1:
             raise ValueError("concurrency_max must be >= 1")
@@ -97,6 +102,11 @@ class Worker:
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
         self.handlers: dict[str, Handler] = {}
+        # handler name -> the tenants whose jobs may call it (None: the pool's tenants)
+        self.handler_tenants: dict[str, frozenset[str] | None] = {}
+        self.tenants = frozenset(tenants)
+        self._policy = policy
+        self.secrets = SecretStore(None)  # per-tenant secrets on this host (the CLI sets the directory)
         self._stop = threading.Event()
         # run_id -> its attempt, prepared when the grant came, waiting for its slot (or a free slot)
         self._staged: dict[str, _Attempt] = {}
@@ -113,16 +123,45 @@ class Worker:
 
     # ---- SDK ---------------------------------------------------------------------------
 
-    def handler(self, name: str) -> Callable[[Handler], Handler]:
-        """Register a Python function for jobs whose target is {"type": "handler", "name": name}."""
+    def handler(self, name: str, tenants: Iterable[str] | None = None) -> Callable[[Handler], Handler]:
+        """Register a Python function for jobs whose target is {"type": "handler", "name": name}.
+
+        A handler is the pool owner's code: it runs only for jobs of ``tenants`` (default:
+        the tenants this worker serves) and never on a pool shared by several tenants.
+        ``ctx.tenant`` tells it whose job it runs."""
 
         def register(fn: Handler) -> Handler:
             if name in self.handlers:
                 raise ValueError(f"handler {name!r} registered twice")
             self.handlers[name] = fn
+            self.handler_tenants[name] = None if tenants is None else frozenset(tenants)
             return fn
 
         return register
+
+    @property
+    def policy(self) -> PoolPolicy:
+        """The pool's policy: the one given, widened by ``tenants``; or, with no policy,
+        the default one for ``tenants`` (handlers and public HTTP only)."""
+        if self._policy is None:
+            if not self.tenants:
+                raise PolicyError("name the tenants this worker serves: gnomon worker --tenant T "
+                                  "(or Worker(tenants=[...]))")
+            self._policy = PoolPolicy(self.tenants)
+        elif not self.tenants <= self._policy.tenants:
+            self._policy = self._policy.with_tenants(self._policy.tenants | self.tenants)
+        return self._policy
+
+    def refusal(self, grant: Grant) -> str | None:
+        """Why this worker will not run the grant's target (for the run's log), or None."""
+        target = grant.spec.target
+        program = target.argv[0] if target.argv else (target.handler or "")
+        why = self.policy.refusal(target.type, program, grant.tenant)
+        if why is None and target.type is TargetType.HANDLER:
+            allowed = self.handler_tenants.get(target.handler or "")
+            if allowed is not None and grant.tenant not in allowed:
+                why = f"handler {target.handler!r} is not registered for tenant {grant.tenant!r}"
+        return why
 
     def stop(self) -> None:
         self._stop.set()
@@ -132,10 +171,13 @@ class Worker:
     def run(self) -> None:
         self._producer = Producer(producer_config(self.bootstrap, **{"client.id": f"worker-{self.worker_id}",
                                                                     "linger.ms": 2}))
+        policy = self.policy  # fails here, before joining, when no tenant is named
         executor = Dispatcher(self.handlers)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         inbox = self._open_inbox()
-        log.info("worker %s serving pool %s (concurrency %d)", self.worker_id, self.pool, self.concurrency_max)
+        log.info("worker %s serving pool %s for %s (concurrency %d; commands %s, containers %s)", self.worker_id,
+                 self.pool, ", ".join(sorted(policy.tenants)), self.concurrency_max,
+                 "on" if policy.commands.enabled else "off", "on" if policy.containers.enabled else "off")
         self._advertise(force=True)
         try:
             while not self._stop.is_set():
@@ -296,7 +338,12 @@ class Worker:
             att.started_ms = self.clock.now_ms()
             self._started.put(att)
             try:
-                result = executor.execute(grant.spec.target, ctx)
+                why = self.refusal(grant)
+                if why is not None:
+                    ctx.log(LogStream.SYSTEM, f"refused by pool {self.pool!r}: {why}")
+                    result = AttemptResult(Outcome.FAILED, None, f"refused by pool {self.pool!r}: {why}")
+                else:
+                    result = executor.execute(grant.spec.target, ctx)
             except Exception as exc:  # an executor bug must still end the attempt
                 log.exception("executor crashed")
                 result = AttemptResult(Outcome.FAILED,

@@ -1,0 +1,219 @@
+"""Sandbox escapes, tried for real: every command runs in bubblewrap on this host.
+
+Each test runs the worker's command executor (the code a worker runs per attempt) with a
+hostile argv and checks, from outside, what the command could reach and what is left
+afterwards. CI installs bubblewrap (Makefile `sysdeps`); without it these tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gnomon.config import REPO_ROOT
+from gnomon.core.model import Target, TargetType
+from gnomon.core.runs import Outcome
+from gnomon.worker.attempt import AttemptContext, AttemptResult
+from gnomon.worker.command import SandboxedCommandExecutor
+from gnomon.worker.sandbox import MIB, Cgroups, SandboxLimits
+
+LIMITS = SandboxLimits(memory_max_bytes=64 * MIB, pids_max=32, output_max_bytes=1 * MIB, tmp_max_bytes=8 * MIB)
+
+
+class Run:
+    def __init__(self, argv: list[str], timeout_s: float = 10, limits: SandboxLimits = LIMITS,
+                 network: bool = False, env: dict[str, str] | None = None) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.ctx = AttemptContext("job_x@2026-12-01T00:00:00Z", "job_x", "acme", 1, {"k": "v"}, timeout_s,
+                                  lambda kind, line: self.lines.append((str(kind), line)))
+        self.executor = SandboxedCommandExecutor(limits, network, extra_env=(lambda _ctx: env or {}))
+        self.argv = argv
+
+    def __call__(self) -> AttemptResult:
+        return self.executor.execute(Target(TargetType.COMMAND, argv=tuple(self.argv)), self.ctx)
+
+    def out(self, kind: str = "stdout") -> str:
+        return "\n".join(line for k, line in self.lines if k == kind)
+
+
+def procs_with(marker: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until(pred: Any, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def test_the_command_runs_as_nobody_not_root() -> None:
+    run = Run(["sh", "-c", "id -u; id -g"])
+    assert run().outcome is Outcome.SUCCEEDED
+    assert run.out().split() == ["65534", "65534"]
+
+
+def test_a_setsid_child_dies_with_the_sandbox_at_timeout() -> None:
+    marker = f"gnomon-escape-{os.getpid()}-setsid"
+    run = Run(["sh", "-c", f"setsid sh -c 'while :; do sleep 1; done; : {marker}' & sleep 600"], timeout_s=1)
+    result = run()
+    assert result.outcome is Outcome.TIMED_OUT
+    assert wait_until(lambda: not procs_with(marker), 5), f"a setsid child survived: {procs_with(marker)}"
+
+
+def test_a_setsid_child_dies_when_the_command_exits() -> None:
+    marker = f"gnomon-escape-{os.getpid()}-daemon"
+    run = Run(["sh", "-c", f"setsid sh -c 'while :; do sleep 1; done; : {marker}' & sleep 0.5; echo bye"])
+    assert run().outcome is Outcome.SUCCEEDED
+    assert wait_until(lambda: not procs_with(marker), 5), f"a daemonised child survived: {procs_with(marker)}"
+
+
+def test_cancel_kills_the_whole_sandbox() -> None:
+    marker = f"gnomon-escape-{os.getpid()}-cancel"
+    run = Run(["sh", "-c", f"sh -c 'sleep 600; : {marker}' & sh -c 'sleep 600; : {marker}'"], timeout_s=60)
+    threading.Timer(0.5, run.ctx.request_stop, args=("cancelled: by the test",)).start()
+    result = run()
+    assert result.outcome is Outcome.FAILED and "cancelled" in (result.error or "")
+    assert wait_until(lambda: not procs_with(marker), 5)
+
+
+def test_the_worker_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GNOMON_API_TOKENS", "canary-token-123:acme")
+    monkeypatch.setenv("GNOMON_KAFKA_PASSWORD", "canary-kafka-456")
+    run = Run(["sh", "-c", "env"], env={"GNOMON_SECRET_DB_PASSWORD": "granted"})
+    assert run().outcome is Outcome.SUCCEEDED
+    env = dict(line.split("=", 1) for line in run.out().splitlines() if "=" in line)
+    assert "canary" not in run.out()
+    assert env["GNOMON_RUN_ID"] == "job_x@2026-12-01T00:00:00Z" and env["GNOMON_TENANT"] == "acme"
+    assert env["GNOMON_SECRET_DB_PASSWORD"] == "granted"  # what the job declared, and only that
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD", "SHLVL", "_", "OLDPWD", "GNOMON_RUN_ID",
+                        "GNOMON_JOB_ID", "GNOMON_TENANT", "GNOMON_ATTEMPT", "GNOMON_PAYLOAD",
+                        "GNOMON_SECRET_DB_PASSWORD"}
+
+
+def test_the_state_dir_the_repo_and_homes_are_not_there(tmp_path: Path) -> None:
+    state = REPO_ROOT / ".gnomon"
+    state.mkdir(exist_ok=True)
+    canary = state / f"security-canary-{os.getpid()}"
+    canary.write_text("canary-secret-789\n")
+    canary.chmod(0o600)
+    try:
+        run = Run(["sh", "-c", f"cat {canary}; cat {REPO_ROOT}/.gnomon/dev-token; ls /root /home /work; "
+                               f"cat /proc/1/environ; cat /etc/shadow; echo ---; ls /"])
+        run()
+    finally:
+        canary.unlink()
+    assert "canary-secret-789" not in run.out() + run.out("stderr")
+    assert "No such file" in run.out("stderr")
+    assert set(run.out().split("---")[-1].split()) == {"bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr"}
+
+
+def test_no_network_egress() -> None:
+    seen: list[object] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+
+    def accept() -> None:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                seen.append(server.accept())
+            except TimeoutError:
+                continue
+
+    t = threading.Thread(target=accept)
+    t.start()
+    run = Run(["bash", "-c", f"echo hi > /dev/tcp/127.0.0.1/{port} && echo connected-local; "
+                             "echo hi > /dev/tcp/1.1.1.1/53 && echo connected-out; cat /proc/net/dev"])
+    run()
+    t.join()
+    server.close()
+    assert seen == [], "the sandbox reached a host port"
+    assert "connected" not in run.out()
+    interfaces = [line.split(":")[0].strip() for line in run.out().splitlines() if ":" in line]
+    assert interfaces == ["lo"], interfaces
+
+
+def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing() -> None:
+    marker = f"gnomon-escape-{os.getpid()}-bomb"
+    run = Run(["sh", "-c", f"f(){{ f|f& }}; f; sleep 1; echo survived; : {marker}"], timeout_s=5)
+    run()
+    assert "Cannot fork" in run.out("stderr") or "Resource temporarily unavailable" in run.out("stderr")
+    if Cgroups.usable():
+        peak = next(line for k, line in run.lines if line.startswith("peak processes"))
+        assert int(peak.split()[2]) <= LIMITS.pids_max, peak
+    assert wait_until(lambda: not procs_with(marker), 5)
+    # and the host can still start processes
+    assert subprocess.run(["true"], check=False).returncode == 0
+
+
+def test_a_gigabyte_of_output_is_cut_at_the_limit() -> None:
+    run = Run(["sh", "-c", "head -c 1073741824 /dev/zero; echo not-reached"], timeout_s=120)
+    result = run()
+    assert result.outcome is Outcome.FAILED and "output limit exceeded" in (result.error or "")
+    logged = sum(len(line) for k, line in run.lines if k != "system")
+    assert logged <= LIMITS.output_max_bytes
+    assert "not-reached" not in run.out()
+
+
+def test_memory_is_capped() -> None:
+    # 200 MB in a shell variable, against a 64 MiB limit
+    run = Run(["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}"], timeout_s=60)
+    result = run()
+    assert result.outcome is Outcome.FAILED
+    assert "200000000" not in run.out()
+
+
+def test_tmp_is_private_and_capped(tmp_path: Path) -> None:
+    (Path("/tmp") / f"gnomon-host-file-{os.getpid()}").write_text("host")
+    try:
+        run = Run(["sh", "-c", "ls /tmp; head -c 20000000 /dev/zero > /tmp/big; echo rc=$?"])
+        run()
+    finally:
+        (Path("/tmp") / f"gnomon-host-file-{os.getpid()}").unlink()
+    assert "gnomon-host-file" not in run.out()
+    assert "rc=0" not in run.out(), "wrote 20 MB into an 8 MiB /tmp"
+
+
+def test_killing_the_worker_kills_its_sandboxes(tmp_path: Path) -> None:
+    """kill -9 of the worker process: bwrap dies with its parent, and its namespace with it."""
+    marker = f"gnomon-escape-{os.getpid()}-orphan"
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f"""
+        from gnomon.core.model import Target, TargetType
+        from gnomon.worker.attempt import AttemptContext
+        from gnomon.worker.command import SandboxedCommandExecutor
+        ctx = AttemptContext("r", "j", "acme", 1, None, 600, lambda k, line: print(line, flush=True))
+        SandboxedCommandExecutor().execute(Target(TargetType.COMMAND, argv=(
+            "sh", "-c", "setsid sh -c 'while :; do sleep 1; done; : {marker}' & echo started; sleep 600")), ctx)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "started"
+    assert wait_until(lambda: bool(procs_with(marker)), 5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not procs_with(marker), 10), f"sandbox outlived its worker: {procs_with(marker)}"
