@@ -63,7 +63,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gnomon.adapters.kafka import partition_for, producer_config
+from gnomon.adapters.kafka import partition_for, producer_config, security_config
 from gnomon.config import load
 
 APP = Path(__file__).resolve().parents[1] / "tests" / "integration" / "stack_apps" / "faust_relay.py"
@@ -80,6 +80,7 @@ class Reader:
         self.c = Consumer(
             {
                 "bootstrap.servers": bootstrap,
+                **security_config(),
                 "group.id": f"stackproof-eosread-{uuid.uuid4().hex[:8]}",  # never commits
                 "enable.auto.commit": False,
                 "isolation.level": isolation,
@@ -214,7 +215,7 @@ def input_lag(admin: AdminClient, group: str, topic: str, ends: dict[int, int]) 
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "stackproof-eos-ends"})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "stackproof-eos-ends", **security_config()})
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         return {
@@ -253,7 +254,7 @@ MODES = {
 
 def run_mode(args: argparse.Namespace, mode: str, budget_s: float, workdir: Path) -> Result:
     bootstrap = args.bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **security_config()})
     guarantee, subscribe_sink = MODES[mode]
     short = {"exactly_once": "eos", "exactly_once+sink": "eoss", "at_least_once": "alo"}[mode]
     tag = f"{short}-{uuid.uuid4().hex[:6]}"

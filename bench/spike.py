@@ -314,7 +314,7 @@ def main() -> None:
             now = int(time.time() * 1000)
             for run_id in busy.seen:
                 p.produce(topo.run_events, key=run_id.partition("@")[0].encode(),
-                          value=codec.encode(CancelRun(run_id, now, "spike bench finished")))
+                          value=codec.encode(CancelRun(run_id, "bench", now, "spike bench finished")))
             p.flush(10)
             time.sleep(2)
         for proc in processors + workers:

@@ -30,6 +30,9 @@ class ApiError(GnomonError):
         self.status = status
         self.problem = problem
         self.field = problem.get("field")
+        # On a 503 of a command: "unknown" (it may have been written: retry with the same
+        # idempotency key) or "not-written" (nothing was sent: retrying is safe).
+        self.outcome = problem.get("outcome")
         detail = problem.get("detail") or problem.get("title") or f"HTTP {status}"
         super().__init__(f"{self.field}: {detail}" if self.field else str(detail))
 
@@ -68,9 +71,14 @@ class Client:
         return resp.json() if resp.content else None
 
     # jobs
-    def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+    def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Register a job. With ``idempotency_key`` the call is safe to repeat (after a
+        timeout or a 503 with outcome "unknown"): the same key and body are the same job."""
         parse_job_spec(body, SystemClock().now_ms())  # same rules as the API, fail fast
-        return self._call("POST", "/v1/jobs", json=body)  # type: ignore[no-any-return]
+        headers = {}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = validate_idempotency_key(idempotency_key, "Idempotency-Key")
+        return self._call("POST", "/v1/jobs", json=body, headers=headers)  # type: ignore[no-any-return]
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{quote(job_id)}")  # type: ignore[no-any-return]

@@ -46,11 +46,22 @@ class Settings:
         default_factory=lambda: _env_int("GNOMON_CASSANDRA_STORAGE_PORT", 7000)
     )
     api_port: int = field(default_factory=lambda: _env_int("GNOMON_API_PORT", 8787))
+    # Where `gnomon infra up` writes the generated credentials (one 0600 JSON file per
+    # role; see infra/README.md) and where clients look for theirs; default
+    # <state_dir>/credentials. Production: $GNOMON_KAFKA_USERNAME/$GNOMON_KAFKA_PASSWORD,
+    # $GNOMON_CASSANDRA_USERNAME/$GNOMON_CASSANDRA_PASSWORD instead.
+    credentials_path: Path | None = field(
+        default_factory=lambda: Path(p) if (p := os.environ.get("GNOMON_CREDENTIALS_DIR")) else None
+    )
     topology_path: Path = field(
         default_factory=lambda: Path(
             os.environ.get("GNOMON_TOPOLOGY", str(REPO_ROOT / "streams" / "topology.toml"))
         )
     )
+
+    @property
+    def credentials_dir(self) -> Path:
+        return self.credentials_path or self.state_dir / "credentials"
 
     @property
     def kafka_bootstrap(self) -> str:

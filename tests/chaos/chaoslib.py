@@ -102,7 +102,9 @@ class Scenario:
 
     def start(self, name: str, *args: str) -> None:
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=self.env,
+        # the API authenticates to Kafka as role `api` (the other services set their role in code)
+        env = {**self.env, "GNOMON_KAFKA_ROLE": "api"} if args[:1] == ("api",) else self.env
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=env,
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         log(f"started {name} (pid {self.procs[name].pid})")
 
@@ -113,7 +115,7 @@ class Scenario:
     def worker(self, name: str, concurrency: int = 32, pool: str = "default") -> None:
         tenants = [arg for t in self.worker_tenants for arg in ("--tenant", t)]
         self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),
-                   "--pool", pool, *tenants)
+                   "--pool", pool, *tenants, "--policy", str(Path(__file__).parent / "worker-policy.toml"))
 
     def signal(self, name: str, sig: int) -> None:
         p = self.procs[name]

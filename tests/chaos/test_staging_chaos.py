@@ -89,7 +89,7 @@ def test_staged_runs_survive_worker_and_processor_kills(tmp_path_factory: pytest
         cancel_run = next(iter(_wait_staged(sc, f"{tag}-cancel", 1)))
         pause_runs = _wait_staged(sc, f"{tag}-pause", 1)
         sc.producer.produce(sc.topo.run_events, key=f"{tag}-cancel".encode(),
-                            value=_encode(CancelRun(cancel_run, int(time.time() * 1000))))
+                            value=_encode(CancelRun(cancel_run, "chaos", int(time.time() * 1000))))
         sc.send(PauseJob(f"{tag}-pause", "chaos", int(time.time() * 1000)))
         sc.flush()
         log(f"cancelled {cancel_run}, paused {tag}-pause with {sorted(pause_runs)} staged")

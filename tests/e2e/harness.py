@@ -22,6 +22,7 @@ from gnomon.client import Client
 
 API_PORT = int(os.environ.get("GNOMON_TEST_API_PORT", "18787"))
 TOKEN, OTHER_TOKEN = "test-token-acme", "test-token-other"
+KAFKA_ROLES = {"api": "api", "processor": "processor", "worker": "worker", "projector": "projector"}
 
 
 @dataclass
@@ -34,7 +35,10 @@ class Stack:
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        p = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=self.env, stdout=out,
+        # each service authenticates to Kafka as its own role (docs/adr/0006); the API reads it
+        # from the environment, the others set theirs in code
+        env = {**self.env, "GNOMON_KAFKA_ROLE": KAFKA_ROLES[args[0]]} if args and args[0] in KAFKA_ROLES else self.env
+        p = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=env, stdout=out,
                              stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = p
         return p

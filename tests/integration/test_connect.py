@@ -3,7 +3,8 @@
 Runs its own worker (free REST port, state under tmp_path, the jars already fetched into
 the real state dir) with the shipped ``history-runs-file-sink`` connector pointed at a
 throwaway ``connecttest.*`` topic; the topic and the sink's consumer group are deleted at
-the end.
+the end. The worker authenticates as the Kafka role ``connect``; the test grants that
+role READ on its throwaway topic for the duration (and removes it after).
 """
 
 from __future__ import annotations
@@ -93,17 +94,31 @@ def test_file_sink_exports_decodable_run_states(infra: Settings, tmp_path: Path)
     bootstrap = infra.kafka_bootstrap
     admin = kafka.admin(bootstrap)
     lib = fetch.fetch(infra.state_dir, connect.COMPONENT, connect.LABEL)  # no-op once fetched
-    settings = Settings(state_dir=tmp_path)
+    settings = Settings(state_dir=tmp_path, credentials_path=infra.credentials_dir)
     port = _free_port()
     runs = _runs(tag)
 
-    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        NewTopic,  # type: ignore[attr-defined]
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from gnomon.adapters.kafka import security_config
 
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(
         timeout=20
     )
+    acl = (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{connect.ROLE}", "*",
+           AclOperation.READ, AclPermissionType.ALLOW)
+    for future in admin.create_acls([AclBinding(*acl)]).values():
+        future.result(timeout=20)
     try:
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **security_config()})
         # A tombstone first, on the same key (so same partition) as records after it: once
         # those are exported the tombstone was processed, and must have left no line.
         producer.produce(topic, key=runs[0].run_id.encode(), value=None)
@@ -144,6 +159,8 @@ def test_file_sink_exports_decodable_run_states(infra: Settings, tmp_path: Path)
             assert connect.stop(settings)
         assert connect.status(settings) == {"state": "down"}
     finally:
+        for future in admin.delete_acls([AclBindingFilter(*acl)]).values():
+            future.result(timeout=20)
         for future in admin.delete_topics([topic], operation_timeout=20).values():
             future.result(timeout=25)
         for future in admin.delete_consumer_groups([f"connect-{name}"]).values():

@@ -179,9 +179,11 @@ def test_rows_hold_codec_blobs_and_stale_dead_letters_are_deleted(
 def topics(infra: Settings) -> Iterator[dict[str, str]]:
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from gnomon.adapters.kafka import security_config
+
     prefix = f"gnomon_test_{uuid.uuid4().hex[:10]}"
     names = {"jobs": f"{prefix}.jobs", "runs": f"{prefix}.runs", "logs": f"{prefix}.run-logs"}
-    admin = AdminClient({"bootstrap.servers": infra.kafka_bootstrap})
+    admin = AdminClient({"bootstrap.servers": infra.kafka_bootstrap, **security_config()})
     for f in admin.create_topics([NewTopic(t, num_partitions=2, replication_factor=1)
                                   for t in names.values()]).values():
         f.result(30)

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import ConfigResource
 
+from gnomon.adapters.kafka import aiokafka_security, security_config
 from gnomon.config import Settings
 from gnomon.infra import cassandra, fetch, kafka, manager, topics
 
@@ -87,7 +88,7 @@ def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settin
     bootstrap = infra.kafka_bootstrap
 
     async def scenario() -> list[bytes]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **aiokafka_security())
         await admin.start()
         try:
             await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
@@ -96,6 +97,7 @@ def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settin
         producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
+                **security_config(),
                 "partitioner": "murmur2_random",
                 "enable.idempotence": True,
                 "acks": "all",
@@ -103,7 +105,7 @@ def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settin
         )
         producer.produce(topic, key=b"job-1", value=b"from-confluent")
         assert producer.flush(10) == 0
-        tx = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-{topic}")
+        tx = AIOKafkaProducer(bootstrap_servers=bootstrap, **aiokafka_security(), transactional_id=f"tx-{topic}")
         await tx.start()
         try:
             async with tx.transaction():
@@ -112,7 +114,7 @@ def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settin
             await tx.stop()
         consumer = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=bootstrap,
+            bootstrap_servers=bootstrap, **aiokafka_security(),
             group_id=f"g-{topic}",
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -140,7 +142,8 @@ def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settin
 @pytest.mark.slow
 def test_three_node_cluster(infra: Settings, tmp_path: Path) -> None:
     """Three KRaft nodes on other ports: replication factor 3, min ISR 2; then down."""
-    settings = Settings(state_dir=tmp_path, kafka_port=19092, kafka_controller_port=19093)
+    settings = Settings(state_dir=tmp_path, kafka_port=19092, kafka_controller_port=19093,
+                        credentials_path=infra.credentials_dir)  # the same users: clients just work
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "kafka").symlink_to(fetch.lib_dir(infra.state_dir, "kafka"))  # no refetch
     try:
@@ -165,6 +168,17 @@ def test_three_node_cluster(infra: Settings, tmp_path: Path) -> None:
                     raise
                 time.sleep(0.5)
         assert configs["min.insync.replicas"].value == "2"
+        # authentication and ACLs hold on three nodes too (inter-broker SCRAM, PLAIN quorum)
+        from confluent_kafka import Consumer, KafkaError
+
+        from gnomon.adapters.kafka import consumer_config
+
+        c = Consumer(consumer_config(kafka.bootstrap(settings, 3), "gnomon-worker-inbox", role="worker"))
+        try:
+            err = c.list_topics("gnomon.jobs", timeout=10).topics["gnomon.jobs"].error
+            assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+        finally:
+            c.close()
     finally:
         stopped = manager.down(settings)
     assert sorted(stopped) == ["kafka-1", "kafka-2", "kafka-3"]

@@ -33,7 +33,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gnomon.adapters.kafka import consumer_config, partition_for, producer_config
+from gnomon.adapters.kafka import (
+    aiokafka_security,
+    consumer_config,
+    partition_for,
+    producer_config,
+    security_config,
+)
 from gnomon.config import load
 
 pytestmark = pytest.mark.integration
@@ -118,7 +124,7 @@ class Kafka:
 
 @pytest.fixture
 def kafka() -> Iterator[Kafka]:
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP, **security_config()})
     try:
         admin.list_topics(timeout=10)
     except Exception as exc:
@@ -164,6 +170,7 @@ class Tail:
         self._c = Consumer(
             {
                 "bootstrap.servers": BOOTSTRAP,
+                **security_config(),
                 "group.id": f"stackproof-tail-{uuid.uuid4().hex[:8]}",  # never committed
                 "enable.auto.commit": False,
                 "isolation.level": isolation,
@@ -364,7 +371,7 @@ def test_aiokafka_produce_and_group_consume(kafka: Kafka) -> None:
     n = 1000
 
     async def run() -> tuple[list[int], dict[int, int], list[int]]:
-        prod = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", enable_idempotence=True)
+        prod = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, **aiokafka_security(), acks="all", enable_idempotence=True)
         await prod.start()
         try:
             futs = [
@@ -379,7 +386,7 @@ def test_aiokafka_produce_and_group_consume(kafka: Kafka) -> None:
         def consumer() -> AIOKafkaConsumer:
             return AIOKafkaConsumer(
                 topic,
-                bootstrap_servers=BOOTSTRAP,
+                bootstrap_servers=BOOTSTRAP, **aiokafka_security(),
                 group_id=group,
                 auto_offset_reset="earliest",
                 enable_auto_commit=False,
@@ -425,7 +432,7 @@ def test_aiokafka_transactions_read_committed(kafka: Kafka) -> None:
 
     async def run() -> list[int]:
         prod = AIOKafkaProducer(
-            bootstrap_servers=BOOTSTRAP, transactional_id=f"stackproof-aiotxn-{kafka.run}"
+            bootstrap_servers=BOOTSTRAP, **aiokafka_security(), transactional_id=f"stackproof-aiotxn-{kafka.run}"
         )
         await prod.start()
         try:
@@ -444,7 +451,7 @@ def test_aiokafka_transactions_read_committed(kafka: Kafka) -> None:
 
         cons = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=BOOTSTRAP,
+            bootstrap_servers=BOOTSTRAP, **aiokafka_security(),
             group_id=group,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
@@ -482,7 +489,7 @@ def test_aiokafka_reads_lz4_records_from_gnomon_producer(kafka: Kafka) -> None:
     async def run() -> list[int]:
         cons = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=BOOTSTRAP,
+            bootstrap_servers=BOOTSTRAP, **aiokafka_security(),
             auto_offset_reset="earliest",
             enable_auto_commit=False,
         )
@@ -516,7 +523,7 @@ def test_partitioner_agreement_gnomon_confluent_aiokafka(kafka: Kafka) -> None:
     confluent = produce(topic, [(k, {"id": i}) for i, k in enumerate(keys)])
 
     async def aio() -> list[int]:
-        prod = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
+        prod = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, **aiokafka_security(), acks="all")
         await prod.start()
         try:
             futs = [await prod.send(topic, b"{}", key=k.encode()) for k in keys]

@@ -105,7 +105,7 @@ def test_the_worker_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -
     env = dict(line.split("=", 1) for line in run.out().splitlines() if "=" in line)
     assert "canary" not in run.out()
     assert env["GNOMON_RUN_ID"] == "job_x@2026-12-01T00:00:00Z" and env["GNOMON_TENANT"] == "acme"
-    assert env["GNOMON_SECRET_DB_PASSWORD"] == "granted"  # what the job declared, and only that
+    assert env["GNOMON_SECRET_DB_PASSWORD"] == "***"  # what the job declared (its value redacted in the log)
     assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD", "SHLVL", "_", "OLDPWD", "GNOMON_RUN_ID",
                         "GNOMON_JOB_ID", "GNOMON_TENANT", "GNOMON_ATTEMPT", "GNOMON_PAYLOAD",
                         "GNOMON_SECRET_DB_PASSWORD"}

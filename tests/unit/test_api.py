@@ -18,6 +18,7 @@ from gnomon.cli import main as cli_main
 from gnomon.client import ApiError, Client
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock, iso_to_ms
+from gnomon.core.errors import ValidationError
 from gnomon.core.model import job_id_of
 from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import parse_job_spec
@@ -118,7 +119,24 @@ def test_pause_resume_patch_delete_produce_commands(env: Any) -> None:
     assert client.patch(f"/v1/jobs/{job_id}", json={"priority": "x"}, headers=AUTH).json()["field"] == "priority"
     assert client.delete(f"/v1/jobs/{job_id}", headers=AUTH).status_code == 202
     kinds = [type(c).__name__ for _, _, c in producer.sent]
-    assert kinds == ["RegisterJob", "PauseJob", "ResumeJob", "UpdateJob", "DeleteJob"]
+    assert kinds == ["RegisterJob", "PauseJob", "ResumeJob", "PatchJob", "DeleteJob"]
+
+
+def test_patch_with_if_match(env: Any) -> None:
+    client, producer, _ = env
+    job_id = _registered(env)
+    version = client.get(f"/v1/jobs/{job_id}", headers=AUTH).json()["version"]
+    ok = client.patch(f"/v1/jobs/{job_id}", json={"priority": "high"}, headers={**AUTH, "If-Match": f'"{version}"'})
+    assert ok.status_code == 202 and ok.headers["ETag"] == f'"{version + 1}"'
+    cmd = producer.sent[-1][2]
+    assert type(cmd).__name__ == "PatchJob" and cmd.expected_version == version
+    assert cmd.patch_json == '{"priority":"high"}'
+    stale = client.patch(f"/v1/jobs/{job_id}", json={"priority": "low"}, headers={**AUTH, "If-Match": '"0"'})
+    assert stale.status_code == 412 and stale.json()["field"] == "If-Match"
+    assert stale.headers["content-type"] == "application/problem+json"
+    bad = client.patch(f"/v1/jobs/{job_id}", json={"priority": "low"}, headers={**AUTH, "If-Match": "abc"})
+    assert bad.status_code == 422 and bad.json()["field"] == "If-Match"
+    assert [type(c).__name__ for _, _, c in producer.sent].count("PatchJob") == 1
 
 
 def test_other_tenant_gets_404(env: Any) -> None:
@@ -181,7 +199,7 @@ def test_cancel_produces_cancel_run_keyed_by_job_id(env: Any, run_id: str, statu
     resp = client.post(f"/v1/runs/{run_id}:cancel", headers=AUTH)
     assert resp.status_code == 202, resp.text
     assert resp.json() == {"runId": run_id, "accepted": "cancel"}
-    assert producer.sent == [("gnomon.run-events", "job_ab", CancelRun(run_id, NOW))]
+    assert producer.sent == [("gnomon.run-events", "job_ab", CancelRun(run_id, "acme", NOW))]
 
 
 @pytest.mark.parametrize("status", [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED])
@@ -200,7 +218,7 @@ def test_replay_of_a_failed_run_produces_replay_run(env: Any) -> None:
     resp = client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH)
     assert resp.status_code == 202, resp.text
     assert resp.json() == {"runId": COLON_ID, "accepted": "replay"}
-    assert producer.sent == [("gnomon.run-events", "job_ab", ReplayRun(COLON_ID, NOW))]
+    assert producer.sent == [("gnomon.run-events", "job_ab", ReplayRun(COLON_ID, "acme", NOW))]
 
 
 def test_replay_of_a_dead_letter_past_its_retention_is_409(env: Any) -> None:
@@ -333,3 +351,31 @@ def test_cli_runs_cancel_replay_and_dead_letters_list(sdk: Any) -> None:
     assert out.exit_code == 2 and "gnomon:" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = runner.invoke(cli_main.app, ["runs", "cancel", "job_zz@manual:nope"])
     assert out.exit_code == 2
+
+
+def test_sdk_and_cli_create_with_an_idempotency_key(sdk: Any) -> None:
+    c, producer, _ = sdk
+    first = c.create_job(body(), idempotency_key="deploy-7")
+    assert c.create_job(body(), idempotency_key="deploy-7")["id"] == first["id"]
+    out = CliRunner().invoke(cli_main.app, ["jobs", "create", "n", "--cron", "0 * * * *", "--command", "true",
+                                            "--key", "deploy-7", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["id"] == first["id"]  # the id is derived from tenant and key
+    with pytest.raises(ValidationError) as info:
+        c.create_job(body(), idempotency_key="bad key")
+    assert info.value.field == "Idempotency-Key"
+    assert {key for _, key, _ in producer.sent} >= {first["id"]}
+
+
+def test_503_outcome_reaches_the_sdk(sdk: Any) -> None:
+    c, producer, _ = sdk
+
+    def down(*_: Any) -> None:
+        from gnomon.core.errors import EventLogError
+
+        raise EventLogError("Kafka did not acknowledge")
+
+    producer.send = down
+    with pytest.raises(ApiError) as info:
+        c.create_job(body(), idempotency_key="k")
+    assert (info.value.status, info.value.outcome) == (503, "unknown")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import typer
 from typer.testing import CliRunner
 
 from gnomon.cli.main import app
@@ -29,3 +31,75 @@ def test_jobs_create_needs_exactly_one_target() -> None:
     res = runner.invoke(app, ["jobs", "create", "x", "--cron", "* * * * *"])
     assert res.exit_code == 2
     assert "exactly one target" in res.output
+
+
+# ---- job data is shown, never interpreted (rich markup, terminal escapes) ------------------
+
+HOSTILE = "[bold red]pwned[/bold red] \x1b]0;title\x07\x1b[2J\u202egnp.exe"
+
+
+class FakeClient:
+    """Stands in for gnomon.client.Client: answers with hostile job data."""
+
+    job = {"id": "job_1", "name": HOSTILE, "status": "active", "schedule": "0 * * * *", "nextRunAt": None,
+           "timezone": "UTC", "priority": "normal", "pool": "default", "target": {"type": "http", "url": HOSTILE}}
+    run = {"id": "job_1@manual:" + HOSTILE, "status": "failed", "attempt": 1, "maxAttempts": 1, "grantedAt": None,
+           "startedAt": None, "startLagS": None, "finishedAt": None, "exitCode": 1, "error": HOSTILE,
+           "reason": None}
+
+    def get_job(self, _job_id: str) -> dict[str, object]:
+        return self.job
+
+    def list_jobs(self, _limit: int) -> dict[str, object]:
+        return {"items": [self.job], "cursor": None}
+
+    def get_run(self, _run_id: str) -> dict[str, object]:
+        return self.run
+
+    def list_runs(self, *_args: object) -> dict[str, object]:
+        return {"items": [self.run], "cursor": None}
+
+    def dead_letters(self, *_args: object) -> dict[str, object]:
+        return {"items": [self.run], "cursor": "[red]c"}
+
+    def get_logs(self, _run_id: str) -> dict[str, object]:
+        return {"items": [{"attempt": 1, "stream": "stdout", "line": HOSTILE}], "cursor": None}
+
+
+@pytest.mark.parametrize("args", [["jobs", "get", "job_1"], ["jobs", "list"], ["runs", "get", "r"],
+                                  ["runs", "list", "job_1"], ["dead-letters", "list"], ["runs", "logs", "r"]])
+def test_job_data_is_printed_literally(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    from gnomon.cli import jobs as cli_jobs
+
+    monkeypatch.setattr(cli_jobs, "Client", FakeClient)
+    res = runner.invoke(app, args, env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "[bold red]pwned[/bold red]" in res.stdout  # markup shown, not applied
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "\u202e" not in res.stdout
+    assert "\\x1b[2J" in res.stdout and "\\u202e" in res.stdout  # visible as escapes
+
+
+def test_clean_escapes_controls_and_bidi() -> None:
+    from gnomon.cli.common import clean
+
+    assert clean("ok\tname\n\x1b[31m\x9b\u2066") == "ok\\tname\\n\\x1b[31m\\x9b\\u2066"
+    assert clean("plain ünïcode ✓") == "plain ünïcode ✓"
+
+
+def test_errors_are_printed_literally(capsys: pytest.CaptureFixture[str]) -> None:
+    from gnomon.cli.common import fail
+
+    with pytest.raises(typer.Exit):
+        fail("bad \x1b[2J [red]x[/red]")
+    assert capsys.readouterr().err.strip() == "gnomon: bad \\x1b[2J [red]x[/red]"
+
+
+def test_token_hash_reads_stdin_and_prints_an_entry() -> None:
+    from gnomon.api.auth import hash_token, parse_tokens
+    from gnomon.cli.jobs import token_app
+
+    res = runner.invoke(token_app, ["--tenant", "acme"], input="s3cret\n")
+    assert res.exit_code == 0, res.output
+    entry = res.stdout.strip()
+    assert entry == f"sha256:{hash_token('s3cret')}:acme" and "s3cret" not in res.stdout
+    assert parse_tokens(entry) == {hash_token("s3cret"): "acme"}

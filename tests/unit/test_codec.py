@@ -26,7 +26,7 @@ from gnomon.codec import (
     topic_types,
 )
 from gnomon.core.errors import ValidationError
-from gnomon.core.jobs import JobState, JobStatus, RegisterJob
+from gnomon.core.jobs import JobState, JobStatus, PatchJob, RegisterJob
 from gnomon.core.messages import DispatchRun, LogLine, LogStream, PoisonRecord
 from gnomon.core.model import JobSpec, Priority, Schedule, Target, TargetType
 from gnomon.core.runs import (
@@ -129,8 +129,10 @@ def test_round_trip_examples() -> None:
         CLAIM,
         RegisterJob("acme.nightly", "acme", SPEC, 5),
         CompleteAttempt("r", "w", 3, Outcome.TIMED_OUT, 9, exit_code=None, error="boom"),
-        CancelRun("acme.nightly@manual:k", 9),
-        ReplayRun("acme.nightly@2024-01-01T02:00:00Z", 10, requested_by="ops"),
+        CancelRun("acme.nightly@manual:k", "acme", 9),
+        ReplayRun("acme.nightly@2024-01-01T02:00:00Z", "acme", 10, requested_by="ops"),
+        PatchJob("acme.nightly", "acme", '{"priority":"high"}', 3, 11),
+        PatchJob("acme.nightly", "acme", '{"payload":{"k":"\u00e9"}}', None, 12),
         dataclasses.replace(RUN, status=RunStatus.FAILED, replays=2, attempts_before_replay=6),
         JobState("j", "t", JobSpec("j", Schedule(run_at_ms=7), Target(TargetType.HTTP, url="http://x")),
                  JobStatus.DONE, None, 2, 1, 2),

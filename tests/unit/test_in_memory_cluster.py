@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from gnomon.adapters.kv import MemoryKV
 from gnomon.core import jobs as J
-from gnomon.core.model import CatchUp, JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core import runs as R
+from gnomon.core.errors import ValidationError
+from gnomon.core.model import CatchUp, JobSpec, Priority, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.runs import RunStatus
+from gnomon.streams.task import PartitionTask
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
+from gnomon.topology import Topology
 
 CMD = Target(TargetType.COMMAND, argv=("true",))
 
@@ -100,3 +105,79 @@ def test_edits_near_the_slot_apply_to_runs_already_in_the_lookahead() -> None:
     resumed = [r for r in c.runs_of("job1") if r.slot_ms >= resume_at]
     assert resumed and all(r.status is RunStatus.SUCCEEDED for r in resumed if r.slot_ms <= resume_at + 10_000)
     check(c, ["job1", "job3"])
+
+
+# ---- security: tenant on run commands, patches merged by the processor -------------------
+
+
+def test_cancel_or_replay_from_another_tenant_is_refused_and_the_run_goes_on() -> None:
+    """Anyone who can write gnomon.run-events is not the API: the processor itself refuses
+    a cancel or replay that does not carry the run's tenant (to poison, with the reason)."""
+    c = InMemoryCluster(seed=4, policy=FakeWorkerPolicy(duration_ms=(20_000, 20_000)))
+    c.submit(J.RegisterJob("job1", "t", spec("0 0 1 1 *"), c.clock.now_ms()))
+    c.drain()
+    c.submit(J.TriggerJob("job1", "t", "k", c.clock.now_ms()))
+    c.run_for(2_000)
+    rid = "job1@manual:k"
+    before = c.run_state(rid)
+    assert before is not None and before.status is RunStatus.RUNNING
+    for tenant in ("intruder", ""):
+        c.submit(R.CancelRun(rid, tenant, c.clock.now_ms()))
+        c.submit(R.ReplayRun(rid, tenant, c.clock.now_ms()))
+    c.drain()
+    refused = [(type(cmd).__name__, why) for cmd, why in c.rejected]
+    assert [name for name, _ in refused] == ["CancelRun", "ReplayRun"] * 2
+    assert all("refused" in why for _, why in refused)
+    assert c.run_state(rid) == before
+    c.run_for(25_000)
+    done = c.run_state(rid)
+    assert done is not None and done.status is RunStatus.SUCCEEDED
+
+
+def test_cancel_from_the_runs_tenant_cancels() -> None:
+    c = InMemoryCluster(seed=5, policy=FakeWorkerPolicy(duration_ms=(20_000, 20_000)))
+    c.submit(J.RegisterJob("job1", "t", spec("0 0 1 1 *"), c.clock.now_ms()))
+    c.drain()
+    c.submit(J.TriggerJob("job1", "t", "k", c.clock.now_ms()))
+    c.run_for(2_000)
+    c.submit(R.CancelRun("job1@manual:k", "t", c.clock.now_ms()))
+    c.drain()
+    run = c.run_state("job1@manual:k")
+    assert c.rejected == [] and run is not None and run.status is RunStatus.CANCELLED
+
+
+def test_patches_are_merged_by_the_processor_in_log_order() -> None:
+    c = InMemoryCluster(seed=6)
+    c.submit(J.RegisterJob("job1", "t", spec(), c.clock.now_ms()))
+    c.drain()
+    now = c.clock.now_ms()
+    # two clients edit different fields of version 1, back to back, without If-Match
+    c.submit(J.PatchJob("job1", "t", J.canonical_patch({"priority": "high"}), None, now))
+    c.submit(J.PatchJob("job1", "t", J.canonical_patch({"timeoutS": 30}), None, now))
+    # a third one expected version 1 (If-Match), which is gone: refused, nothing changes
+    c.submit(J.PatchJob("job1", "t", J.canonical_patch({"name": "late"}), 1, now))
+    # and one that does not validate
+    c.submit(J.PatchJob("job1", "t", J.canonical_patch({"pool": "gpu"}), None, now))
+    c.drain()
+    job = c.job_state("job1")
+    assert job is not None and job.version == 3
+    assert job.spec.priority is Priority.HIGH and job.spec.timeout_s == 30 and job.spec.name == "j"
+    (conflict, invalid) = c.rejected
+    assert "version 3, not the expected 1" in conflict[1]
+    assert invalid[1].startswith("pool: patch of job job1 refused")
+    c.run_for(10_000)
+    assert all(r.spec.timeout_s == 30 for r in c.runs_of("job1") if r.status is RunStatus.SUCCEEDED)
+    check(c, ["job1"])
+
+
+def test_the_processor_checks_patches_against_its_topologys_pools() -> None:
+    topo = Topology(partitions=1, pools=("default", "gpu"), priorities=("high", "normal", "low"),
+                    dispatch_format="gnomon.dispatch.{pool}.{priority}")
+    task = PartitionTask(0, MemoryKV(), topo)
+    task.handle(J.RegisterJob("job1", "t", spec(), 0), 0)
+    task.handle(J.PatchJob("job1", "t", J.canonical_patch({"pool": "gpu"}), 1, 1), 1)
+    job = task.job("job1")
+    assert job is not None and job.spec.pool == "gpu" and job.version == 2
+    with pytest.raises(ValidationError, match="unknown pool 'batch'"):
+        task.handle(J.PatchJob("job1", "t", J.canonical_patch({"pool": "batch"}), None, 2), 2)
+    assert task.job("job1") == job

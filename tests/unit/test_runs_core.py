@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+
+import fastavro
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gnomon import codec
 from gnomon.core import runs as R
 from gnomon.core.clock import iso_to_ms
+from gnomon.core.errors import TransitionError
 from gnomon.core.jobs import RunTriggered
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.retry import BackoffStrategy
@@ -93,9 +100,9 @@ def test_exhausted_retries_fail_terminally() -> None:
 def test_cancel_stops_running_worker() -> None:
     s = ready()
     s, _ = step(s, R.ClaimRun(RID, "w1", T0 + 5))
-    s, evs = step(s, R.CancelRun(RID, T0 + 6))
+    s, evs = step(s, R.CancelRun(RID, "t", T0 + 6))
     assert isinstance(evs[0], R.RunCancelled) and evs[0].worker_id == "w1" and s.status is R.RunStatus.CANCELLED
-    assert step(s, R.CancelRun(RID, T0 + 7))[1] == []
+    assert step(s, R.CancelRun(RID, "t", T0 + 7))[1] == []
 
 
 @settings(max_examples=200, deadline=None)
@@ -148,7 +155,7 @@ def test_fencing_invariants_under_any_interleaving(script: list[tuple]) -> None:
 
 def test_replay_gives_a_dead_letter_a_fresh_retry_budget() -> None:
     s = ready()
-    assert R.decide(s, R.ReplayRun(RID, T0)) == []  # only failed runs replay; others: no-op
+    assert R.decide(s, R.ReplayRun(RID, "t", T0)) == []  # only failed runs replay; others: no-op
     now = T0
     for attempt in (1, 2):
         now += 100_000
@@ -157,9 +164,9 @@ def test_replay_gives_a_dead_letter_a_fresh_retry_budget() -> None:
         if attempt == 1:
             s, _ = timer(s, s.next_attempt_at_ms or 0)
     assert s.status is R.RunStatus.FAILED
-    s, evs = step(s, R.ReplayRun(RID, now + 10))
+    s, evs = step(s, R.ReplayRun(RID, "t", now + 10))
     assert s.status is R.RunStatus.READY and s.replays == 1 and s.attempts_before_replay == 2
-    assert R.decide(s, R.ReplayRun(RID, now + 11)) == [], "a double replay is a no-op"
+    assert R.decide(s, R.ReplayRun(RID, "t", now + 11)) == [], "a double replay is a no-op"
     assert any(isinstance(e, R.RunReleased) and e.attempt == 3 for e in evs)
     s, _ = step(s, R.ClaimRun(RID, "w", now + 20))
     s, _ = step(s, R.CompleteAttempt(RID, "w", 3, R.Outcome.FAILED, now + 21, 1))
@@ -192,3 +199,89 @@ def test_deadline_fails_an_attempt_that_keeps_heartbeating_past_its_timeout() ->
     (ev,) = evs
     assert isinstance(ev, R.AttemptEnded) and ev.outcome is R.Outcome.TIMED_OUT
     assert s.status is R.RunStatus.RETRY_WAIT and "deadline" in (s.reason or "")
+
+
+# ---- cancel / replay carry the tenant; the processor checks it ---------------------------
+
+
+def dead_letter() -> R.RunState:
+    s = ready()
+    for attempt in (1, 2):
+        s, _ = step(s, R.ClaimRun(RID, "w", T0 + attempt * 100_000))
+        s, _ = step(s, R.CompleteAttempt(RID, "w", attempt, R.Outcome.FAILED, T0 + attempt * 100_000 + 1, 1))
+        if attempt == 1:
+            s, _ = timer(s, s.next_attempt_at_ms or 0)
+    assert s is not None and s.status is R.RunStatus.FAILED
+    return s
+
+
+def test_cancel_and_replay_of_another_tenants_run_are_refused() -> None:
+    running, _ = step(ready(), R.ClaimRun(RID, "w1", T0 + 5))
+    assert running is not None
+    with pytest.raises(TransitionError, match="another tenant"):
+        R.decide(running, R.CancelRun(RID, "intruder", T0 + 6))
+    with pytest.raises(TransitionError, match="another tenant"):
+        R.decide(dead_letter(), R.ReplayRun(RID, "intruder", T0 + 300_000))
+
+
+def test_cancel_and_replay_without_a_tenant_are_refused() -> None:
+    """Records written before run commands carried a tenant decode with tenant "": they
+    act on no run."""
+    running, _ = step(ready(), R.ClaimRun(RID, "w1", T0 + 5))
+    assert running is not None
+    with pytest.raises(TransitionError, match="carries no tenant"):
+        R.decide(running, R.CancelRun(RID, "", T0 + 6))
+    with pytest.raises(TransitionError, match="carries no tenant"):
+        R.decide(dead_letter(), R.ReplayRun(RID, "", T0 + 300_000))
+
+
+def test_old_cancel_records_decode_without_a_tenant_and_are_refused() -> None:
+    v4 = codec.default_codec.registry.lookup("gnomon.run-events-value", 4)
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, v4.schema, {"body": ("gnomon.CancelRun", {"run_id": RID, "at_ms": T0 + 6,
+                                                                               "reason": "old"})})
+    old = codec.decode(b"\x00" + v4.id.to_bytes(4, "big") + buf.getvalue())
+    assert old == R.CancelRun(RID, "", T0 + 6, "old")
+    running, _ = step(ready(), R.ClaimRun(RID, "w1", T0 + 5))
+    with pytest.raises(TransitionError, match="carries no tenant"):
+        R.decide(running, old)
+
+
+def test_cancel_and_replay_of_an_unknown_run_change_nothing_whatever_the_tenant() -> None:
+    for tenant in ("t", "intruder", ""):
+        assert R.decide(None, R.CancelRun(RID, tenant, T0)) == []
+        assert R.decide(None, R.ReplayRun(RID, tenant, T0)) == []
+
+
+STATES = st.sampled_from(["scheduled", "ready", "running", "dead"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(STATES, st.sampled_from(["cancel", "replay"]), st.just("t") | st.text(max_size=8), st.integers(0, 10**6))
+def test_only_the_runs_own_tenant_can_cancel_or_replay(which: str, kind: str, tenant: str, dt: int) -> None:
+    """Any tenant but the run's own (the empty one included) is refused, and the run is
+    untouched; the run's own tenant gets the normal behaviour."""
+    s: R.RunState | None
+    if which == "scheduled":
+        s, _ = step(None, trig(at=STAGE - 10_000))
+    elif which == "ready":
+        s = ready()
+    elif which == "running":
+        s, _ = step(ready(), R.ClaimRun(RID, "w1", T0 + 5))
+    else:
+        s = dead_letter()
+    assert s is not None
+    now = T0 + 400_000 + dt
+    cmd: R.RunCommand = R.CancelRun(RID, tenant, now) if kind == "cancel" else R.ReplayRun(RID, tenant, now)
+    before = dataclasses.replace(s)
+    if tenant != s.tenant:
+        with pytest.raises(TransitionError):
+            R.decide(s, cmd)
+        assert s == before
+        return
+    own, _ = step(s, cmd)
+    assert own is not None
+    if kind == "cancel":
+        assert own.status is (R.RunStatus.CANCELLED if not before.status.terminal else before.status)
+    else:
+        assert own.status is (R.RunStatus.READY if before.status is R.RunStatus.FAILED else before.status)

@@ -126,7 +126,7 @@ def _raw(file: str) -> Any:
     return json.loads((SCHEMA_DIR / file).read_text())
 
 
-JOBSPEC_V1 = Reference("gnomon.JobSpec", "gnomon.JobSpec", 1)
+JOBSPEC_V1 = Reference("gnomon.JobSpec", "gnomon.JobSpec", REGISTRY.latest("gnomon.JobSpec").version)  # the latest JobSpec
 
 
 def _parse(raw: Any, *refs: Reference) -> Any:
@@ -224,14 +224,16 @@ def test_procedure_shared_type_new_version(registry_copy: Path) -> None:
     spec = JobSpec("n", Schedule(cron="* * * * *"), Target(TargetType.HANDLER, handler="h"))
     run = RunState("r", "j", "t", spec, 1, 2, True, RunStatus.SCHEDULED, 3, 4)
     old_bytes = encode(run)
-    _add_field_file(registry_copy, "JobSpec.v1.avsc", "JobSpec.v2.avsc",
+    spec_now = REGISTRY.latest("gnomon.JobSpec")
+    spec_next = spec_now.version + 1
+    _add_field_file(registry_copy, spec_now.file, f"JobSpec.v{spec_next}.avsc",
                     {"name": "labels", "type": {"type": "map", "values": "string"}, "default": {}})
-    register(registry_copy, "gnomon.JobSpec", "JobSpec.v2.avsc", None)
+    register(registry_copy, "gnomon.JobSpec", f"JobSpec.v{spec_next}.avsc", None)
     latest = REGISTRY.latest("gnomon.runs-value")
     target = f"RunState.v{latest.version + 1}.avsc"
     shutil.copy(registry_copy / latest.file, registry_copy / target)
-    entry = register(registry_copy, "gnomon.runs-value", target, ["gnomon.JobSpec:2"])
-    assert entry["references"] == [{"name": "gnomon.JobSpec", "subject": "gnomon.JobSpec", "version": 2}]
+    entry = register(registry_copy, "gnomon.runs-value", target, [f"gnomon.JobSpec:{spec_next}"])
+    assert entry["references"] == [{"name": "gnomon.JobSpec", "subject": "gnomon.JobSpec", "version": spec_next}]
 
     registry = load_registry(registry_copy)
     labels = next(f for f in registry.latest("gnomon.runs-value").schema["fields"] if f["name"] == "spec")
@@ -284,7 +286,7 @@ def test_run_state_v1_records_decode_with_the_new_defaults() -> None:
 def test_run_command_v1_records_decode_and_new_branches_are_appended() -> None:
     from gnomon.core.runs import CancelRun, ReplayRun
 
-    cancel = CancelRun("j@x", 7, "because")
+    cancel = CancelRun("j@x", "", 7, "because")  # before v5: no tenant (refused by the processor)
     data = _v1_bytes("gnomon.run-events-value",
                      {"body": ("gnomon.CancelRun", {"run_id": "j@x", "at_ms": 7, "reason": "because"})})
     assert default_codec.decode(data) == cancel
@@ -293,7 +295,61 @@ def test_run_command_v1_records_decode_and_new_branches_are_appended() -> None:
     names = [b["name"] if isinstance(b, dict) else b for b in branches]
     assert names[-3:] == ["gnomon.ReplayRun", "gnomon.AttemptStarted", "gnomon.ReturnGrant"]  # v2, v3 appended
     assert names[: len(v1_branches)] == [b["name"] if isinstance(b, dict) else b for b in v1_branches]
-    replay = ReplayRun("j@x", 8)
+    replay = ReplayRun("j@x", "t", 8)
     out = encode(replay)
     assert int.from_bytes(out[1:5], "big") == REGISTRY.latest("gnomon.run-events-value").id
     assert default_codec.decode(out, topic="gnomon.run-events") == replay
+
+
+# ---- RunCommand v5 (tenant on cancel / replay), JobCommand v2 (PatchJob) -----------------
+
+
+def _bytes_of(subject: str, version: int, record: Any) -> bytes:
+    v = REGISTRY.lookup(subject, version)
+    return b"\x00" + v.id.to_bytes(4, "big") + _write(v.schema, record)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_cancel_and_replay_written_before_v5_decode_with_an_empty_tenant(version: int) -> None:
+    from gnomon.core.runs import CancelRun, ReplayRun
+
+    subject = "gnomon.run-events-value"
+    assert REGISTRY.latest(subject).version >= 5
+    cancel = _bytes_of(subject, version, {"body": ("gnomon.CancelRun", {"run_id": "j@x", "at_ms": 7, "reason": "r"})})
+    assert default_codec.decode(cancel) == CancelRun("j@x", "", 7, "r")
+    if version >= 2:  # ReplayRun came with v2
+        replay = _bytes_of(subject, version, {"body": ("gnomon.ReplayRun", {"run_id": "j@x", "at_ms": 8,
+                                                                           "requested_by": "ops"})})
+        assert default_codec.decode(replay) == ReplayRun("j@x", "", 8, "ops")
+
+
+def test_cancel_and_replay_carry_their_tenant_from_v5() -> None:
+    from gnomon.core.runs import CancelRun, ReplayRun
+
+    for cmd in (CancelRun("j@x", "acme", 7), ReplayRun("j@x", "acme", 8, "ops")):
+        data = encode(cmd)
+        assert int.from_bytes(data[1:5], "big") == REGISTRY.latest("gnomon.run-events-value").id
+        assert default_codec.decode(data, topic="gnomon.run-events") == cmd
+    fields = {b["name"]: [f["name"] for f in b["fields"]]
+              for b in REGISTRY.latest("gnomon.run-events-value").schema["fields"][0]["type"] if isinstance(b, dict)}
+    assert fields["gnomon.CancelRun"] == ["run_id", "tenant", "at_ms", "reason"]
+    assert fields["gnomon.ReplayRun"] == ["run_id", "tenant", "at_ms", "requested_by"]
+
+
+def test_job_command_v1_update_still_decodes_and_patch_job_is_appended() -> None:
+    from gnomon.core.jobs import PatchJob, UpdateJob
+
+    spec = JobSpec("n", Schedule(cron="* * * * *"), Target(TargetType.HANDLER, handler="h"))
+    update = UpdateJob("j", "t", spec, 5)
+    latest = REGISTRY.latest("gnomon.job-commands-value")
+    body = fastavro.schemaless_reader(io.BytesIO(encode(update)[5:]), latest.schema, return_record_name=True)
+    assert body["body"][0] == "gnomon.UpdateJob"
+    assert default_codec.decode(_bytes_of("gnomon.job-commands-value", 1, body)) == update
+    names = [b["name"] if isinstance(b, dict) else b for b in latest.schema["fields"][0]["type"]]
+    v1 = REGISTRY.lookup("gnomon.job-commands-value", 1).schema["fields"][0]["type"]
+    assert names[: len(v1)] == [b["name"] if isinstance(b, dict) else b for b in v1]
+    assert names[-1] == "gnomon.PatchJob"
+    patch = PatchJob("j", "t", '{"name":"x"}', None, 6)
+    data = encode(patch)
+    assert int.from_bytes(data[1:5], "big") == latest.id
+    assert default_codec.decode(data, topic="gnomon.job-commands") == patch

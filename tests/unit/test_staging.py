@@ -88,7 +88,7 @@ def test_cancel_of_a_staged_run_and_delete_of_its_job() -> None:
     c.run_for(1_000)
     ra, rb = f"a@{_iso(t0 + 20_000)}", f"b@{_iso(t0 + 20_000)}"
     assert c.run_state(ra).staged and c.run_state(rb).staged  # type: ignore[union-attr]
-    c.submit(R.CancelRun(ra, c.clock.now_ms()))
+    c.submit(R.CancelRun(ra, "t", c.clock.now_ms()))
     c.submit(J.DeleteJob("b", "t", c.clock.now_ms()))
     c.run_for(30_000)
     a, b = c.run_state(ra), c.run_state(rb)
@@ -280,7 +280,7 @@ def test_staged_run_invariants_under_any_interleaving(script: list[tuple]) -> No
         elif kind == "done":
             cmd = R.CompleteAttempt(rid, item[1], item[2], R.Outcome.SUCCEEDED if item[3] else R.Outcome.FAILED, now)
         elif kind == "cancel":
-            cmd = R.CancelRun(rid, now)
+            cmd = R.CancelRun(rid, "t", now)
         evs = R.decide(s, cmd) if cmd is not None else R.decide_timer(s, now)
         s = _apply(s, evs)
         assert s.token in (before.token, before.token + 1)

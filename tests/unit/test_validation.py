@@ -32,6 +32,14 @@ def test_minimal_job_gets_defaults() -> None:
     assert spec.retry.max_attempts == 3 and spec.pool == "default" and spec.timeout_s == 3600
 
 
+def test_containers_and_secrets_round_trip() -> None:
+    spec = parse_job_spec(body(target={"type": "container", "image": "registry.local/team/app:1.2",
+                                       "argv": ["report", "--day"]}, secrets=["db-password", "api-key"]), NOW)
+    assert spec.target.type is TargetType.CONTAINER and spec.target.image == "registry.local/team/app:1.2"
+    assert spec.secrets == ("db-password", "api-key")
+    assert parse_job_spec(job_spec_to_json(spec), NOW) == spec
+
+
 def test_round_trip_through_json_shape() -> None:
     spec = parse_job_spec(body(timezone="Europe/London", priority="high", payload={"a": [1, 2]},
                                retry={"max": 5, "backoffS": 2, "backoffCapS": 60}, catchUp="all"), NOW)
@@ -56,7 +64,15 @@ def test_round_trip_through_json_shape() -> None:
         ({"retry": {"backoffS": 10, "backoffCapS": 5}}, "retry.backoffCapS"),
         ({"target": {"type": "http", "url": "ftp://x"}}, "target.url"),
         ({"target": {"type": "command", "argv": []}}, "target.argv"),
-        ({"target": {"type": "container"}}, "target.type"),
+        ({"target": {"type": "container"}}, "target.image"),
+        ({"target": {"type": "container", "image": "Bad Image!", "argv": ["x"]}}, "target.image"),
+        ({"target": {"type": "container", "image": "app:1", "argv": []}}, "target.argv"),
+        ({"target": {"type": "vm"}}, "target.type"),
+        ({"target": {"type": "command", "argv": ["sh", "a\x00b"]}}, "target.argv[1]"),
+        ({"secrets": "db"}, "secrets"),
+        ({"secrets": ["DB"]}, "secrets[0]"),
+        ({"secrets": ["db", "db"]}, "secrets"),
+        ({"secrets": [f"s{i}" for i in range(17)]}, "secrets"),
         ({"target": {"type": "handler", "name": "a b"}}, "target.name"),
         ({"pool": "gpu"}, "pool"),
         ({"name": ""}, "name"),

@@ -23,11 +23,14 @@ from gnomon.worker.pool import AttemptPool
 class RecordingProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, Any]] = []
+        self.reports: list[Any] = []  # delivery callbacks of checked records, in order
         self.lock = threading.Lock()
 
-    def produce(self, topic: str, key: bytes, value: bytes) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
         with self.lock:
             self.sent.append((topic, codec.decode(value)))
+            if on_delivery is not None:
+                self.reports.append(on_delivery)
 
     def poll(self, _timeout: float) -> int:
         return 0
@@ -189,3 +192,32 @@ def test_a_newer_grant_is_staged_while_an_older_attempt_still_runs() -> None:
     w._on_inbox(grant("j@1", slot, token=1), ex)  # a repeat of the old one changes nothing
     assert w._staged["j@1"].grant.token == 2
     w.gate.set()  # type: ignore[attr-defined]
+
+
+def test_a_result_whose_delivery_failed_is_sent_again() -> None:
+    w, clock, prod, ex, _ran = make()
+    slot = clock.now_ms() + 1_000
+    w._on_inbox(grant("j@9", slot), ex)
+    clock.set(slot)
+    w._fire_due(ex)
+    w.gate.set()  # type: ignore[attr-defined]
+    wait_for(lambda: not w._done.empty())
+    w._finish_done()
+    completes = prod.of(CompleteAttempt)
+    assert len(completes) == 1
+    prod.reports[-1]("KafkaError{code=_MSG_TIMED_OUT}", None)  # librdkafka gave up on it
+    w._resend_undelivered()
+    assert prod.of(CompleteAttempt) == completes * 2, "the outcome is produced again"
+    assert w.undelivered_total == 1
+    prod.reports[-1](None, None)  # delivered this time
+    w._resend_undelivered()
+    assert len(prod.of(CompleteAttempt)) == 2
+
+
+def test_an_oversized_error_is_capped_before_it_is_reported() -> None:
+    from gnomon.core.runs import Outcome
+    from gnomon.worker.attempt import ERROR_MAX_CHARS, AttemptResult
+
+    result = AttemptResult(Outcome.FAILED, 1, "x" * 10_000_000).capped()
+    assert result.error is not None and len(result.error) <= ERROR_MAX_CHARS
+    assert result.error.endswith("(truncated)")

@@ -2,18 +2,90 @@
 
 Every producer uses acks=all, idempotence and the ``murmur2_random`` partitioner so
 that keys land on the same partitions as Java and aiokafka clients would put them.
+
+Authentication (docs/adr/0006-kafka-auth-and-tenant-proof.md): every config carries the
+SASL settings of a *role* (a Kafka principal ``User:<role>``, its ACLs in
+``gnomon.infra.acls``). The role is the ``role=`` argument, else the one of an enclosing
+``with kafka_role(...)``, else ``$GNOMON_KAFKA_ROLE``, else ``admin`` (development:
+tests, benches, tools). Its credentials come from ``$GNOMON_KAFKA_USERNAME`` /
+``$GNOMON_KAFKA_PASSWORD`` (production) or from the file ``gnomon infra up`` wrote,
+``<credentials_dir>/<role>.json``. Without either, no SASL settings are added (a Kafka
+without authentication, e.g. docker-compose.yml). Credentials only ever go into client
+configs, never into ``os.environ``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from gnomon.core.errors import EventLogError
 
+log = logging.getLogger("gnomon.kafka")
 
-def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+ROLE_ENV = "GNOMON_KAFKA_ROLE"
+USERNAME_ENV = "GNOMON_KAFKA_USERNAME"
+PASSWORD_ENV = "GNOMON_KAFKA_PASSWORD"
+PROTOCOL_ENV = "GNOMON_KAFKA_SECURITY_PROTOCOL"  # SASL_SSL in production; default SASL_PLAINTEXT
+MECHANISM_ENV = "GNOMON_KAFKA_SASL_MECHANISM"
+DEFAULT_ROLE = "admin"
+DEFAULT_MECHANISM = "SCRAM-SHA-512"
+
+_role: ContextVar[str | None] = ContextVar("gnomon_kafka_role", default=None)
+_warned: set[str] = set()
+
+
+@contextlib.contextmanager
+def kafka_role(role: str) -> Iterator[None]:
+    """Clients configured inside this block (same thread/task) default to ``role``."""
+    token = _role.set(role)
+    try:
+        yield
+    finally:
+        _role.reset(token)
+
+
+def current_role(role: str | None = None) -> str:
+    return role or _role.get() or os.environ.get(ROLE_ENV) or DEFAULT_ROLE
+
+
+def security_config(role: str | None = None, *, credentials_dir: Path | None = None) -> dict[str, Any]:
+    """The librdkafka security settings of ``role`` (see the module doc); {} without credentials."""
+    from gnomon.infra import credentials
+
+    protocol = os.environ.get(PROTOCOL_ENV) or "SASL_PLAINTEXT"
+    mechanism = os.environ.get(MECHANISM_ENV) or DEFAULT_MECHANISM
+    username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
+    if not (username and password):
+        who = current_role(role)
+        if credentials_dir is None:
+            from gnomon.config import load
+
+            credentials_dir = load().credentials_dir
+        try:
+            cred = credentials.read(credentials_dir, who)
+        except credentials.CredentialError as exc:
+            raise EventLogError(str(exc)) from exc
+        if cred is None:
+            if who not in _warned:
+                _warned.add(who)
+                log.warning("no Kafka credentials for role %s (%s, $%s/$%s): connecting without "
+                            "authentication", who, credentials.path(credentials_dir, who), USERNAME_ENV,
+                            PASSWORD_ENV)
+            return {"security.protocol": os.environ[PROTOCOL_ENV]} if os.environ.get(PROTOCOL_ENV) else {}
+        username, password = cred.username, cred.password
+    return {"security.protocol": protocol, "sasl.mechanism": mechanism,
+            "sasl.username": username, "sasl.password": password}
+
+
+def producer_config(bootstrap: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "acks": "all",
@@ -22,12 +94,13 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
+        **security_config(role),
     }
     conf.update(extra)
     return conf
 
 
-def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, Any]:
+def consumer_config(bootstrap: str, group_id: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "group.id": group_id,
@@ -37,9 +110,24 @@ def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, An
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
         "max.poll.interval.ms": 300_000,
+        **security_config(role),
     }
     conf.update(extra)
     return conf
+
+
+def aiokafka_security(role: str | None = None) -> dict[str, Any]:
+    """:func:`security_config` as aiokafka keyword arguments (Faust: ``SASLCredentials``)."""
+    sec = security_config(role)
+    if "sasl.username" not in sec:
+        return {}
+    return {"security_protocol": sec["security.protocol"], "sasl_mechanism": sec["sasl.mechanism"],
+            "sasl_plain_username": sec["sasl.username"], "sasl_plain_password": sec["sasl.password"]}
+
+
+def admin_config(bootstrap: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:
+    """An AdminClient config (default role: as for producers, i.e. admin in development)."""
+    return {"bootstrap.servers": bootstrap, **security_config(role), **extra}
 
 
 def murmur2(data: bytes) -> int:
@@ -81,8 +169,8 @@ def partition_for(key: str, partitions: int) -> int:
 class SyncProducer:
     """A producer whose ``send`` returns only after Kafka acknowledged (acks=all)."""
 
-    def __init__(self, bootstrap: str, **extra: Any) -> None:
-        self._p = Producer(producer_config(bootstrap, **{"linger.ms": 0, **extra}))
+    def __init__(self, bootstrap: str, *, role: str | None = None, **extra: Any) -> None:
+        self._p = Producer(producer_config(bootstrap, role=role, **{"linger.ms": 0, **extra}))
 
     def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0) -> None:
         errors: list[KafkaError] = []

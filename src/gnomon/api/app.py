@@ -2,32 +2,45 @@
 (returning only after Kafka acknowledged it) and read history from the HistoryStore
 (Cassandra). Job commands go to gnomon.job-commands keyed by job id; run commands
 (cancel, replay) go to gnomon.run-events keyed by the run's job id, where the run
-processor owns the run."""
+processor owns the run.
+
+/openapi.json is the contract (``gnomon.api.schemas``); bodies are validated by the core,
+not by FastAPI, so error fields are the core's. Blocking calls (history, Kafka) run in
+the thread pool, also from the async handlers that read a body.
+"""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import secrets
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Query, Request, Security
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 
 from gnomon import codec
-from gnomon.api import problems
+from gnomon.api import problems, schemas
 from gnomon.api.auth import Authenticator
+from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.api.openapi import finish, problem_responses, request_body
+from gnomon.api.problems import CommandOutcomeUnknown
 from gnomon.api.views import job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import Conflict, NotFound, ValidationError
+from gnomon.core.errors import Conflict, EventLogError, NotFound, ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
     JobState,
     JobStatus,
+    PatchJob,
     PauseJob,
     RegisterJob,
     ResumeJob,
     TriggerJob,
-    UpdateJob,
+    canonical_patch,
     first_slot_after,
 )
 from gnomon.core.model import job_id_of, manual_run_id
@@ -36,27 +49,86 @@ from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempot
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
 
-BODY_MAX_BYTES = 256 * 1024
+__all__ = ["BODY_MAX_BYTES", "PAGE_MAX", "CommandSink", "create_app", "idempotent_job_id"]
+
 PAGE_MAX = 500
+# A send that failed is retried by the producer for up to its delivery timeout; the
+# flush waits this much longer, so that when send returns the message is settled.
+FLUSH_MARGIN_S = 2.0
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+_EXAMPLE_JOB = {"name": "nightly-report", "schedule": "0 2 * * *", "timezone": "Europe/London",
+                "target": {"type": "http", "url": "https://example.com/hooks/report"},
+                "payload": {"report": "daily"}, "retry": {"max": 3, "backoffS": 5}}
+_LOCATION = {"Location": {"description": "/v1/jobs/{id}", "schema": {"type": "string"}}}
+
+
+_bearer = HTTPBearer(auto_error=False, scheme_name="bearerAuth", description="an API token")
+
+
+def tenant_of(request: Request, _: Any = Security(_bearer)) -> str:
+    """The caller's tenant. (The Security dependency only documents the scheme; the
+    header is read here so that every failure is the same 401 problem.)"""
+    auth: Authenticator = request.app.state.auth
+    return auth.tenant_for(request.headers.get("authorization"))
+
+
+# Module level: FastAPI resolves these (string) annotations in the module's namespace.
+Tenant = Annotated[str, Depends(tenant_of)]
+IdempotencyKey = Annotated[str | None, Header(
+    alias=IDEMPOTENCY_HEADER, description="makes the create safe to retry: the same key and body always "
+    "mean the same job (1-128 of A-Z a-z 0-9 . _ : -)")]
+# Documented bounds only: the handlers check them, with the core's field names and messages.
+Limit = Annotated[int, Query(json_schema_extra={"minimum": 1, "maximum": PAGE_MAX})]
+RunStatusQuery = Annotated[str | None, Query(json_schema_extra={"enum": [s.value for s in RunStatus]})]
 
 
 class CommandSink:
-    """Where commands go: a Kafka topic (SyncProducer) in production, a list in tests."""
+    """Where commands go: a Kafka topic (SyncProducer) in production, a list in tests.
 
-    def __init__(self, producer: Any, topic: str) -> None:
+    With ``delivery_timeout_s`` (the producer's message.timeout.ms), a failed send is
+    reported only once that long has passed since it began: by then the producer has
+    stopped retrying it, so a client's retry cannot race a send still in flight. The
+    failure is ``CommandOutcomeUnknown`` (a 503 with ``"outcome": "unknown"``)."""
+
+    def __init__(self, producer: Any, topic: str, *, delivery_timeout_s: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._producer = producer
         self._topic = topic
+        self.delivery_timeout_s = delivery_timeout_s
+        self._sleep = sleep
+        self._monotonic = monotonic
 
     @property
     def topic(self) -> str:
         return self._topic
 
     def send(self, job_id: str, command: Any) -> None:
-        self._producer.send(self._topic, job_id, codec.encode(command, self._topic))
+        value = codec.encode(command, self._topic)
+        started = self._monotonic()
+        try:
+            if self.delivery_timeout_s is None:
+                self._producer.send(self._topic, job_id, value)
+            else:
+                self._producer.send(self._topic, job_id, value, timeout_s=self.delivery_timeout_s + FLUSH_MARGIN_S)
+        except EventLogError as exc:
+            if self.delivery_timeout_s is not None:
+                left_s = self.delivery_timeout_s - (self._monotonic() - started)
+                if left_s > 0:
+                    self._sleep(left_s)
+            raise CommandOutcomeUnknown(str(exc)) from exc
 
     def to(self, topic: str) -> CommandSink:
         """The same producer, another topic."""
-        return CommandSink(self._producer, topic)
+        return CommandSink(self._producer, topic, delivery_timeout_s=self.delivery_timeout_s,
+                           sleep=self._sleep, monotonic=self._monotonic)
+
+
+def idempotent_job_id(tenant: str, key: str) -> str:
+    """The job id a create with ``Idempotency-Key: key`` gets: the same for every retry,
+    before and after the job reached history; different per tenant."""
+    return "job_" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:16]
 
 
 def create_app(
@@ -74,19 +146,15 @@ def create_app(
         description="A shared, multi-tenant job scheduler event-sourced on Kafka. "
         "Authenticate with 'Authorization: Bearer <token>'. Errors are application/problem+json "
         "with a 'field' naming the offending input.",
+        redirect_slashes=False,  # /v1/jobs/ is not found, not a redirect to /v1/jobs
+        generate_unique_id_function=lambda route: route.name,  # operationId = handler name (create_job)
     )
     problems.install(app)
+    app.openapi = finish(app)  # type: ignore[method-assign]
+    app.state.auth = auth
 
     async def body_of(request: Request) -> Any:
-        raw = await request.body()
-        if len(raw) > BODY_MAX_BYTES:
-            raise ValidationError("body", f"request body is {len(raw)} bytes; the limit is {BODY_MAX_BYTES}")
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValidationError("body", f"not valid JSON: {exc.msg} at position {exc.pos}") from None
+        return parse_json(await read_bounded(request, BODY_MAX_BYTES))
 
     def owned_job(tenant: str, job_id: str) -> JobState:
         state = history.get_job(job_id)
@@ -99,90 +167,152 @@ def create_app(
             raise ValidationError("limit", f"must be between 1 and {PAGE_MAX}")
         return limit
 
+    def created(view: dict[str, Any], status: int) -> JSONResponse:
+        return JSONResponse(view, status_code=status, headers={"Location": f"/v1/jobs/{view['id']}"})
+
+    def register(tenant: str, data: Any, key: str | None) -> JSONResponse:
+        now = clock.now_ms()
+        if key is None:
+            job_id = "job_" + secrets.token_hex(8)
+        else:
+            job_id = idempotent_job_id(tenant, key)
+            existing = history.get_job(job_id)
+            if existing is not None:
+                return created(job_view(same_job(existing, tenant, data, key, now)), 200)
+        spec = parse_job_spec(data, now, pools=pools)
+        commands.send(job_id, RegisterJob(job_id, tenant, spec, now))
+        return created(job_view(JobState(job_id, tenant, spec, JobStatus.ACTIVE,
+                                         first_slot_after(spec, now - 1), 1, now, now)), 201)
+
+    def same_job(existing: JobState, tenant: str, data: Any, key: str, now: int) -> JobState:
+        """``existing`` if a create with ``key`` and body ``data`` is a retry of it, else Conflict.
+        A retry after runAt passed still matches: "in the past" is not checked here."""
+        if existing.tenant != tenant or existing.status is JobStatus.DELETED:
+            raise Conflict(f"{IDEMPOTENCY_HEADER} {key!r} was already used for a job that no longer exists; "
+                           "use a new key")
+        spec = parse_job_spec(data, now, pools=pools, run_at_must_be_future=False)
+        if spec != existing.spec:
+            raise Conflict(f"{IDEMPOTENCY_HEADER} {key!r} was already used for job {existing.job_id} with a "
+                           "different definition; use a new key for a new job")
+        return existing
+
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/jobs", status_code=201, summary="Register a job")
-    async def create_job(request: Request, authorization: str | None = Header(None)) -> JSONResponse:
-        tenant = auth.tenant_for(authorization)
-        now = clock.now_ms()
-        spec = parse_job_spec(await body_of(request), now, pools=pools)
-        job_id = "job_" + secrets.token_hex(8)
-        commands.send(job_id, RegisterJob(job_id, tenant, spec, now))
-        view = job_view(JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slot_after(spec, now - 1), 1, now, now))
-        return JSONResponse(view, status_code=201, headers={"Location": f"/v1/jobs/{job_id}"})
+    @app.post("/v1/jobs", status_code=201, summary="Register a job", response_model=None,
+              description="With an Idempotency-Key the job id is derived from the tenant and the key: a retry "
+              "with the same key and body answers the same job (200 once it is visible, 201 before) and never "
+              "registers a second one; the same key with another body is 409.",
+              responses={201: {"model": schemas.Job, "description": "registered", "headers": _LOCATION},
+                         200: {"model": schemas.Job, "description": "already registered with this "
+                               "Idempotency-Key and body", "headers": _LOCATION},
+                         **problem_responses(401, 409, 413, 422, 503)},
+              openapi_extra=request_body(schemas.JobSpecInput, example=_EXAMPLE_JOB))
+    async def create_job(request: Request, tenant: Tenant, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+        key = None if idempotency_key is None else validate_idempotency_key(idempotency_key, IDEMPOTENCY_HEADER)
+        data = await body_of(request)
+        return await run_in_threadpool(register, tenant, data, key)
 
-    @app.get("/v1/jobs", summary="List this tenant's jobs")
-    def list_jobs(cursor: str | None = None, limit: int = 100, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+    @app.get("/v1/jobs", summary="List this tenant's jobs", response_model=None,
+             responses={200: {"model": schemas.JobPage}, **problem_responses(401, 422, 503)})
+    def list_jobs(tenant: Tenant, cursor: str | None = None, limit: Limit = 100) -> dict[str, Any]:
         page = history.list_jobs(tenant, limit_of(limit), cursor)
         return {"items": [job_view(j) for j in page.items], "cursor": page.cursor}
 
-    @app.post("/v1/jobs/{job_id}:pause", status_code=202, summary="Pause a job")
-    def pause_job(job_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+    def job_action(job_id: str, tenant: str, command: Any, accepted: str) -> dict[str, Any]:
         owned_job(tenant, job_id)
-        commands.send(job_id, PauseJob(job_id, tenant, clock.now_ms()))
-        return {"id": job_id, "accepted": "pause"}
+        commands.send(job_id, command)
+        return {"id": job_id, "accepted": accepted}
 
-    @app.post("/v1/jobs/{job_id}:resume", status_code=202, summary="Resume a paused job at its next slot")
-    def resume_job(job_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
-        owned_job(tenant, job_id)
-        commands.send(job_id, ResumeJob(job_id, tenant, clock.now_ms()))
-        return {"id": job_id, "accepted": "resume"}
+    job_ack = {202: {"model": schemas.JobAck}, **problem_responses(401, 404, 422, 503)}
 
-    @app.post("/v1/jobs/{job_id}:trigger", status_code=202, summary="Run a job now (idempotent per key)")
-    async def trigger_job(job_id: str, request: Request, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
-        body = await body_of(request)
+    @app.post("/v1/jobs/{job_id}:pause", status_code=202, summary="Pause a job", response_model=None,
+              responses=job_ack)
+    def pause_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
+        return job_action(job_id, tenant, PauseJob(job_id, tenant, clock.now_ms()), "pause")
+
+    @app.post("/v1/jobs/{job_id}:resume", status_code=202, summary="Resume a paused job at its next slot",
+              response_model=None, responses=job_ack)
+    def resume_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
+        return job_action(job_id, tenant, ResumeJob(job_id, tenant, clock.now_ms()), "resume")
+
+    def trigger(job_id: str, tenant: str, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ValidationError("body", "must be a JSON object")
-        for key in body:
-            if key != "idempotencyKey":
-                raise ValidationError(key, "unknown field; allowed: idempotencyKey")
+        for name in body:
+            if name != "idempotencyKey":
+                raise ValidationError(name, "unknown field; allowed: idempotencyKey")
         key = validate_idempotency_key(body.get("idempotencyKey"))
         owned_job(tenant, job_id)
         commands.send(job_id, TriggerJob(job_id, tenant, key, clock.now_ms()))
         return {"runId": manual_run_id(job_id, key)}
 
-    @app.get("/v1/jobs/{job_id}", summary="Get a job")
-    def get_job(job_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        return job_view(owned_job(auth.tenant_for(authorization), job_id))
+    @app.post("/v1/jobs/{job_id}:trigger", status_code=202, summary="Run a job now (idempotent per key)",
+              response_model=None,
+              responses={202: {"model": schemas.TriggerAck}, **problem_responses(401, 404, 413, 422, 503)},
+              openapi_extra=request_body(schemas.TriggerBody, example={"idempotencyKey": "deploy-42"}))
+    async def trigger_job(job_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+        body = await body_of(request)
+        return await run_in_threadpool(trigger, job_id, tenant, body)
 
-    @app.patch("/v1/jobs/{job_id}", status_code=202, summary="Update fields of a job")
-    async def update_job(job_id: str, request: Request, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
-        patch = await body_of(request)
+    @app.get("/v1/jobs/{job_id}", summary="Get a job", response_model=None,
+             responses={200: {"model": schemas.Job}, **problem_responses(401, 404, 422, 503)})
+    def get_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
+        return job_view(owned_job(tenant, job_id))
+
+    def update(job_id: str, tenant: str, patch: Any, if_match: str | None) -> JSONResponse:
+        """Checked here against history (which may lag) for an early answer; the processor
+        merges the patch into the job's current spec and checks the expected version
+        again, so two quick edits of different fields both survive."""
         state = owned_job(tenant, job_id)
+        expected = version_of(if_match)
+        if expected is not None and state.version > expected:
+            return problems.problem(412, "precondition-failed", "Precondition Failed",
+                                    f"job {job_id!r} is at version {state.version}, not {expected}; "
+                                    "GET it and apply your change again", field="If-Match",
+                                    currentVersion=state.version)
         now = clock.now_ms()
-        spec = apply_patch(state.spec, patch, now, pools=pools)
-        commands.send(job_id, UpdateJob(job_id, tenant, spec, now))
-        return job_view(JobState(job_id, tenant, spec, state.status, state.next_run_at_ms, state.version + 1,
+        spec = apply_patch(state.spec, patch, now, pools=pools)  # an early 422; the processor checks again
+        commands.send(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
+        version = (expected if expected is not None else state.version) + 1
+        view = job_view(JobState(job_id, tenant, spec, state.status, state.next_run_at_ms, version,
                                  state.created_at_ms, now))
+        return JSONResponse(view, status_code=202, headers={"ETag": f'"{version}"'})
 
-    @app.delete("/v1/jobs/{job_id}", status_code=202, summary="Delete a job")
-    def delete_job(job_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
-        owned_job(tenant, job_id)
-        commands.send(job_id, DeleteJob(job_id, tenant, clock.now_ms()))
-        return {"id": job_id, "accepted": "delete"}
+    @app.patch("/v1/jobs/{job_id}", status_code=202, summary="Update fields of a job", response_model=None,
+               description="Send `If-Match: \"<version>\"` (the job's `version`) to refuse the edit if somebody "
+               "changed the job since you read it: 412 when the API already sees a newer version; otherwise "
+               "the processor checks it when it applies the edit (a stale one is refused there, with nothing "
+               "changed). The merge happens in the processor, on the current definition.",
+               responses={202: {"model": schemas.Job, "headers": {"ETag": {
+                   "description": "the version this edit produces", "schema": {"type": "string"}}}},
+                   **problem_responses(401, 404, 412, 413, 422, 503)},
+               openapi_extra=request_body(schemas.JobPatch, example={"priority": "high"}))
+    async def update_job(job_id: str, request: Request, tenant: Tenant,
+                         if_match: Annotated[str | None, Header(alias="If-Match")] = None) -> JSONResponse:
+        patch = await body_of(request)
+        return await run_in_threadpool(update, job_id, tenant, patch, if_match)
 
-    @app.get("/v1/jobs/{job_id}/runs", summary="Runs of a job, newest first")
-    def list_runs(job_id: str, status: str | None = None, cursor: str | None = None, limit: int = 50,
-                  authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+    @app.delete("/v1/jobs/{job_id}", status_code=202, summary="Delete a job", response_model=None,
+                responses=job_ack)
+    def delete_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
+        return job_action(job_id, tenant, DeleteJob(job_id, tenant, clock.now_ms()), "delete")
+
+    @app.get("/v1/jobs/{job_id}/runs", summary="Runs of a job, newest first", response_model=None,
+             responses={200: {"model": schemas.RunPage}, **problem_responses(401, 404, 422, 503)})
+    def list_runs(job_id: str, tenant: Tenant, status: RunStatusQuery = None,
+                  cursor: str | None = None, limit: Limit = 50) -> dict[str, Any]:
         owned_job(tenant, job_id)
         if status is not None and status not in [s.value for s in RunStatus]:
             raise ValidationError("status", f"must be one of {', '.join(s.value for s in RunStatus)}")
         page = history.list_runs(job_id, status, limit_of(limit), cursor)
         return {"items": [run_view(r) for r in page.items], "cursor": page.cursor}
 
-    @app.get("/v1/dead-letters", summary="This tenant's failed runs (retries exhausted), newest first")
-    def list_dead_letters(cursor: str | None = None, limit: int = 50,
-                          authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+    @app.get("/v1/dead-letters", summary="This tenant's failed runs (retries exhausted), newest first",
+             response_model=None,
+             responses={200: {"model": schemas.RunPage}, **problem_responses(401, 422, 503)})
+    def list_dead_letters(tenant: Tenant, cursor: str | None = None, limit: Limit = 50) -> dict[str, Any]:
         page = history.list_dead_letters(tenant, limit_of(limit), cursor)
         return {"items": [run_view(r) for r in page.items], "cursor": page.cursor}
 
@@ -196,22 +326,24 @@ def create_app(
             raise NotFound(f"no run {run_id!r}")
         return run
 
+    run_ack = {202: {"model": schemas.RunAck}, **problem_responses(401, 404, 409, 422, 503)}
+
     # Declared before GET /v1/runs/{run_id}. A run id contains "@" and may contain ":"
     # (manual runs: job@manual:key); the path parameter matches greedily, so the action is
     # always the last ":<action>" of the path and GET /v1/runs/<id> never matches these.
-    @app.post("/v1/runs/{run_id}:cancel", status_code=202, summary="Cancel a run that has not finished")
-    def cancel_run(run_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+    @app.post("/v1/runs/{run_id}:cancel", status_code=202, summary="Cancel a run that has not finished",
+              response_model=None, responses=run_ack)
+    def cancel_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
         run = owned_run(tenant, run_id)
         if run.status.terminal:
             raise Conflict(f"run {run_id!r} is {run.status.value}; only a run that has not finished can be cancelled")
-        run_sink.send(job_id_of(run_id), CancelRun(run_id, clock.now_ms()))
+        run_sink.send(job_id_of(run_id), CancelRun(run_id, tenant, clock.now_ms()))
         return {"runId": run_id, "accepted": "cancel"}
 
     @app.post("/v1/runs/{run_id}:replay", status_code=202,
-              summary="Run a failed (dead-lettered) run again with a fresh retry budget")
-    def replay_run(run_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+              summary="Run a failed (dead-lettered) run again with a fresh retry budget",
+              response_model=None, responses=run_ack)
+    def replay_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
         run = owned_run(tenant, run_id)
         if run.status is not RunStatus.FAILED:
             raise Conflict(f"run {run_id!r} is {run.status.value}; only a failed (dead-lettered) run can be replayed")
@@ -219,19 +351,29 @@ def create_app(
         if run.finished_at_ms is not None and clock.now_ms() - run.finished_at_ms >= window_ms:
             raise Conflict(f"run {run_id!r} failed more than {window_ms // 86_400_000} days ago; dead letters are "
                            "replayable for that long (history keeps it; trigger the job by hand instead)")
-        run_sink.send(job_id_of(run_id), ReplayRun(run_id, clock.now_ms()))
+        run_sink.send(job_id_of(run_id), ReplayRun(run_id, tenant, clock.now_ms()))
         return {"runId": run_id, "accepted": "replay"}
 
-    @app.get("/v1/runs/{run_id}/logs", summary="Log lines of a run")
-    def run_logs(run_id: str, cursor: str | None = None, limit: int = 500,
-                 authorization: str | None = Header(None)) -> dict[str, Any]:
-        tenant = auth.tenant_for(authorization)
+    @app.get("/v1/runs/{run_id}/logs", summary="Log lines of a run", response_model=None,
+             responses={200: {"model": schemas.LogPage}, **problem_responses(401, 404, 422, 503)})
+    def run_logs(run_id: str, tenant: Tenant, cursor: str | None = None, limit: Limit = 500) -> dict[str, Any]:
         owned_run(tenant, run_id)
         page = history.get_logs(run_id, limit_of(limit), cursor)
         return {"items": [log_view(x) for x in page.items], "cursor": page.cursor}
 
-    @app.get("/v1/runs/{run_id}", summary="Get a run")
-    def get_run(run_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        return run_view(owned_run(auth.tenant_for(authorization), run_id))
+    @app.get("/v1/runs/{run_id}", summary="Get a run", response_model=None,
+             responses={200: {"model": schemas.Run}, **problem_responses(401, 404, 422, 503)})
+    def get_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
+        return run_view(owned_run(tenant, run_id))
 
     return app
+
+
+def version_of(if_match: str | None) -> int | None:
+    """``"7"``, ``W/"7"`` or ``7`` -> 7; None when absent."""
+    if if_match is None:
+        return None
+    raw = if_match.strip().removeprefix("W/").strip('"')
+    if not raw.isdigit() or len(raw) > 18:
+        raise ValidationError("If-Match", 'must be the job\'s version in quotes, like "3"')
+    return int(raw)

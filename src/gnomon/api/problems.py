@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -12,6 +13,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gnomon.core.errors import Conflict, EventLogError, HistoryStoreError, NotFound, ValidationError
 
 PROBLEM_BASE = "https://gnomon.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+# A 503 says how long to wait before retrying: long enough for a broker or node to come back.
+RETRY_AFTER_S = 5
+# What a client may conclude about a command when the API answered 503:
+OUTCOME_UNKNOWN = "unknown"  # the command may or may not be in the log: retry with the same key
+OUTCOME_NOT_WRITTEN = "not-written"  # nothing was sent: retrying is always safe
+
+log = logging.getLogger("gnomon.api")
 
 
 class Unauthorized(Exception):
@@ -20,14 +29,37 @@ class Unauthorized(Exception):
         self.detail = detail
 
 
+class TooLarge(Exception):
+    """The request body is over the limit (checked before reading it when declared)."""
+
+    def __init__(self, detail: str, field: str = "body") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field = field
+
+
+class CommandOutcomeUnknown(EventLogError):
+    """A command send failed after the producer may have written it: the client cannot
+    know whether it took effect, and must retry with the same idempotency key."""
+
+
 def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
     body.update(extra)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
+    headers: dict[str, str] = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers or None)
 
 
-def install(app: Any) -> None:
+def _field_of(loc: Any) -> str:
+    """FastAPI's error location without its ("body" | "query" | "path" | "header") prefix."""
+    return ".".join(str(p) for p in loc if p not in ("body", "query", "path", "header")) or "body"
+
+
+def install(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
         return problem(422, "validation", "Invalid request", exc.message, field=exc.field,
@@ -36,6 +68,10 @@ def install(app: Any) -> None:
     @app.exception_handler(Unauthorized)
     async def _unauth(_: Request, exc: Unauthorized) -> JSONResponse:
         return problem(401, "unauthorized", "Unauthorized", exc.detail, field="Authorization")
+
+    @app.exception_handler(TooLarge)
+    async def _too_large(_: Request, exc: TooLarge) -> JSONResponse:
+        return problem(413, "too-large", "Request body too large", exc.detail, field=exc.field)
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -47,18 +83,35 @@ def install(app: Any) -> None:
 
     @app.exception_handler(EventLogError)
     async def _kafka(_: Request, exc: EventLogError) -> JSONResponse:
+        if isinstance(exc, CommandOutcomeUnknown):
+            return problem(503, "event-log-unavailable", "Event log unavailable",
+                           f"{exc}. The command may or may not have been written: retry with the same "
+                           "Idempotency-Key (POST /v1/jobs) or idempotencyKey (trigger) so that a retry "
+                           "cannot act twice; without one, list before retrying.",
+                           outcome=OUTCOME_UNKNOWN)
         return problem(503, "event-log-unavailable", "Event log unavailable", str(exc))
 
     @app.exception_handler(HistoryStoreError)
-    async def _history(_: Request, exc: HistoryStoreError) -> JSONResponse:
-        return problem(503, "history-unavailable", "History store unavailable", str(exc))
+    async def _history(request: Request, exc: HistoryStoreError) -> JSONResponse:
+        # Every handler reads history before it sends a command, never after: a history
+        # outage means nothing was written.
+        extra = {} if request.method == "GET" else {"outcome": OUTCOME_NOT_WRITTEN}
+        return problem(503, "history-unavailable", "History store unavailable", str(exc), **extra)
 
     @app.exception_handler(RequestValidationError)
     async def _fastapi_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": ["body"], "msg": "invalid"}
-        field = ".".join(str(p) for p in first.get("loc", []) if p not in ("body", "query", "path"))
-        return problem(422, "validation", "Invalid request", str(first.get("msg")), field=field or "body")
+        field = _field_of(first.get("loc", []))
+        message = str(first.get("msg"))
+        return problem(422, "validation", "Invalid request", message, field=field,
+                       errors=[{"field": field, "message": message}])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        # Still a bug (the server logs it); the client gets problem+json, not a stack trace.
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return problem(500, "internal", "Internal error", "the server failed; see its log")

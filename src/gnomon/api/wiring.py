@@ -1,6 +1,14 @@
-"""Build the production API: Kafka producer, Cassandra history, tokens from config."""
+"""Build the production API: Kafka producer, Cassandra history, tokens from config.
+
+The producer's delivery timeout (``message.timeout.ms``) is set here explicitly and the
+command sinks are told about it: a send that fails is answered 503 only after that long,
+when the producer has given up on the message, so a client retrying at once (with the
+same idempotency key) never races a send the producer is still retrying.
+"""
 
 from __future__ import annotations
+
+import os
 
 from fastapi import FastAPI
 
@@ -10,14 +18,30 @@ from gnomon.api.auth import Authenticator, load_tokens
 from gnomon.config import Settings
 from gnomon.topology import load_topology
 
+DELIVERY_TIMEOUT_ENV = "GNOMON_API_DELIVERY_TIMEOUT_MS"
+DELIVERY_TIMEOUT_MS_DEFAULT = 10_000  # how long a client may wait for an answer while Kafka is away
+KAFKA_ROLE_DEFAULT = "api"  # the Kafka principal with the API's ACLs (gnomon.infra.acls)
 
-def build_app(settings: Settings) -> FastAPI:
+
+def delivery_timeout_ms() -> int:
+    raw = os.environ.get(DELIVERY_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DELIVERY_TIMEOUT_MS_DEFAULT
+    if not raw.isdigit() or not 1000 <= int(raw) <= 300_000:
+        raise SystemExit(f"gnomon: {DELIVERY_TIMEOUT_ENV}={raw!r} must be milliseconds between 1000 and 300000")
+    return int(raw)
+
+
+def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
+    """``dev``: allow the dev token when ``GNOMON_API_TOKENS`` is unset (default: ``GNOMON_DEV=1``)."""
     from gnomon.history.cassandra import CassandraHistoryStore
 
+    auth = Authenticator.from_hashes(load_tokens(settings, dev=dev))  # refuse to start before connecting
     topo = load_topology()
     history = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
-    producer = SyncProducer(settings.kafka_bootstrap)
-    sink = CommandSink(producer, topo.job_commands)
-    run_sink = CommandSink(producer, topo.run_events)
-    return create_app(history=history, commands=sink, run_commands=run_sink,
-                      auth=Authenticator(load_tokens(settings)), topology=topo)
+    timeout_ms = delivery_timeout_ms()
+    producer = SyncProducer(settings.kafka_bootstrap, role=os.environ.get("GNOMON_KAFKA_ROLE") or KAFKA_ROLE_DEFAULT,
+                            **{"message.timeout.ms": timeout_ms})
+    sink = CommandSink(producer, topo.job_commands, delivery_timeout_s=timeout_ms / 1000)
+    return create_app(history=history, commands=sink, run_commands=sink.to(topo.run_events), auth=auth,
+                      topology=topo)

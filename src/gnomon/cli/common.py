@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from gnomon.core.errors import GnomonError, ValidationError
 
@@ -20,8 +22,27 @@ EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_FAILURE = 1  # something else went wrong
 
 
+# Characters a terminal acts on instead of showing: C0/C1 controls (ESC starts escape
+# sequences that recolour, move the cursor, set the title or hyperlinks), DEL, line
+# separators and the bidi overrides/isolates that make text display reordered.
+_UNPRINTABLE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(value: Any) -> str:
+    """``value`` as one printable line: every control or bidi character is shown as its
+    escape (``\\x1b``, ``\\u202e``) instead of reaching the terminal. Job data (names,
+    errors, log lines) is another tenant's or a program's text, not ours to execute."""
+    text = value if isinstance(value, str) else str(value)
+    return _UNPRINTABLE_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def safe(value: Any, style: str = "") -> Text:
+    """``clean(value)`` as a rich Text: rendered literally, never parsed as [markup]."""
+    return Text(clean(value), style=style)
+
+
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
-    err_console.print(f"gnomon: {message}", markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"gnomon: {clean(message)}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

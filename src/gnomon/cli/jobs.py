@@ -7,8 +7,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from gnomon.cli.common import command, console, print_json
+from gnomon.cli.common import clean, command, console, print_json, safe
 from gnomon.client import Client
 from gnomon.core.errors import ValidationError
 
@@ -16,6 +17,7 @@ jobs_app = typer.Typer(help="Register and manage jobs.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs and their logs; cancel or replay a run.", no_args_is_help=True)
 dead_app = typer.Typer(help="Failed runs whose retries are exhausted (replay them with `gnomon runs replay`).",
                        no_args_is_help=True)
+token_app = typer.Typer(help="API tokens for GNOMON_API_TOKENS.", no_args_is_help=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
@@ -36,6 +38,8 @@ def create(
     retries: Annotated[int, typer.Option("--max-attempts", help="attempts including the first")] = 3,
     catch_up: Annotated[str, typer.Option("--catch-up", help="once, all or skip")] = "once",
     payload: Annotated[str | None, typer.Option(help="JSON payload")] = None,
+    key: Annotated[str | None, typer.Option(
+        "--key", help="idempotency key: repeating the command with the same key and job is one job")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Register a job and print its id."""
@@ -63,11 +67,11 @@ def create(
             body["payload"] = json.loads(payload)
         except json.JSONDecodeError as exc:
             raise ValidationError("--payload", f"not valid JSON: {exc.msg}") from None
-    job = Client().create_job(body)
+    job = Client().create_job(body, key)
     if json_:
         print_json(job)
     else:
-        typer.echo(job["id"])
+        typer.echo(clean(job["id"]))
 
 
 @jobs_app.command("get")
@@ -80,7 +84,7 @@ def get(job_id: str, json_: JsonOpt = False) -> None:
         return
     for k in ("id", "name", "status", "schedule", "runAt", "timezone", "nextRunAt", "priority", "pool", "target"):
         if k in job:
-            console.print(f"[bold]{k}[/bold]: {job[k]}", highlight=False)
+            _field(k, job[k])
 
 
 @jobs_app.command("list")
@@ -93,14 +97,24 @@ def list_(limit: int = 100, json_: JsonOpt = False) -> None:
         return
     table = Table("id", "name", "status", "schedule", "next run (UTC)")
     for j in page["items"]:
-        table.add_row(j["id"], j["name"], j["status"], j.get("schedule") or j.get("runAt") or "", j.get("nextRunAt") or "")
+        _row(table, j["id"], j["name"], j["status"], j.get("schedule") or j.get("runAt"), j.get("nextRunAt"))
     console.print(table)
+
+
+def _field(key: str, value: Any) -> None:
+    """One ``key: value`` line; the value is data, shown literally (no markup, no escapes)."""
+    console.print(Text.assemble((key, "bold"), ": ", safe(value)), highlight=False)
+
+
+def _row(table: Table, *cells: Any) -> None:
+    """A table row of data cells: None shows empty; str cells would be parsed as markup."""
+    table.add_row(*(safe("" if cell is None else cell) for cell in cells))
 
 
 def _simple(action: str) -> Any:
     def run(job_id: str) -> None:
         getattr(Client(), action)(job_id)
-        typer.echo(f"{action}: {job_id}")
+        typer.echo(f"{action}: {clean(job_id)}")
 
     run.__doc__ = f"{action.capitalize()} a job."
     return command(run)
@@ -122,7 +136,7 @@ def trigger(job_id: str, key: Annotated[str | None, typer.Option("--key", help="
     if json_:
         print_json({"runId": run_id})
     else:
-        typer.echo(run_id)
+        typer.echo(clean(run_id))
 
 
 @runs_app.command("list")
@@ -136,9 +150,8 @@ def runs_list(job_id: str, status: str | None = None, limit: int = 20, json_: Js
     table = Table("run", "status", "attempt", "granted", "started", "lag s", "finished", "exit")
     for r in page["items"]:
         lag = r.get("startLagS")
-        table.add_row(r["id"], r["status"], str(r["attempt"]), r.get("grantedAt") or "", r["startedAt"] or "",
-                      "" if lag is None else f"{lag:.3f}", r["finishedAt"] or "",
-                      "" if r["exitCode"] is None else str(r["exitCode"]))
+        _row(table, r["id"], r["status"], r["attempt"], r.get("grantedAt"), r["startedAt"],
+             None if lag is None else f"{lag:.3f}", r["finishedAt"], r["exitCode"])
     console.print(table)
 
 
@@ -151,7 +164,7 @@ def runs_get(run_id: str, json_: JsonOpt = False) -> None:
         print_json(run)
         return
     for k, v in run.items():
-        console.print(f"[bold]{k}[/bold]: {v}", highlight=False)
+        _field(k, v)
 
 
 @runs_app.command("logs")
@@ -162,8 +175,8 @@ def runs_logs(run_id: str, json_: JsonOpt = False) -> None:
     if json_:
         print_json(page)
         return
-    for line in page["items"]:
-        typer.echo(f"[{line['attempt']}:{line['stream']}] {line['line']}")
+    for line in page["items"]:  # a program's output: its escape sequences are shown, not run
+        typer.echo(f"[{line['attempt']}:{clean(line['stream'])}] {clean(line['line'])}")
 
 
 @runs_app.command("cancel")
@@ -174,7 +187,7 @@ def runs_cancel(run_id: str, json_: JsonOpt = False) -> None:
     if json_:
         print_json(out)
     else:
-        typer.echo(f"cancel: {run_id}")
+        typer.echo(f"cancel: {clean(run_id)}")
 
 
 @runs_app.command("replay")
@@ -185,7 +198,7 @@ def runs_replay(run_id: str, json_: JsonOpt = False) -> None:
     if json_:
         print_json(out)
     else:
-        typer.echo(f"replay: {run_id}")
+        typer.echo(f"replay: {clean(run_id)}")
 
 
 @dead_app.command("list")
@@ -199,8 +212,26 @@ def dead_list(limit: int = 50, cursor: Annotated[str | None, typer.Option(help="
         return
     table = Table("run", "attempt", "finished", "exit", "error")
     for r in page["items"]:
-        table.add_row(r["id"], f"{r['attempt']}/{r['maxAttempts']}", r["finishedAt"] or "",
-                      "" if r["exitCode"] is None else str(r["exitCode"]), r["error"] or r["reason"] or "")
+        _row(table, r["id"], f"{r['attempt']}/{r['maxAttempts']}", r["finishedAt"], r["exitCode"],
+             r["error"] or r["reason"])
     console.print(table)
     if page.get("cursor"):
-        console.print(f"more: --cursor {page['cursor']}", highlight=False)
+        console.print(Text.assemble("more: --cursor ", safe(page["cursor"])), highlight=False)
+
+
+@token_app.command("hash")
+@command
+def token_hash(
+    tenant: Annotated[str | None, typer.Option(help="print a whole GNOMON_API_TOKENS entry for this tenant")] = None,
+) -> None:
+    """Hash a token (read from stdin or a hidden prompt, never from argv: argv shows in
+    `ps` and shell history) for GNOMON_API_TOKENS='sha256:<hash>:<tenant>'."""
+    import sys
+
+    from gnomon.api.auth import hash_token
+
+    token = sys.stdin.readline() if not sys.stdin.isatty() else typer.prompt("token", hide_input=True)
+    if not token.strip():
+        raise ValidationError("token", "is empty")
+    entry = f"sha256:{hash_token(token)}"
+    typer.echo(f"{entry}:{clean(tenant)}" if tenant else entry)

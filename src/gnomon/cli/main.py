@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 app.add_typer(infra.app, name="infra")
 app.add_typer(jobs.jobs_app, name="jobs")
+app.add_typer(jobs.token_app, name="token")
 app.add_typer(jobs.runs_app, name="runs")
 app.add_typer(jobs.dead_app, name="dead-letters")
 app.add_typer(cron.app, name="cron")

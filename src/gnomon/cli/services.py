@@ -141,6 +141,7 @@ def projector(verbose: bool = False) -> None:
 def api(
     port: Annotated[int | None, typer.Option(help="default 8787 (GNOMON_API_PORT)")] = None,
     host: str = "127.0.0.1",
+    dev: Annotated[bool, typer.Option("--dev", help="allow the dev token when GNOMON_API_TOKENS is unset")] = False,
 ) -> None:
     """Serve the REST API (OpenAPI at /openapi.json)."""
     import uvicorn
@@ -148,7 +149,7 @@ def api(
     from gnomon.api.wiring import build_app
 
     s = load()
-    uvicorn.run(build_app(s), host=host, port=port or s.api_port, log_level="info")
+    uvicorn.run(build_app(s, dev=dev or None), host=host, port=port or s.api_port, log_level="info")
 
 
 @command
@@ -168,7 +169,7 @@ def dev(
     logs.mkdir(parents=True, exist_ok=True)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker", "--tenant", "dev", "--policy", str(REPO_ROOT / "infra/policies/dev.toml")]),
-                       ("projector", ["projector"]), ("api", ["api"])):
+                       ("projector", ["projector"]), ("api", ["api", "--dev"])):
         out = open(logs / f"dev-{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         procs[name] = subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)
     console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}", highlight=False)

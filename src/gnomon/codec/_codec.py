@@ -16,6 +16,7 @@ from gnomon.core.errors import ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
     JobState,
+    PatchJob,
     PauseJob,
     RegisterJob,
     ResumeJob,
@@ -68,7 +69,7 @@ class TopicSchema:
 
 TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
-                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob), "gnomon.JobCommand"),
+                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob), "gnomon.JobCommand"),
     TopicSchema("gnomon.run-events", "gnomon.run-events-value",
                 (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
                  AttemptStarted, ReturnGrant),

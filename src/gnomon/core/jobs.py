@@ -9,6 +9,8 @@ state and forwards ``RunTriggered``/``RunSkipped`` to the run processor.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -17,8 +19,9 @@ from zoneinfo import ZoneInfo
 from cronsim import CronSim
 
 from gnomon.core.cron import CronSchedule
-from gnomon.core.errors import TransitionError
+from gnomon.core.errors import Conflict, TransitionError, ValidationError
 from gnomon.core.model import CatchUp, JobSpec, manual_run_id, slot_run_id
+from gnomon.core.validation import DEFAULT_POOLS, apply_patch
 
 
 class JobStatus(StrEnum):
@@ -72,9 +75,32 @@ class RegisterJob:
 
 @dataclass(frozen=True)
 class UpdateJob:
+    """Replace the whole spec. The API no longer sends it (see ``PatchJob``); records
+    already in the log are still applied as before."""
+
     job_id: str
     tenant: str
     spec: JobSpec
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class PatchJob:
+    """Change some fields of a job; the processor merges them when it applies the command.
+
+    A new command rather than a change to ``UpdateJob``: an ``UpdateJob`` carries a whole
+    spec that its sender merged from its own (lagging) read of the job, so of two quick
+    edits the later silently reverts the earlier, and its old records must keep meaning
+    "replace everything". A ``PatchJob`` carries only the fields to change
+    (``patch_json``: the request's JSON object as canonical text, see ``canonical_patch``)
+    and is merged into the job as it is at apply time, in log order: edits to different
+    fields all survive. ``expected_version`` (the API's If-Match) makes it conditional:
+    applied only if the job is still at that version (None: no check)."""
+
+    job_id: str
+    tenant: str
+    patch_json: str
+    expected_version: int | None
     at_ms: int
 
 
@@ -107,7 +133,13 @@ class TriggerJob:
     at_ms: int
 
 
-JobCommand = RegisterJob | UpdateJob | PauseJob | ResumeJob | DeleteJob | TriggerJob
+JobCommand = RegisterJob | UpdateJob | PatchJob | PauseJob | ResumeJob | DeleteJob | TriggerJob
+JOB_COMMANDS = (RegisterJob, UpdateJob, PatchJob, PauseJob, ResumeJob, DeleteJob, TriggerJob)
+
+
+def canonical_patch(patch: Mapping[str, object]) -> str:
+    """The text a ``PatchJob`` carries: compact, keys sorted, no NaN (one patch, one text)."""
+    return json.dumps(patch, separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
 # ---- events ----------------------------------------------------------------------------
@@ -233,8 +265,10 @@ def _check(state: JobState, target: JobStatus) -> None:
 # ---- decide ----------------------------------------------------------------------------
 
 
-def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None = None) -> list[JobEvent]:
-    """Events caused by a command. The command's own ``at_ms`` is "now"."""
+def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None = None, *,
+           pools: frozenset[str] = DEFAULT_POOLS) -> list[JobEvent]:
+    """Events caused by a command. The command's own ``at_ms`` is "now". ``pools``: the
+    pools a job may use (the topology's), checked when a patch is merged."""
     cfg = cfg or SchedulerConfig()
     now = cmd.at_ms
     if isinstance(cmd, RegisterJob):
@@ -247,14 +281,17 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
     if state is None or state.status is JobStatus.DELETED:
         raise TransitionError(f"job {cmd.job_id} does not exist")
     if state.tenant != cmd.tenant:
-        raise TransitionError(f"job {cmd.job_id} belongs to another tenant")
+        raise TransitionError(f"{type(cmd).__name__} refused: job {cmd.job_id} belongs to another tenant "
+                              f"(not {cmd.tenant!r})")
     if isinstance(cmd, UpdateJob):
         _check(state, state.status)
-        if cmd.spec.schedule == state.spec.schedule and state.status is not JobStatus.DONE:
-            nxt = state.next_run_at_ms
-        else:
-            nxt = first_slot_after(cmd.spec, now - 1)
-        return [JobUpdated(cmd.job_id, cmd.spec, nxt, now)]
+        return [_updated(state, cmd.spec, now)]
+    if isinstance(cmd, PatchJob):
+        _check(state, state.status)
+        if cmd.expected_version is not None and cmd.expected_version != state.version:
+            raise Conflict(f"job {cmd.job_id} is at version {state.version}, not the expected "
+                           f"{cmd.expected_version}; patch refused, nothing changed")
+        return [_updated(state, _patched(state, cmd, pools), now)]
     if isinstance(cmd, PauseJob):
         _check(state, JobStatus.PAUSED)
         return [] if state.status is JobStatus.PAUSED else [JobPaused(cmd.job_id, now)]
@@ -284,6 +321,35 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
             )
         ]
     raise AssertionError(f"unknown command {cmd!r}")
+
+
+def _updated(state: JobState, spec: JobSpec, now: int) -> JobUpdated:
+    """The job takes ``spec``. Its schedule position stays unless the schedule changed (or
+    a finished one-time job gets a new slot)."""
+    if spec.schedule == state.spec.schedule and state.status is not JobStatus.DONE:
+        nxt = state.next_run_at_ms
+    else:
+        nxt = first_slot_after(spec, now - 1)
+    return JobUpdated(state.job_id, spec, nxt, now)
+
+
+def _patched(state: JobState, cmd: PatchJob, pools: frozenset[str]) -> JobSpec:
+    """The job's current spec with the patch merged and the whole re-validated (the API's
+    rules). A patch that does not parse or validate raises ``ValidationError`` naming the
+    field. The text may come from anyone who can write the topic: nothing in it may raise
+    anything else (a deep nesting would), or the record would stop the processor instead
+    of going to poison."""
+    refused = f"patch of job {cmd.job_id} refused"
+    try:
+        patch = json.loads(cmd.patch_json)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError("body", f"{refused}: not JSON ({type(exc).__name__})") from None
+    try:
+        return apply_patch(state.spec, patch, cmd.at_ms, pools=pools)
+    except ValidationError as exc:
+        raise ValidationError(exc.field, f"{refused}: {exc.message}") from None
+    except RecursionError:
+        raise ValidationError("body", f"{refused}: nested too deeply") from None
 
 
 def _skip_range(

@@ -22,7 +22,8 @@ class CatchUp(StrEnum):
 class TargetType(StrEnum):
     HANDLER = "handler"  # a Python function registered with @worker.handler(name)
     HTTP = "http"  # POST to a callback URL
-    COMMAND = "command"  # an argv run as a subprocess in its own process group
+    COMMAND = "command"  # an argv run in a sandbox (bubblewrap) on the worker
+    CONTAINER = "container"  # an image with arguments, run by podman on the worker
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,15 @@ class Target:
     handler: str | None = None
     url: str | None = None
     argv: tuple[str, ...] = ()
+    image: str | None = None  # container targets
 
     def describe(self) -> str:
         if self.type is TargetType.HANDLER:
             return f"handler:{self.handler}"
         if self.type is TargetType.HTTP:
             return f"http:{self.url}"
+        if self.type is TargetType.CONTAINER:
+            return f"container:{self.image} " + " ".join(self.argv)
         return "command:" + " ".join(self.argv)
 
 
@@ -78,6 +82,8 @@ class JobSpec:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     catch_up: CatchUp = CatchUp.ONCE
     pool: str = "default"
+    # names of the tenant's secrets the worker injects into the sandbox (never their values)
+    secrets: tuple[str, ...] = ()
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:

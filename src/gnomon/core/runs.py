@@ -247,9 +247,17 @@ class JobChanged:
     at_ms: int
 
 
+# CancelRun and ReplayRun come from the API on behalf of a tenant and carry it: the
+# processor refuses one whose tenant is not the run's (the API checks too, but anyone who
+# can write gnomon.run-events is not the API). ``tenant`` has no default here, so no
+# sender can forget it; records written before it existed decode with tenant "" (the
+# schema's default) and are refused.
+
+
 @dataclass(frozen=True)
 class CancelRun:
     run_id: str
+    tenant: str
     at_ms: int
     reason: str = "cancelled by user"
 
@@ -259,6 +267,7 @@ class ReplayRun:
     """Give a dead-lettered (FAILED) run a fresh retry budget and release it again."""
 
     run_id: str
+    tenant: str
     at_ms: int
     requested_by: str = "user"
 
@@ -493,6 +502,8 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
             return [AttemptStartReported(cmd.run_id, cmd.token, cmd.started_at_ms, state.lease_until_ms or now, now),
                     ended]
         return [ended]
+    if isinstance(cmd, CancelRun | ReplayRun):
+        _check_tenant(state, cmd)
     if isinstance(cmd, ReplayRun):
         if state.status is not RunStatus.FAILED:
             return []  # idempotent: a second replay (or one of a live run) changes nothing
@@ -503,6 +514,17 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
         return [RunCancelled(cmd.run_id, state.worker_id if state.status is RunStatus.RUNNING else None,
                              state.token, cmd.reason, now)]
     raise AssertionError(f"unknown command {cmd!r}")
+
+
+def _check_tenant(state: RunState, cmd: CancelRun | ReplayRun) -> None:
+    """A user's command acts only on its own tenant's runs; one written before commands
+    carried a tenant (tenant "") acts on none."""
+    what = f"{type(cmd).__name__} of run {cmd.run_id} refused"
+    if not cmd.tenant:
+        raise TransitionError(f"{what}: it carries no tenant (written before run commands carried one); "
+                              "send it again")
+    if cmd.tenant != state.tenant:
+        raise TransitionError(f"{what}: the run belongs to another tenant (not {cmd.tenant!r})")
 
 
 def _job_changed(state: RunState, job: JobState | None, now: int) -> list[RunEvent]:

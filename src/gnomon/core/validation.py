@@ -39,16 +39,34 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
-     "retry", "catchUp", "pool"}
+     "retry", "catchUp", "pool", "secrets"}
 )
 _RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
 _TARGET_FIELDS = {
     TargetType.HANDLER: frozenset({"type", "name"}),
     TargetType.HTTP: frozenset({"type", "url"}),
     TargetType.COMMAND: frozenset({"type", "argv"}),
+    TargetType.CONTAINER: frozenset({"type", "image", "argv"}),
 }
+_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._\-/:@]{0,254}")
+_SECRET_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+SECRETS_MAX_ITEMS = 16
 _POOL_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+# C0/C1 controls (ESC, NUL, newline, DEL...), line/paragraph separators and the bidi
+# embeddings/overrides/isolates: in an identifier they forge log lines and terminal
+# output or make a name display differently from what it is ("Trojan Source").
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def reject_control_chars(value: str, field: str) -> str:
+    """``value`` unchanged, or ``ValidationError(field)`` if it holds a control or bidi
+    character: identifiers are echoed into logs, terminals and other tenants' views."""
+    found = _CONTROL_RE.search(value)
+    if found is not None:
+        raise ValidationError(field, f"must not contain control or bidi characters "
+                                     f"(U+{ord(found.group()):04X} at index {found.start()})")
+    return value
 
 
 def _reject_unknown(data: Mapping[str, Any], allowed: frozenset[str], prefix: str) -> None:
@@ -85,7 +103,7 @@ def parse_target(data: Any, field: str = "target") -> Target:
         raise ValidationError(field, 'must be an object such as {"type": "command", "argv": ["echo", "hi"]}')
     kind = data.get("type")
     if kind not in [t.value for t in TargetType]:
-        raise ValidationError(f"{field}.type", f"must be one of handler, http, command, got {kind!r}")
+        raise ValidationError(f"{field}.type", f"must be one of handler, http, command, container, got {kind!r}")
     ttype = TargetType(kind)
     _reject_unknown(data, _TARGET_FIELDS[ttype], f"{field}.")
     if ttype is TargetType.HANDLER:
@@ -101,6 +119,11 @@ def parse_target(data: Any, field: str = "target") -> Target:
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValidationError(f"{field}.url", f"must be an http(s) URL, got {url!r}")
         return Target(type=ttype, url=url)
+    image = None
+    if ttype is TargetType.CONTAINER:
+        image = data.get("image")
+        if not isinstance(image, str) or not _IMAGE_RE.fullmatch(image):
+            raise ValidationError(f"{field}.image", "must be an image reference such as registry.local/team/app:1.2")
     argv = data.get("argv")
     if (
         not isinstance(argv, list | tuple)
@@ -110,7 +133,24 @@ def parse_target(data: Any, field: str = "target") -> Target:
         or not argv[0]
     ):
         raise ValidationError(f"{field}.argv", f"must be a non-empty list of at most {ARGV_MAX_ITEMS} strings")
-    return Target(type=ttype, argv=tuple(argv))
+    for i, arg in enumerate(argv):
+        if "\x00" in arg:
+            raise ValidationError(f"{field}.argv[{i}]", "must not contain NUL characters")
+    return Target(type=ttype, argv=tuple(argv), image=image)
+
+
+def parse_secrets(data: Any, field: str = "secrets") -> tuple[str, ...]:
+    """Names of the tenant's secrets the job needs; their values stay on the workers."""
+    if data is None:
+        return ()
+    if not isinstance(data, list | tuple) or len(data) > SECRETS_MAX_ITEMS:
+        raise ValidationError(field, f"must be a list of at most {SECRETS_MAX_ITEMS} secret names")
+    for i, name in enumerate(data):
+        if not isinstance(name, str) or not _SECRET_RE.fullmatch(name):
+            raise ValidationError(f"{field}[{i}]", "must be a secret name (lowercase letters, digits, -)")
+    if len(set(data)) != len(data):
+        raise ValidationError(field, "names a secret twice")
+    return tuple(data)
 
 
 def parse_retry(data: Any, field: str = "retry") -> RetryPolicy:
@@ -153,6 +193,7 @@ def parse_job_spec(
     name = data.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX_CHARS:
         raise ValidationError("name", f"must be a non-empty string of at most {NAME_MAX_CHARS} characters")
+    reject_control_chars(name, "name")
 
     cron_expr, run_at = data.get("schedule"), data.get("runAt")
     tz = data.get("timezone", "UTC")
@@ -187,6 +228,8 @@ def parse_job_spec(
     retry = parse_retry(data.get("retry"))
     catch_up = _enum(data.get("catchUp", "once"), "catchUp", CatchUp)
     pool = data.get("pool", "default")
+    if isinstance(pool, str):
+        reject_control_chars(pool, "pool")
     if not isinstance(pool, str) or not _POOL_RE.match(pool):
         raise ValidationError("pool", "must be a pool name (lowercase letters, digits, -)")
     if pool not in pools:
@@ -201,6 +244,7 @@ def parse_job_spec(
         retry=retry,
         catch_up=catch_up,
         pool=pool,
+        secrets=parse_secrets(data.get("secrets")),
     )
 
 
@@ -217,6 +261,8 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
         out["target"] = {"type": "handler", "name": t.handler}
     elif t.type is TargetType.HTTP:
         out["target"] = {"type": "http", "url": t.url}
+    elif t.type is TargetType.CONTAINER:
+        out["target"] = {"type": "container", "image": t.image, "argv": list(t.argv)}
     else:
         out["target"] = {"type": "command", "argv": list(t.argv)}
     out["payload"] = json.loads(spec.payload_json)
@@ -229,6 +275,7 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     }
     out["catchUp"] = spec.catch_up.value
     out["pool"] = spec.pool
+    out["secrets"] = list(spec.secrets)
     return out
 
 
@@ -247,6 +294,8 @@ def apply_patch(spec: JobSpec, patch: Any, now_ms: int, *, pools: frozenset[str]
 
 
 def validate_idempotency_key(key: Any, field: str = "idempotencyKey") -> str:
-    if not isinstance(key, str) or not _KEY_RE.match(key):
+    if isinstance(key, str):
+        reject_control_chars(key, field)
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise ValidationError(field, f"must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters of A-Z a-z 0-9 . _ : -")
     return key

@@ -53,7 +53,7 @@ def decode_cursor(kind: str, cursor: str | None) -> Key | None:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw.decode())
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):  # a crafted cursor of nested brackets
         raise bad from None
     shape = _SHAPES[kind]
     if not isinstance(data, list) or len(data) != len(shape) + 1 or data[0] != kind:

@@ -71,12 +71,42 @@ def translate_errors(op: str) -> Iterator[None]:
         raise HistoryStoreError(f"cassandra {op}: {_one_line(exc)}") from exc
 
 
+USERNAME_ENV, PASSWORD_ENV = "GNOMON_CASSANDRA_USERNAME", "GNOMON_CASSANDRA_PASSWORD"
+_DEFAULT: Any = object()
+
+
+def client_credentials() -> tuple[str, str] | None:
+    """(username, password) for Cassandra: ``$GNOMON_CASSANDRA_USERNAME``/``_PASSWORD``, else
+    the role ``gnomon infra up`` created (``<credentials_dir>/cassandra.json``), else None
+    (a Cassandra without authentication). Never put into ``os.environ`` by gnomon."""
+    import os
+
+    username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
+    if username and password:
+        return username, password
+    from gnomon.config import load
+    from gnomon.infra import credentials
+
+    try:
+        cred = credentials.read(load().credentials_dir, credentials.CASSANDRA)
+    except credentials.CredentialError as exc:
+        raise HistoryStoreError(str(exc)) from exc
+    return (cred.username, cred.password) if cred else None
+
+
 def connect(
-    hosts: Sequence[str], port: int = 9042, *, connect_timeout_s: float = 5.0, request_timeout_s: float = 10.0
+    hosts: Sequence[str],
+    port: int = 9042,
+    *,
+    connect_timeout_s: float = 5.0,
+    request_timeout_s: float = 10.0,
+    auth: tuple[str, str] | None = _DEFAULT,
 ) -> tuple[Any, Any]:
     """A (Cluster, Session) with gnomon's settings; the caller shuts the cluster down.
-    Raises ``HistoryStoreError``."""
+    ``auth`` (username, password) defaults to :func:`client_credentials`; None connects
+    without credentials. Raises ``HistoryStoreError``."""
     from cassandra import ConsistencyLevel
+    from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import (
         DCAwareRoundRobinPolicy,
@@ -90,6 +120,7 @@ def connect(
         request_timeout=request_timeout_s,
     )
     where = ",".join(hosts) + f":{port}"
+    creds = client_credentials() if auth is _DEFAULT else auth
     with translate_errors(f"connect to {where}"):
         cluster = Cluster(
             contact_points=list(hosts),
@@ -98,6 +129,7 @@ def connect(
             connect_timeout=connect_timeout_s,
             control_connection_timeout=connect_timeout_s,
             reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
+            auth_provider=PlainTextAuthProvider(*creds) if creds else None,
         )
         try:
             session = cluster.connect()

@@ -12,6 +12,11 @@ statements are ``IF NOT EXISTS``, so applying a file twice, or concurrently from
 processes, is harmless.
 
     python -m gnomon.history.migrate [--keyspace gnomon] [--replication "{'class': ...}"]
+
+It logs in like every gnomon Cassandra client (``gnomon.history.cassandra.connect``):
+``$GNOMON_CASSANDRA_USERNAME``/``$GNOMON_CASSANDRA_PASSWORD``, else the role ``gnomon``
+from ``<credentials_dir>/cassandra.json`` (written by ``gnomon infra up``). That role may
+create keyspaces; a keyspace's creator gets every permission on it.
 """
 
 from __future__ import annotations

@@ -67,6 +67,9 @@ class ProjectorStats:
     commit_failures: int = 0
 
 
+ROLE = "projector"  # Kafka principal User:projector of the production projector (gnomon.infra.acls)
+
+
 class HistoryProjector:
     def __init__(
         self,
@@ -84,6 +87,7 @@ class HistoryProjector:
         consumer_extra: Mapping[str, Any] | None = None,
         poison_sink: Callable[[Any, str], None] | None = None,
         owns_store: bool = False,
+        kafka_role: str | None = None,
     ) -> None:
         """``topics`` maps roles ``jobs``/``runs``/``logs`` to topic names (default: the
         topology's). ``consumer`` injects a ready, subscribed consumer (tests)."""
@@ -116,7 +120,7 @@ class HistoryProjector:
 
             if not bootstrap:
                 raise ValueError("bootstrap is required unless a consumer is given")
-            conf = consumer_config(bootstrap, group_id, **{
+            conf = consumer_config(bootstrap, group_id, role=kafka_role, **{
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "enable.partition.eof": False,
@@ -133,6 +137,7 @@ class HistoryProjector:
         from gnomon.history.cassandra import CassandraHistoryStore
 
         store = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
+        kwargs.setdefault("kafka_role", ROLE)
         return cls(store, settings.kafka_bootstrap, owns_store=True, **kwargs)
 
     # ---- hooks ---------------------------------------------------------------------------

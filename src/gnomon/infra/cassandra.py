@@ -4,19 +4,28 @@ Files: ``<state_dir>/cassandra/`` holds ``cassandra.yaml`` (rendered from
 ``infra/cassandra/cassandra.yaml.template``) and ``data/`` (data, commitlog, hints, caches);
 the full log is ``<state_dir>/logs/cassandra/system.log``. JVM options come from
 ``infra/cassandra/jvm17.options`` plus heap (1 GiB), the jamm agent and config paths.
+
+Authentication: PasswordAuthenticator + CassandraAuthorizer. :func:`ensure_auth` (every
+``up``) logs in as ``gnomon_admin`` (``credentials/cassandra-admin.json``), or on the first
+run as the default ``cassandra/cassandra`` to create it; then creates/updates the
+application role ``gnomon`` (``credentials/cassandra.json``: LOGIN, CREATE on all
+keyspaces so it can create its own keyspaces, ALL on the ``gnomon`` keyspace) and
+disables the default superuser (random password, no LOGIN, no SUPERUSER).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from string import Template
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, procs
+from gnomon.infra import credentials, fetch, jvm, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
+from gnomon.infra.progress import say
 from gnomon.infra.readiness import wait_until_serving
 
 COMPONENT = "cassandra"
@@ -32,7 +41,10 @@ DEV_PROPERTIES = (
     "-Dcassandra.skip_wait_for_gossip_to_settle=0",
     "-Dcassandra.ring_delay_ms=1000",  # single seed node: nobody to wait for
     "-Dcassandra.unsafesystem=true",  # no fsync of system tables: dev data only
+    "-Dcassandra.superuser_setup_delay_ms=0",  # create cassandra/cassandra at once (auth setup)
 )
+KEYSPACE = "gnomon"
+DEFAULT_SUPERUSER = credentials.Credential("cassandra", "cassandra")
 
 for _name in ("cassandra", "cassandra.cluster", "cassandra.connection", "cassandra.pool"):
     logging.getLogger(_name).addHandler(logging.NullHandler())
@@ -109,21 +121,48 @@ def start(settings: Settings) -> int:
     return procs.start(settings.state_dir, NAME, command(settings, java, lib), cwd=home(settings))
 
 
-def release_version(settings: Settings) -> str:
-    """``SELECT release_version FROM system.local`` over CQL (raises if it cannot)."""
+def _cluster(settings: Settings, cred: credentials.Credential | None) -> Any:
+    from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import WhiteListRoundRobinPolicy
 
     profile = ExecutionProfile(
-        load_balancing_policy=WhiteListRoundRobinPolicy([HOST]), request_timeout=5
+        load_balancing_policy=WhiteListRoundRobinPolicy([HOST]), request_timeout=10
     )
-    cluster = Cluster(
+    return Cluster(
         [HOST],
         port=settings.cassandra_port,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=5,
         control_connection_timeout=5,
+        auth_provider=PlainTextAuthProvider(cred.username, cred.password) if cred else None,
     )
+
+
+def auth_failed(exc: BaseException) -> bool:
+    """True if ``exc`` (NoHostAvailable or AuthenticationFailed) is a refused login."""
+    from cassandra import AuthenticationFailed
+    from cassandra.cluster import NoHostAvailable
+
+    if isinstance(exc, AuthenticationFailed):
+        return True
+    if isinstance(exc, NoHostAvailable):
+        errors = list(exc.errors.values())
+        return bool(errors) and all(
+            isinstance(e, AuthenticationFailed) or "authentication" in str(e).lower() for e in errors
+        )
+    return False
+
+
+_APP: Any = object()
+
+
+def release_version(settings: Settings, cred: credentials.Credential | None = _APP) -> str:
+    """``SELECT release_version FROM system.local`` over CQL (raises if it cannot), logged
+    in as ``cred`` (default: the application role from the credentials dir; None: no login)."""
+    if cred is _APP:
+        cred = credentials.read(settings.credentials_dir, credentials.CASSANDRA)
+    cluster = _cluster(settings, cred)
     try:
         row = cluster.connect().execute("SELECT release_version FROM system.local").one()
         return str(row.release_version)
@@ -132,10 +171,15 @@ def release_version(settings: Settings) -> str:
 
 
 def wait_ready(settings: Settings, timeout_s: float = 180.0) -> float:
-    """Block until CQL answers ``SELECT release_version FROM system.local``; seconds waited."""
+    """Block until CQL answers (a refused login counts: the node serves); seconds waited."""
+    admin_cred = credentials.read(settings.credentials_dir, credentials.CASSANDRA_ADMIN)
 
     def probe() -> str | None:
-        release_version(settings)  # NoHostAvailable, OperationTimedOut while starting
+        try:
+            release_version(settings, admin_cred or DEFAULT_SUPERUSER)
+        except Exception as exc:  # NoHostAvailable, OperationTimedOut while starting
+            if not auth_failed(exc):
+                raise
         return None
 
     return wait_until_serving(
@@ -150,6 +194,97 @@ def wait_ready(settings: Settings, timeout_s: float = 180.0) -> float:
         interval_s=1.0,
         last="native port closed",
     )
+
+
+def _cql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _login(settings: Settings, cred: credentials.Credential) -> tuple[Any, Any] | None:
+    """(cluster, session) logged in as ``cred``, or None if the login is refused."""
+    cluster = _cluster(settings, cred)
+    try:
+        return cluster, cluster.connect()
+    except Exception as exc:
+        cluster.shutdown()
+        if auth_failed(exc):
+            return None
+        raise
+
+
+def _admin_session(settings: Settings, admin: credentials.Credential, timeout_s: float) -> tuple[Any, Any]:
+    """Log in as ``admin``; on a fresh (or pre-authentication) node create it first as
+    cassandra/cassandra, waiting for Cassandra to create that default superuser."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = _login(settings, admin)
+        if got is not None:
+            return got
+        default = _login(settings, DEFAULT_SUPERUSER)
+        if default is not None:
+            cluster, session = default
+            try:
+                pw = _cql_string(admin.password)
+                session.execute(
+                    f'CREATE ROLE IF NOT EXISTS "{admin.username}" '
+                    f"WITH SUPERUSER = true AND LOGIN = true AND PASSWORD = {pw}"
+                )
+                say(f"Cassandra: created superuser {admin.username} (credentials/{credentials.CASSANDRA_ADMIN}.json)")
+            finally:
+                cluster.shutdown()
+            time.sleep(0.5)  # let the role caches see it
+            continue
+        if time.monotonic() > deadline:
+            raise InfraError(
+                f"Cassandra refuses both {admin.username} "
+                f"({credentials.path(settings.credentials_dir, credentials.CASSANDRA_ADMIN)}) and the "
+                "default superuser cassandra/cassandra; restore that file (or re-create "
+                f"{home(settings)} in development)"
+            )
+        time.sleep(1.0)  # the default superuser is created shortly after startup
+
+
+def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
+    """Create or update the superuser and the application role; disable cassandra/cassandra."""
+    d = settings.credentials_dir
+    credentials.ensure_dir(d)
+    admin = credentials.ensure(d, credentials.CASSANDRA_ADMIN)
+    app = credentials.ensure(d, credentials.CASSANDRA)
+    try:
+        cluster, session = _admin_session(settings, admin, timeout_s)
+    except InfraError:
+        raise
+    except Exception as exc:
+        raise InfraError(f"cannot log in to Cassandra as {admin.username}: {exc}") from exc
+    try:
+        pw = _cql_string(app.password)
+        session.execute(f'CREATE ROLE IF NOT EXISTS "{app.username}" WITH LOGIN = true AND PASSWORD = {pw}')
+        probe = _login(settings, app)
+        if probe is None:  # the file was replaced (rotation): Cassandra takes its password
+            session.execute(f'ALTER ROLE "{app.username}" WITH PASSWORD = {pw} AND LOGIN = true')
+            say(f"Cassandra: set the password of role {app.username} from its credentials file")
+        else:
+            probe[0].shutdown()
+        # creates its own keyspaces (migrations, tests); a creator gets ALL on what it creates
+        session.execute(f'GRANT CREATE ON ALL KEYSPACES TO "{app.username}"')
+        if session.execute(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (KEYSPACE,)
+        ).one():  # created before authentication existed (or by another role)
+            session.execute(f'GRANT ALL PERMISSIONS ON KEYSPACE {KEYSPACE} TO "{app.username}"')
+        default = session.execute(
+            "SELECT can_login, is_superuser FROM system_auth.roles WHERE role = %s",
+            (DEFAULT_SUPERUSER.username,),
+        ).one()
+        if default is not None and (default.can_login or default.is_superuser):
+            session.execute(
+                f'ALTER ROLE "{DEFAULT_SUPERUSER.username}" WITH PASSWORD = '
+                f"{_cql_string(credentials.generate_password())} AND LOGIN = false AND SUPERUSER = false"
+            )
+            say("Cassandra: disabled the default superuser cassandra/cassandra")
+    except Exception as exc:
+        raise InfraError(f"cannot set up Cassandra roles: {exc}") from exc
+    finally:
+        cluster.shutdown()
 
 
 def _excerpt(settings: Settings) -> str:

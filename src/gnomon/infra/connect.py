@@ -10,6 +10,11 @@ stay as they are); they are rendered to ``<state_dir>/connect/``. The standalone
 file is ``<state_dir>/connect/connect.offsets``, exports go to ``<state_dir>/exports/``
 and the full log to ``<state_dir>/logs/connect/connect.log``.
 
+Authentication: the worker connects to Kafka as the role ``connect`` (SCRAM; read
+``gnomon.run-history``, groups ``connect-*``: ``gnomon.infra.acls``); its credentials are
+rendered into ``worker.properties`` (``sasl.jaas.config`` and the ``producer.``/
+``consumer.``/``admin.`` copies), which is therefore written 0600.
+
 REST port: ``$GNOMON_CONNECT_PORT`` (default 8083), bound to 127.0.0.1. Healthy means
 ``GET /connectors?expand=status`` lists every configured connector with the connector
 and all its tasks RUNNING.
@@ -160,9 +165,40 @@ def parse_properties(text: str) -> dict[str, str]:
     return props
 
 
-def template_variables(settings: Settings, w: Worker) -> dict[str, object]:
+ROLE = "connect"  # the Kafka principal User:connect (gnomon.infra.acls)
+
+
+def security_variables(settings: Settings, role: str = ROLE) -> dict[str, str]:
+    """``security_protocol``, ``sasl_mechanism``, ``sasl_jaas_config`` for the worker
+    template, from the role's credentials (see gnomon.adapters.kafka.security_config)."""
+    from gnomon.adapters.kafka import security_config
+
+    sec = security_config(role, credentials_dir=settings.credentials_dir)
+    if "sasl.username" not in sec:
+        raise InfraError(
+            f"no Kafka credentials for the Connect worker (role {role}); run "
+            "`python -m gnomon.infra up` first, or set GNOMON_KAFKA_USERNAME/GNOMON_KAFKA_PASSWORD"
+        )
+    for value in (sec["sasl.username"], sec["sasl.password"]):
+        if any(ch in value for ch in '"\\\n'):
+            raise InfraError("Kafka credentials for Connect must not contain quotes, backslashes or newlines")
+    module = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule"
+        if sec["sasl.mechanism"] == "PLAIN"
+        else "org.apache.kafka.common.security.scram.ScramLoginModule"
+    )
+    return {
+        "security_protocol": sec["security.protocol"],
+        "sasl_mechanism": sec["sasl.mechanism"],
+        "sasl_jaas_config": f'{module} required username="{sec["sasl.username"]}" '
+        f'password="{sec["sasl.password"]}";',
+    }
+
+
+def template_variables(settings: Settings, w: Worker, role: str = ROLE) -> dict[str, object]:
     layout = kafka.running_layout(settings) or 1
     return {
+        **security_variables(settings, role),
         "bootstrap": kafka.bootstrap(settings, layout),
         "rest_port": w.port,
         "offsets_file": w.offsets_file,
@@ -177,15 +213,20 @@ def connector_templates() -> list[Path]:
 
 
 def render(
-    settings: Settings, w: Worker, connectors: Sequence[Path | tuple[Path, Mapping[str, str]]]
+    settings: Settings,
+    w: Worker,
+    connectors: Sequence[Path | tuple[Path, Mapping[str, str]]],
+    role: str = ROLE,
 ) -> list[Path]:
     """Write the worker config and one file per connector (a template, or a template and
     property overrides) under ``w.home``. Returns the rendered connector files."""
-    variables = template_variables(settings, w)
+    variables = template_variables(settings, w, role)
     w.home.mkdir(parents=True, exist_ok=True)
     w.exports_dir.mkdir(parents=True, exist_ok=True)  # FileStreamSink does not create dirs
     w.logs.mkdir(parents=True, exist_ok=True)
-    w.config.write_text(render_properties(WORKER_TEMPLATE.read_text(), variables))
+    from gnomon.infra.credentials import write_secret
+
+    write_secret(w.config, render_properties(WORKER_TEMPLATE.read_text(), variables))  # holds a password
     _clear_connectors(w.connectors_dir)
     rendered = []
     for item in connectors:
@@ -241,6 +282,7 @@ def start(
     port: int | None = None,
     connectors: Sequence[Path | tuple[Path, Mapping[str, str]]] | None = None,
     lib: Path | None = None,
+    role: str = ROLE,
 ) -> int:
     """Render configs and start the worker unless it runs. Returns the pid.
 
@@ -254,7 +296,7 @@ def start(
     java = jvm.find_java(JAVA_VERSIONS, LABEL)
     if lib is None:
         lib = fetch.fetch(settings.state_dir, COMPONENT, LABEL)
-    variables = template_variables(settings, w)
+    variables = template_variables(settings, w, role)
     first = str(variables["bootstrap"]).split(",")[0]
     host, _, kport = first.rpartition(":")
     if not port_open(host, int(kport)):
@@ -267,7 +309,7 @@ def start(
             f"{HOST}:{w.port} is already in use by another process; stop it or choose "
             f"another port ({PORT_ENV})"
         )
-    files = render(settings, w, connector_templates() if connectors is None else connectors)
+    files = render(settings, w, connector_templates() if connectors is None else connectors, role)
     return procs.start(settings.state_dir, NAME, command(w, java, lib, files), cwd=w.home)
 
 

@@ -9,11 +9,24 @@ Files: ``<state_dir>/kafka/<n>-node/`` holds the cluster id and one ``node-<i>/`
 (``server.properties`` rendered from ``infra/kafka/server.properties.template`` and the
 ``data/`` log dir). The single-node and three-node layouts keep separate data, so switching
 between them (after ``down``) loses nothing.
+
+Authentication (docs/adr/0006-kafka-auth-and-tenant-proof.md): both listeners are
+SASL_PLAINTEXT on loopback. Clients and inter-broker traffic use SCRAM-SHA-512; the
+controller quorum uses SASL/PLAIN with a static user. ``prepare`` formats the storage
+with the SCRAM users ``admin`` and ``broker`` (``--add-scram``) and records that in
+``<layout>/auth.json``; a layout formatted before authentication existed (no
+``auth.json``) is development data and is re-formatted, with a message.
+:func:`sync_users` (every ``up``) upserts the role users from the credential files, and
+``gnomon.infra.acls.apply`` their ACLs. ``server.properties`` holds the servers' own
+passwords and is written 0600.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +34,10 @@ from string import Template
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, procs
+from gnomon.infra import credentials, fetch, jvm, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
+from gnomon.infra.progress import say
 from gnomon.infra.readiness import wait_until_serving
 
 COMPONENT = "kafka"
@@ -33,6 +47,9 @@ HEAP = ("-Xms256m", "-Xmx512m")
 GC = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError")
 PORT_STEP = 10
 CONF_DIR = fetch.INFRA_DIR / "kafka"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_ITERATIONS = 8192
+FORMAT_USERS = ("admin", credentials.KAFKA_BROKER)  # SCRAM users written at format time
 
 _quiet = logging.getLogger("gnomon.infra.librdkafka")
 _quiet.addHandler(logging.NullHandler())
@@ -147,10 +164,22 @@ def _cluster_id(settings: Settings, count: int, java: str, lib: Path) -> str:
     return lines[-1].strip()
 
 
-def render_config(settings: Settings, count: int, node: KafkaNode) -> str:
+def server_credentials(settings: Settings) -> dict[str, credentials.Credential]:
+    """Every Kafka credential (generated on first use): the roles, broker, controller."""
+    d = settings.credentials_dir
+    credentials.ensure_dir(d)
+    names = (*credentials.KAFKA_ROLES, credentials.KAFKA_BROKER, credentials.KAFKA_CONTROLLER)
+    return {n: credentials.ensure(d, n) for n in names}
+
+
+def render_config(
+    settings: Settings, count: int, node: KafkaNode, creds: dict[str, credentials.Credential] | None = None
+) -> str:
+    creds = creds or server_credentials(settings)
     rf, min_isr = replication(count)
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes(settings, count))
     template = Template((CONF_DIR / "server.properties.template").read_text())
+    broker, controller = creds[credentials.KAFKA_BROKER], creds[credentials.KAFKA_CONTROLLER]
     return template.substitute(
         node_id=node.node_id,
         quorum_voters=voters,
@@ -159,18 +188,71 @@ def render_config(settings: Settings, count: int, node: KafkaNode) -> str:
         log_dirs=node.data,
         replication_factor=rf,
         min_insync_replicas=min_isr,
+        admin_username=creds["admin"].username,
+        broker_username=broker.username,
+        broker_password=broker.password,
+        controller_username=controller.username,
+        controller_password=controller.password,
     )
+
+
+def _fingerprint(cred: credentials.Credential) -> str:
+    return hashlib.sha256(f"{cred.username}\0{cred.password}".encode()).hexdigest()[:16]
+
+
+def _auth_file(settings: Settings, count: int) -> Path:
+    return layout_dir(settings, count) / "auth.json"
+
+
+def _check_formatted_auth(settings: Settings, count: int, creds: dict[str, credentials.Credential]) -> None:
+    """Re-format a layout formatted without SCRAM users (dev data from before auth); refuse
+    credentials that differ from the ones the storage was formatted with."""
+    ns = nodes(settings, count)
+    formatted = [n for n in ns if (n.data / "meta.properties").exists()]
+    auth_file = _auth_file(settings, count)
+    if not auth_file.exists():
+        if not formatted:
+            return
+        if any(procs.is_running(settings.state_dir, n.name) for n in ns):
+            raise InfraError(
+                "Kafka runs without authentication (formatted before SCRAM users existed); "
+                "run `python -m gnomon.infra down` first, then `up` re-formats it"
+            )
+        say(
+            f"Kafka data in {layout_dir(settings, count)} was formatted without SCRAM users "
+            "(before authentication); re-formatting it: its topics and records are DELETED "
+            "(development data), and the processors' local state with them"
+        )
+        for n in ns:
+            shutil.rmtree(n.data, ignore_errors=True)
+        shutil.rmtree(settings.state_dir / "processor", ignore_errors=True)
+        return
+    recorded = json.loads(auth_file.read_text()).get("fingerprints", {})
+    for name in FORMAT_USERS:
+        if name in recorded and recorded[name] != _fingerprint(creds[name]):
+            raise InfraError(
+                f"the Kafka credential {credentials.path(settings.credentials_dir, name)} is not the "
+                f"one {layout_dir(settings, count)} was formatted with; restore it, or delete that "
+                "directory to re-format (development data is lost)"
+            )
+
+
+def _scram_arg(cred: credentials.Credential) -> str:
+    return f"{SCRAM_MECHANISM}=[name={cred.username},iterations={SCRAM_ITERATIONS},password={cred.password}]"
 
 
 def prepare(settings: Settings, count: int) -> tuple[str, Path]:
     """Fetch jars, render configs, format storage (once). Returns (java, lib dir)."""
     java = jvm.find_java(JAVA_VERSIONS, LABEL)
     lib = fetch.fetch(settings.state_dir, COMPONENT, LABEL)
+    creds = server_credentials(settings)
+    _check_formatted_auth(settings, count, creds)
     cluster_id = _cluster_id(settings, count, java, lib)
+    scram = [arg for name in FORMAT_USERS for arg in ("--add-scram", _scram_arg(creds[name]))]
     for node in nodes(settings, count):
         node.home.mkdir(parents=True, exist_ok=True)
         node.logs.mkdir(parents=True, exist_ok=True)
-        node.config.write_text(render_config(settings, count, node))
+        credentials.write_secret(node.config, render_config(settings, count, node, creds))
         if (node.data / "meta.properties").exists():
             continue
         cmd = [
@@ -181,6 +263,7 @@ def prepare(settings: Settings, count: int) -> tuple[str, Path]:
             cluster_id,
             "-c",
             str(node.config),
+            *scram,
             "--ignore-formatted",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -189,6 +272,8 @@ def prepare(settings: Settings, count: int) -> tuple[str, Path]:
                 f"formatting Kafka storage for node {node.node_id} failed:\n"
                 f"{proc.stdout}{proc.stderr}".strip()
             )
+    auth = {"mechanism": SCRAM_MECHANISM, "fingerprints": {n: _fingerprint(creds[n]) for n in FORMAT_USERS}}
+    _auth_file(settings, count).write_text(json.dumps(auth, indent=2) + "\n")
     return java, lib
 
 
@@ -223,17 +308,71 @@ def start(settings: Settings, count: int) -> list[int]:
     return pids
 
 
-def admin(bootstrap_servers: str, **extra: Any) -> Any:
-    """A confluent_kafka AdminClient whose librdkafka chatter is silenced."""
+def admin(
+    bootstrap_servers: str, *, role: str = "admin", credentials_dir: Path | None = None, **extra: Any
+) -> Any:
+    """A confluent_kafka AdminClient (as ``role``, default the super user ``admin``; see
+    :func:`gnomon.adapters.kafka.security_config`) whose librdkafka chatter is silenced."""
     from confluent_kafka.admin import AdminClient
 
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": _quiet, **extra}
+    from gnomon.adapters.kafka import security_config
+
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "logger": _quiet,
+        **security_config(role, credentials_dir=credentials_dir),
+        **extra,
+    }
     return AdminClient(config)
 
 
-def _brokers_seen(nodes_: list[KafkaNode]) -> int:
+def _brokers_seen(nodes_: list[KafkaNode], credentials_dir: Path) -> int:
     """The fewest brokers any node reports (each asked through its own fresh client)."""
-    return min(len(admin(n.address).list_topics(timeout=5).brokers) for n in nodes_)
+    return min(
+        len(admin(n.address, credentials_dir=credentials_dir).list_topics(timeout=5).brokers)
+        for n in nodes_
+    )
+
+
+def sync_users(settings: Settings, count: int, timeout_s: float = 30.0) -> list[str]:
+    """Upsert the SCRAM user of every role but admin from its credential file (idempotent:
+    a rotated file takes effect here). Returns the user names."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    creds = server_credentials(settings)
+    client = admin(bootstrap(settings, count), credentials_dir=settings.credentials_dir)
+    mechanism = getattr(ScramMechanism, SCRAM_MECHANISM.replace("-", "_"))
+    from confluent_kafka.admin import ScramCredentialInfo  # type: ignore[attr-defined]
+
+    upserts = [
+        UserScramCredentialUpsertion(
+            creds[r].username, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), creds[r].password.encode()
+        )
+        for r in credentials.KAFKA_ROLES
+        if r != "admin"
+    ]
+    for user, future in client.alter_user_scram_credentials(upserts, request_timeout=timeout_s).items():
+        try:
+            future.result()
+        except Exception as exc:
+            raise InfraError(f"cannot set the Kafka SCRAM credential of {user}: {exc}") from exc
+    return [u.user for u in upserts]
+
+
+def apply_acls(settings: Settings, count: int) -> tuple[int, int]:
+    """The role ACLs of ``gnomon.infra.acls`` on the running cluster: (created, deleted)."""
+    from gnomon.infra import acls
+    from gnomon.topology import load_topology
+
+    roles = tuple(r for r in credentials.KAFKA_ROLES if r != "admin")
+    client = admin(bootstrap(settings, count), credentials_dir=settings.credentials_dir)
+    try:
+        return acls.apply(client, load_topology(settings.topology_path), roles)
+    except Exception as exc:
+        raise InfraError(f"cannot apply the Kafka ACLs: {exc}") from exc
 
 
 def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> float:
@@ -243,7 +382,7 @@ def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> floa
     by_name = {n.name: n for n in ns}
 
     def probe() -> str | None:
-        seen = _brokers_seen(ns)
+        seen = _brokers_seen(ns, settings.credentials_dir)
         return None if seen >= count else f"a node sees {seen}/{count} brokers"
 
     return wait_until_serving(

@@ -3,8 +3,10 @@
 ``up`` starts every JVM first and only then waits, so Kafka (seconds) and Cassandra
 (tens of seconds on first boot) start concurrently; then it creates the topics declared in
 ``Settings.topology_path`` and sets the declared configs that differ on existing ones
-(:func:`gnomon.infra.topics.sync_topics`). A lock file serialises concurrent ``up``/``down``
-calls.
+(:func:`gnomon.infra.topics.sync_topics`), upserts the Kafka role users and their ACLs
+(docs/adr/0006) and sets up Cassandra's roles; credentials are generated into
+``Settings.credentials_dir`` (0700, files 0600). A lock file serialises concurrent
+``up``/``down`` calls.
 """
 
 from __future__ import annotations
@@ -76,12 +78,19 @@ def up(
             kafka.wait_ready(settings, kafka_nodes)
             rf, _ = kafka.replication(kafka_nodes)
             specs = topic_specs(settings.topology_path)
-            created = ensure_topics(kafka.bootstrap(settings, kafka_nodes), specs, rf)
+            created = ensure_topics(
+                kafka.bootstrap(settings, kafka_nodes), specs, rf, credentials_dir=settings.credentials_dir
+            )
             if created:
                 say(f"created {len(created)} topic(s) (replication factor {rf})")
+            kafka.sync_users(settings, kafka_nodes)
+            added, removed = kafka.apply_acls(settings, kafka_nodes)
+            if added or removed:
+                say(f"Kafka ACLs: {added} created, {removed} removed (gnomon.infra.acls)")
             say(f"Kafka is up on {kafka.bootstrap(settings, kafka_nodes)} ({kafka_nodes} node(s))")
         if "cassandra" in components:
             cassandra.wait_ready(settings)
+            cassandra.ensure_auth(settings)
             say(f"Cassandra is up on {cassandra.address(settings)}")
         if "connect" in components:  # needs Kafka (and its topics) up
             connect.start(settings)

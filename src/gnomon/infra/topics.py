@@ -112,17 +112,29 @@ def config_diff(current: Mapping[str, str | None], wanted: Mapping[str, str]) ->
 
 
 def ensure_topics(
-    bootstrap: str, specs: list[TopicSpec], replication_factor: int, timeout_s: float = 30.0
+    bootstrap: str,
+    specs: list[TopicSpec],
+    replication_factor: int,
+    timeout_s: float = 30.0,
+    *,
+    credentials_dir: Path | None = None,
 ) -> list[str]:
     """Create the missing topics and apply changed configs to existing ones.
 
     Returns the names created (see :func:`sync_topics` for the config changes too).
     """
-    return sync_topics(bootstrap, specs, replication_factor, timeout_s).created
+    return sync_topics(
+        bootstrap, specs, replication_factor, timeout_s, credentials_dir=credentials_dir
+    ).created
 
 
 def sync_topics(
-    bootstrap: str, specs: list[TopicSpec], replication_factor: int, timeout_s: float = 30.0
+    bootstrap: str,
+    specs: list[TopicSpec],
+    replication_factor: int,
+    timeout_s: float = 30.0,
+    *,
+    credentials_dir: Path | None = None,
 ) -> TopicChanges:
     """Create the missing topics; set the declared configs that differ on existing ones.
 
@@ -131,19 +143,21 @@ def sync_topics(
     replication factor never sets a min ISR its replicas cannot meet. Warns (does not
     fail, changes nothing) when an existing topic has a different partition count than
     declared, because that breaks co-partitioning. Says one line per changed key.
+    Connects as the Kafka admin (credentials from ``credentials_dir``, default the
+    settings' one).
     """
     from confluent_kafka import KafkaException
 
     from gnomon.infra.kafka import admin
 
-    client = admin(bootstrap)
+    client = admin(bootstrap, credentials_dir=credentials_dir)
     try:
         existing = client.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
         raise InfraError(f"cannot list topics on {bootstrap}: {exc}") from exc
     _warn_partition_mismatch(specs, existing)
     missing = [s for s in specs if s.name not in existing]
-    created = _create_topics(client, bootstrap, missing, replication_factor, timeout_s)
+    created = _create_topics(client, bootstrap, missing, replication_factor, timeout_s, credentials_dir)
     present = {s.name: s for s in specs if s.name in existing}
     wanted = {
         name: spec.config(min_insync_for(_replicas(existing[name], replication_factor)))
@@ -177,6 +191,7 @@ def _create_topics(
     missing: list[TopicSpec],
     replication_factor: int,
     timeout_s: float,
+    credentials_dir: Path | None = None,
 ) -> list[str]:
     """Create ``missing``; returns the names created (not those a concurrent call made)."""
     from confluent_kafka import KafkaError, KafkaException
@@ -208,7 +223,7 @@ def _create_topics(
             if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue  # a concurrent `up` won the race
             raise InfraError(f"cannot create topic {name}: {err}") from exc
-    _wait_until_led(bootstrap, {s.name: s.partitions for s in missing}, timeout_s)
+    _wait_until_led(bootstrap, {s.name: s.partitions for s in missing}, timeout_s, credentials_dir)
     return sorted(created)
 
 
@@ -304,7 +319,9 @@ def _alter_configs(client: Any, diffs: Mapping[str, ConfigDiff], timeout_s: floa
         raise InfraError("; ".join(failures))
 
 
-def _wait_until_led(bootstrap: str, partitions: dict[str, int], timeout_s: float) -> None:
+def _wait_until_led(
+    bootstrap: str, partitions: dict[str, int], timeout_s: float, credentials_dir: Path | None = None
+) -> None:
     """Wait until every listed broker's metadata shows all ``partitions`` with a leader.
 
     CreateTopics returns once the controller accepted; brokers learn it a moment later, and
@@ -315,7 +332,7 @@ def _wait_until_led(bootstrap: str, partitions: dict[str, int], timeout_s: float
 
     deadline = time.monotonic() + timeout_s
     for address in bootstrap.split(","):
-        client = admin(address)
+        client = admin(address, credentials_dir=credentials_dir)
         pending = dict(partitions)
         while pending:
             topics = client.list_topics(timeout=timeout_s).topics

@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from gnomon import codec
-from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.adapters.kafka import consumer_config, kafka_role, producer_config
 from gnomon.adapters.kv import RocksKV
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
@@ -44,6 +44,7 @@ from gnomon.topology import Topology, load_topology
 log = logging.getLogger("gnomon.processor")
 
 GROUP_ID = "gnomon-processor"
+ROLE = "processor"  # Kafka principal User:processor (ACLs: gnomon.infra.acls)
 _WRITTEN_AT = "written_at_ms"  # checkpoint file: when it was written (processor clock)
 
 
@@ -84,7 +85,7 @@ class Processor:
         self.transactions = 0
         self.consumer = Consumer(
             consumer_config(
-                cfg.bootstrap, GROUP_ID,
+                cfg.bootstrap, GROUP_ID, role=ROLE,
                 **{"partition.assignment.strategy": "range", "client.id": f"proc-{cfg.instance_id}",
                    # a killed processor's partitions move after session_timeout_ms (infra sets
                    # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
@@ -101,14 +102,16 @@ class Processor:
         self._saturated = False  # the last batch was full: input is waiting
         self._joined = False  # the group gave this processor its first assignment
         if cfg.standbys:
-            self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
-                                       lambda p: self._open_store(p), self.clock,
-                                       max_age_ms=cfg.checkpoint_max_age_ms)
+            with kafka_role(ROLE):
+                self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
+                                           lambda p: self._open_store(p), self.clock,
+                                           max_age_ms=cfg.checkpoint_max_age_ms)
 
     def _new_producer(self) -> Producer:
         return Producer(
             producer_config(
                 self.cfg.bootstrap,
+                role=ROLE,
                 **{
                     "transactional.id": f"gnomon-processor-{self.cfg.instance_id}",
                     "transaction.timeout.ms": self.cfg.transaction_timeout_ms,
@@ -128,9 +131,10 @@ class Processor:
             self.producer.init_transactions(30)
         except KafkaException as exc:
             raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
-        self.adverts = AdvertFeed(self.cfg.bootstrap, self.topo.workers, self.directory, self.clock)
+        with kafka_role(ROLE):
+            self.adverts = AdvertFeed(self.cfg.bootstrap, self.topo.workers, self.directory, self.clock)
+            self.history = HistoryWatermark(self.cfg.bootstrap, self.topo.runs, self.clock)
         self.adverts.poll()
-        self.history = HistoryWatermark(self.cfg.bootstrap, self.topo.runs, self.clock)
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
@@ -226,7 +230,7 @@ class Processor:
         ends: dict[str, int] | None = None
         if checkpoint:
             try:
-                ends = {t: read_end_offset(self.cfg.bootstrap, t, partition) for t in (self.topo.jobs, self.topo.runs)}
+                ends = {t: read_end_offset(self.cfg.bootstrap, t, partition, role=ROLE) for t in (self.topo.jobs, self.topo.runs)}
             except EventLogError as exc:
                 log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
         if ends is not None and self.standbys is not None:
@@ -285,7 +289,8 @@ class Processor:
         if ckpt is None:  # full rebuild: keep the last value per key, then load once
             latest: dict[str, dict[str, bytes | None]] = {self.topo.jobs: {}, self.topo.runs: {}}
             for topic, table in latest.items():
-                for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s):
+                for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
+                                                 role=ROLE):
                     table[msg.key().decode() if msg.key() else ""] = msg.value()
                     n += 1
             try:
@@ -296,7 +301,7 @@ class Processor:
             for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
                 tail: dict[str, bytes | None] = {}
                 for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
-                                                 ckpt[topic]):
+                                                 ckpt[topic], role=ROLE):
                     tail[msg.key().decode() if msg.key() else ""] = msg.value()
                     n += 1
                 for key, value in tail.items():
@@ -470,8 +475,8 @@ class Processor:
                 self.consumer.seek(TopicPartition(tp.topic, tp.partition, 0))
 
 
-def read_end_offset(bootstrap: str, topic: str, partition: int) -> int:
-    c = Consumer(consumer_config(bootstrap, "gnomon-restore"))
+def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | None = None) -> int:
+    c = Consumer(consumer_config(bootstrap, "gnomon-restore", role=role))
     try:
         return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
     except KafkaException as exc:
@@ -481,10 +486,11 @@ def read_end_offset(bootstrap: str, topic: str, partition: int) -> int:
 
 
 def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float,
-                          start: int | None = None) -> Iterable[Message]:
+                          start: int | None = None, *, role: str | None = None) -> Iterable[Message]:
     """Every committed record of one partition, from ``start`` (default: the beginning)
     to the current end."""
-    c = Consumer(consumer_config(bootstrap, "gnomon-restore", **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
+    c = Consumer(consumer_config(bootstrap, "gnomon-restore", role=role,
+                                 **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
         low = max(low, start) if start is not None else low

@@ -300,7 +300,7 @@ class PartitionTask:
         self.stats.commands += 1
         if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
             raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
-        if isinstance(cmd, J.RegisterJob | J.UpdateJob | J.PauseJob | J.ResumeJob | J.DeleteJob | J.TriggerJob):
+        if isinstance(cmd, J.JOB_COMMANDS):
             now = cmd.at_ms if now_ms is None else now_ms
             if isinstance(cmd, J.TriggerJob) and now - cmd.at_ms >= self.run_cfg.manual_key_retention_ms:
                 self.stats.replays_refused += 1
@@ -335,7 +335,8 @@ class PartitionTask:
 
     def _handle_job(self, cmd: J.JobCommand, now_ms: int) -> list[Output]:
         state = self.job(cmd.job_id)
-        events = J.decide(state, cmd, self.sched_cfg)
+        # a patch is validated against the pools of this topology, like the API does
+        events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
         return self._apply_job_events(cmd.job_id, state, events, now_ms)
 
     def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],

@@ -35,6 +35,7 @@ class AttemptContext:
     log: Callable[[LogStream, str], None]
     stop: threading.Event = field(default_factory=threading.Event)
     stop_reason: str = ""
+    secrets: tuple[str, ...] = ()  # names of the tenant's secrets the job declared
 
     def sandbox_env(self) -> dict[str, str]:
         """The variables a sandboxed attempt starts with: the run's own, none of the worker's."""

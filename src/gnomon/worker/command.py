@@ -28,9 +28,11 @@ from gnomon.worker.sandbox import (
     SandboxRequest,
     kill_tree,
 )
+from gnomon.worker.secrets import SecretError, redactor
 
 READ_CHUNK_BYTES = 64 * 1024
 POLL_S = 0.02
+KILL_WAIT_S = 30.0
 _attempt_seq = itertools.count(1)
 
 
@@ -86,23 +88,28 @@ class SandboxedCommandExecutor:
 
     def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
         try:
+            extra = self.extra_env(ctx) if self.extra_env is not None else {}
+        except SecretError as exc:
+            ctx.log(LogStream.SYSTEM, f"secret unavailable: {exc}")
+            return AttemptResult(Outcome.FAILED, None, f"secret unavailable: {exc}")
+        try:
             self.sandbox.check()
-            env = ctx.sandbox_env()
-            if self.extra_env is not None:
-                env.update(self.extra_env(ctx))
             name = f"{os.getpid()}-{next(_attempt_seq)}"
             cgroups = Cgroups.create(name, self.limits)
-        except (SandboxError, ValueError) as exc:
+        except SandboxError as exc:
             ctx.log(LogStream.SYSTEM, f"sandbox unavailable: {exc}")
             return AttemptResult(Outcome.FAILED, None, f"sandbox unavailable: {exc}")
+        env = {**ctx.sandbox_env(), **extra}
         try:
-            return self._run(SandboxRequest(name, target.argv, env, self.limits, self.network), cgroups, ctx)
+            return self._run(SandboxRequest(name, target.argv, env, self.limits, self.network), cgroups, ctx,
+                             redactor(extra.values()))
         finally:
             if cgroups is not None:
                 cgroups.kill_all()
                 cgroups.remove()
 
-    def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext) -> AttemptResult:
+    def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext,
+             redact: Callable[[str], str]) -> AttemptResult:
         argv, launcher_env = self.sandbox.argv(req, cgroups)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -110,53 +117,68 @@ class SandboxedCommandExecutor:
         except OSError as exc:
             ctx.log(LogStream.SYSTEM, f"cannot start the sandbox: {exc}")
             return AttemptResult(Outcome.FAILED, 127, f"cannot start the sandbox: {exc}")
-        meter = OutputMeter(req.limits.output_max_bytes)
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [threading.Thread(target=pump_lines, args=(s, lambda line, k=k: ctx.log(k, line), meter), daemon=True)
-                 for s, k in ((proc.stdout, LogStream.STDOUT), (proc.stderr, LogStream.STDERR))]
-        for t in pumps:
-            t.start()
-        deadline = time.monotonic() + ctx.timeout_s
-        why = ""
-        while proc.poll() is None:
-            if time.monotonic() >= deadline:
-                why = "timeout"
-            elif meter.exceeded.is_set():
-                why = "output"
-            elif ctx.stop.wait(POLL_S):
-                why = "stop"
-            if why:
-                break
-        if why or cgroups is not None:
-            kill_tree(proc.pid, cgroups)  # also reaps what a setsid child left behind
-        proc.wait()
-        for t in pumps:
-            t.join(timeout=2)
-        for s in (proc.stdout, proc.stderr):
-            s.close()
+        # kill_tree after a normal exit too: it reaps what a setsid child left in the cgroups
+        code, why = supervise(proc, ctx, req.limits.output_max_bytes, kill=lambda: kill_tree(proc.pid, cgroups),
+                              kill_after_exit=cgroups is not None, redact=redact)
         if cgroups is not None:
             ctx.log(LogStream.SYSTEM, f"peak processes {cgroups.peak_pids()} of {req.limits.pids_max} allowed")
-        return self._result(proc.returncode, why or ("output" if meter.exceeded.is_set() else ""), ctx, req, cgroups)
-
-    @staticmethod
-    def _result(code: int, why: str, ctx: AttemptContext, req: SandboxRequest, cgroups: Cgroups | None) -> AttemptResult:
-        if why == "timeout":
-            ctx.log(LogStream.SYSTEM, f"timed out after {ctx.timeout_s:g}s; sandbox killed")
-            return AttemptResult(Outcome.TIMED_OUT, code, f"timed out after {ctx.timeout_s:g}s")
-        if why == "output":
-            cap = req.limits.output_max_bytes
-            ctx.log(LogStream.SYSTEM, f"output passed the limit of {cap} bytes; sandbox killed")
-            return AttemptResult(Outcome.FAILED, code, f"output limit exceeded ({cap} bytes)")
-        if why == "stop":
-            ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; sandbox killed")
-            return AttemptResult(Outcome.FAILED, code, f"stopped: {ctx.stop_reason}")
-        if code == 125:
+        if code == 125 and not why:
             ctx.log(LogStream.SYSTEM, "the sandbox could not join its cgroups")
             return AttemptResult(Outcome.FAILED, code, "sandbox setup failed (cgroups)")
-        ctx.log(LogStream.SYSTEM, f"exit code {code}")
-        if code == 0:
-            return AttemptResult(Outcome.SUCCEEDED, 0)
-        return AttemptResult(Outcome.FAILED, code, f"exit code {code}")
+        return outcome_of(code, why, ctx, req.limits.output_max_bytes, "sandbox killed")
+
+
+def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_bytes: int,
+              kill: Callable[[], None], kill_after_exit: bool = False,
+              redact: Callable[[str], str] = lambda line: line) -> tuple[int, str]:
+    """Pump the child's output into the run's log (secret values redacted) until it
+    exits, or kill it at the timeout, on ``ctx.stop`` or past the output cap.
+    Returns (exit code, why killed)."""
+    meter = OutputMeter(output_max_bytes)
+    assert proc.stdout is not None and proc.stderr is not None
+    pumps = [threading.Thread(target=pump_lines, args=(s, lambda line, k=k: ctx.log(k, redact(line)), meter),
+                              daemon=True)
+             for s, k in ((proc.stdout, LogStream.STDOUT), (proc.stderr, LogStream.STDERR))]
+    for t in pumps:
+        t.start()
+    deadline = time.monotonic() + ctx.timeout_s
+    why = ""
+    while proc.poll() is None and not why:
+        if time.monotonic() >= deadline:
+            why = "timeout"
+        elif meter.exceeded.is_set():
+            why = "output"
+        elif ctx.stop.wait(POLL_S):
+            why = "stop"
+    if why or kill_after_exit:
+        kill()
+    try:
+        code = proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    for t in pumps:
+        t.join(timeout=2)
+    proc.stdout.close()
+    proc.stderr.close()
+    return code, why or ("output" if meter.exceeded.is_set() else "")
+
+
+def outcome_of(code: int, why: str, ctx: AttemptContext, output_max_bytes: int, killed: str) -> AttemptResult:
+    """The attempt's result, with one SYSTEM line in its log saying how it ended."""
+    if why == "timeout":
+        ctx.log(LogStream.SYSTEM, f"timed out after {ctx.timeout_s:g}s; {killed}")
+        return AttemptResult(Outcome.TIMED_OUT, code, f"timed out after {ctx.timeout_s:g}s")
+    if why == "output":
+        ctx.log(LogStream.SYSTEM, f"output passed the limit of {output_max_bytes} bytes; {killed}")
+        return AttemptResult(Outcome.FAILED, code, f"output limit exceeded ({output_max_bytes} bytes)")
+    if why == "stop":
+        ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; {killed}")
+        return AttemptResult(Outcome.FAILED, code, f"stopped: {ctx.stop_reason}")
+    ctx.log(LogStream.SYSTEM, f"exit code {code}")
+    if code == 0:
+        return AttemptResult(Outcome.SUCCEEDED, 0)
+    return AttemptResult(Outcome.FAILED, code, f"exit code {code}")
 
 
 CommandExecutor = SandboxedCommandExecutor

@@ -1,7 +1,7 @@
-"""How an attempt is executed: a registered handler, a command or an HTTP callback.
+"""How an attempt is executed: a registered handler, a command, a container or an HTTP callback.
 
 The shared types live in ``gnomon.worker.attempt``; each target type has its module
-(``command``, ``http_target``); ``Dispatcher`` picks one per target.
+(``command``, ``container``, ``http_target``); ``Dispatcher`` picks one per target.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import httpx
 
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target, TargetType
@@ -22,8 +20,11 @@ from gnomon.worker.attempt import (
     AttemptResult,
     Executor,
 )
-from gnomon.worker.command import CommandExecutor
+from gnomon.worker.command import CommandExecutor, SandboxedCommandExecutor
+from gnomon.worker.container import ContainerExecutor
 from gnomon.worker.http_target import HttpExecutor
+from gnomon.worker.policy import PoolPolicy
+from gnomon.worker.secrets import SecretStore
 
 __all__ = ["AttemptContext", "AttemptResult", "CommandExecutor", "Dispatcher", "Executor", "Handler",
            "HandlerExecutor", "HttpExecutor"]
@@ -69,12 +70,19 @@ class HandlerExecutor:
 
 
 class Dispatcher:
-    """Picks the executor for a target type."""
+    """Picks the executor for a target type, configured by the pool's policy: sandbox
+    limits and network for commands and containers, address rules for HTTP, and the
+    tenant's secrets (the job's ``secrets``) injected into sandboxes."""
 
-    def __init__(self, handlers: dict[str, Handler], http: httpx.Client | None = None) -> None:
+    def __init__(self, handlers: dict[str, Handler], policy: PoolPolicy | None = None,
+                 secrets: SecretStore | None = None) -> None:
+        policy = policy or PoolPolicy(frozenset({"-"}))
+        store = secrets or SecretStore(None)
         self._by_type: dict[TargetType, Executor] = {
-            TargetType.COMMAND: CommandExecutor(),
-            TargetType.HTTP: HttpExecutor(http),
+            TargetType.COMMAND: SandboxedCommandExecutor(policy.limits, policy.commands.network,
+                                                         extra_env=store.env_for),
+            TargetType.CONTAINER: ContainerExecutor(policy.limits, policy.containers.network, extra_env=store.env_for),
+            TargetType.HTTP: HttpExecutor(policy.http, store),
             TargetType.HANDLER: HandlerExecutor(handlers),
         }
 

@@ -1,8 +1,26 @@
-"""HTTP targets: POST the payload to a callback URL."""
+"""HTTP targets: POST the payload to a callback URL, safely.
+
+The URL is the tenant's, the network is the operator's. So every hop goes through the
+SSRF guard (``gnomon.worker.netguard``) and connects to the address the guard checked;
+each attempt gets its own client (no cookies cross tenants); the response body is read
+up to ``response_max_bytes`` and no further; URLs and transport errors are logged with
+credentials redacted; and the request is signed with the tenant's ``http-signing-key``
+so the receiver can tell gnomon's calls from forgeries (see ``verify_signature``).
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
+import re
 import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -10,45 +28,147 @@ from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
 from gnomon.worker.attempt import LINE_MAX_CHARS, AttemptContext, AttemptResult
+from gnomon.worker.netguard import (
+    IPNetwork,
+    Resolver,
+    TargetRefused,
+    literal_address,
+    parse_networks,
+    resolve_checked,
+    system_resolver,
+)
+from gnomon.worker.secrets import SecretStore
+
+SIGNATURE_VERSION = "v1"
+SIGNATURE_TOLERANCE_S = 300
+REDIRECT_STATUSES = frozenset({307, 308})
+"""Only these keep the method and body. Following a 301/302/303 would turn the POST into
+a bodiless GET: the payload would not be delivered, yet a 200 would count as success."""
+REDACTED = "***"
+SECRET_MIN_CHARS = 3
+URL_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    """What a pool's HTTP targets may reach and how much of the answer is kept.
+
+    ``allow_private`` opens loopback, private, link-local, CGNAT and the other
+    non-public ranges (not the cloud metadata addresses); ``allowed_cidrs`` opens
+    exactly the listed networks, metadata included."""
+
+    allow_private: bool = False
+    allowed_cidrs: tuple[str, ...] = ()
+    response_max_bytes: int = 8192
+    redirects_max: int = 3
+    networks: tuple[IPNetwork, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.response_max_bytes < 0 or self.redirects_max < 0:
+            raise ValueError("response_max_bytes and redirects_max must be >= 0")
+        object.__setattr__(self, "networks", parse_networks(self.allowed_cidrs))
+
+
+# ---- signatures ------------------------------------------------------------------------
+
+def sign(key: bytes, timestamp: str, body: bytes) -> str:
+    """The ``X-Gnomon-Signature`` value: ``v1=<hex HMAC-SHA256(key, "<timestamp>.<body>")>``.
+    The timestamp is inside the MAC so a captured request cannot be replayed later."""
+    mac = hmac.new(key, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"{SIGNATURE_VERSION}={mac}"
+
+
+def verify_signature(key: bytes, timestamp: str, body: bytes, header: str, now_s: float,
+                     tolerance_s: int = SIGNATURE_TOLERANCE_S) -> bool:
+    """What a receiver runs: True if ``header`` (``X-Gnomon-Signature``; several
+    comma-separated ``v1=`` values are accepted, for key rotation) signs ``body`` at
+    ``timestamp`` (``X-Gnomon-Timestamp``) and the timestamp is within ``tolerance_s``."""
+    if not (timestamp.isascii() and timestamp.isdigit()) or abs(now_s - int(timestamp)) > tolerance_s:
+        return False
+    expected = sign(key, timestamp, body).encode()
+    return any(hmac.compare_digest(expected, part.strip().encode()) for part in header.split(","))
+
+
+# ---- redaction -------------------------------------------------------------------------
+
+def redact_url(url: str) -> str:
+    """``https://user:pass@host/p?token=abc`` -> ``https://***@host/p?token=***``: the
+    userinfo and every query value go, since any of them may be a credential."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = "&".join(_redact_query_item(item) for item in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _redact_query_item(item: str) -> str:
+    key, sep, _ = item.partition("=")
+    return f"{key}={REDACTED}" if sep else REDACTED
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credential-like pieces of ``url`` (userinfo, query values), raw and decoded,
+    longest first so a value is replaced before any shorter value inside it."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = set(parts.netloc.rpartition("@")[0].split(":")) if "@" in parts.netloc else set()
+    found.update(item.partition("=")[2] or item for item in parts.query.split("&") if item)
+    found |= {unquote(s) for s in found}
+    return sorted((s for s in found if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every URL in it redacted and every known secret replaced: httpx's
+    error messages quote the request URL."""
+    text = URL_IN_TEXT_RE.sub(lambda m: redact_url(m.group()), text)
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+# ---- the executor ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Pinned:
+    """One hop's request as sent: the URL with the checked IP in place of the name (and
+    no userinfo), the Host header and TLS name kept on the name."""
+
+    url: httpx.URL
+    headers: dict[str, str]
+    extensions: dict[str, Any]
 
 
 class HttpExecutor:
-    """POSTs the payload to the callback URL with ``Idempotency-Key: <run id>``.
-    2xx is success; anything else (or a transport error) is a failed attempt."""
+    """POSTs ``{runId, jobId, attempt, payload}`` to the callback URL with
+    ``Idempotency-Key: <run id>``. 2xx is success; anything else, a refused
+    destination or a transport error is a failed attempt."""
 
-    def __init__(self, client: httpx.Client | None = None) -> None:
-        self._client = client or httpx.Client()
+    def __init__(self, policy: HttpPolicy | None = None, secrets: SecretStore | None = None,
+                 resolver: Resolver = system_resolver) -> None:
+        self.policy = policy or HttpPolicy()
+        self._secrets = secrets
+        self._resolver = resolver
+        # Shared by the per-attempt clients: CA certificates only, no per-tenant state;
+        # loading the CA bundle for every attempt would cost ~30 ms.
+        self._tls = httpx.create_ssl_context()
 
     def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
         assert target.url is not None
-        headers = {
-            "Idempotency-Key": ctx.run_id,
-            "X-Gnomon-Run-Id": ctx.run_id,
-            "X-Gnomon-Job-Id": ctx.job_id,
-            "X-Gnomon-Attempt": str(ctx.attempt),
-        }
-        body = {"runId": ctx.run_id, "jobId": ctx.job_id, "attempt": ctx.attempt, "payload": ctx.payload}
-        ctx.log(LogStream.SYSTEM, f"POST {target.url}")
         result: list[AttemptResult] = []
 
         def call() -> None:
             try:
-                resp = self._client.post(target.url or "", json=body, headers=headers, timeout=ctx.timeout_s)
-            except httpx.TimeoutException:
-                result.append(AttemptResult(Outcome.TIMED_OUT, None, f"no response within {ctx.timeout_s:g}s"))
-                return
-            except httpx.HTTPError as exc:
-                result.append(AttemptResult(Outcome.FAILED, None, f"{type(exc).__name__}: {exc}"))
-                return
-            text = resp.text[:LINE_MAX_CHARS]
-            ctx.log(LogStream.SYSTEM, f"HTTP {resp.status_code}")
-            if text:
-                ctx.log(LogStream.STDOUT, text)
-            ok = 200 <= resp.status_code < 300
-            result.append(AttemptResult(Outcome.SUCCEEDED if ok else Outcome.FAILED, resp.status_code,
-                                        None if ok else f"HTTP {resp.status_code}"))
+                result.append(self.attempt(target.url or "", ctx))
+            except Exception as exc:
+                result.append(AttemptResult(Outcome.FAILED, None, f"http target: {type(exc).__name__}"))
 
-        t = threading.Thread(target=call, daemon=True)
+        t = threading.Thread(target=call, daemon=True, name=f"http-{ctx.run_id}")
         t.start()
         t.join(ctx.timeout_s + 1)
         while t.is_alive() and not ctx.stop.wait(0.05):
@@ -59,4 +179,124 @@ class HttpExecutor:
             return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
         return AttemptResult(Outcome.TIMED_OUT, None, f"no response within {ctx.timeout_s:g}s")
 
+    def attempt(self, url: str, ctx: AttemptContext) -> AttemptResult:
+        """One attempt, start to end, in the calling thread."""
+        secrets = url_secrets(url)
+        deadline = time.monotonic() + ctx.timeout_s
+        ctx.log(LogStream.SYSTEM, f"POST {redact_url(url)}")
+        try:
+            body = self._body(ctx)
+            headers = self._headers(ctx, body)
+            # trust_env=False: an HTTP(S)_PROXY from the environment would connect to
+            # whatever it resolves, not to the address the guard checked.
+            with httpx.Client(verify=self._tls, trust_env=False, follow_redirects=False,
+                              timeout=ctx.timeout_s) as client:
+                return self._exchange(client, httpx.URL(url), body, headers, ctx, deadline)
+        except TargetRefused as exc:
+            msg = redact_text(f"http target refused: {exc}", secrets)
+            ctx.log(LogStream.SYSTEM, msg)
+            return AttemptResult(Outcome.FAILED, None, msg)
+        except httpx.TimeoutException:
+            return AttemptResult(Outcome.TIMED_OUT, None, f"no response within {ctx.timeout_s:g}s")
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+            return AttemptResult(Outcome.FAILED, None, redact_text(f"{type(exc).__name__}: {exc}", secrets))
 
+    @staticmethod
+    def _body(ctx: AttemptContext) -> bytes:
+        """Serialised here, not by httpx, because the signature covers these exact bytes."""
+        doc = {"runId": ctx.run_id, "jobId": ctx.job_id, "attempt": ctx.attempt, "payload": ctx.payload}
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+    def _headers(self, ctx: AttemptContext, body: bytes) -> dict[str, str]:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
+            "Idempotency-Key": ctx.run_id,
+            "X-Gnomon-Run-Id": ctx.run_id,
+            "X-Gnomon-Job-Id": ctx.job_id,
+            "X-Gnomon-Attempt": str(ctx.attempt),
+            "X-Gnomon-Tenant": ctx.tenant,
+        }
+        key = self._secrets.signing_key(ctx.tenant) if self._secrets is not None else None
+        if key is None:
+            ctx.log(LogStream.SYSTEM, "unsigned: tenant has no http-signing-key secret")
+            return headers
+        timestamp = str(int(time.time()))
+        return {**headers, "X-Gnomon-Timestamp": timestamp, "X-Gnomon-Signature": sign(key, timestamp, body)}
+
+    def _exchange(self, client: httpx.Client, url: httpx.URL, body: bytes, headers: dict[str, str],
+                  ctx: AttemptContext, deadline: float) -> AttemptResult:
+        """Send, and follow up to ``redirects_max`` 307/308 hops, each one guarded anew."""
+        hops = 0
+        while True:
+            if ctx.stop.is_set():
+                return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
+            pinned = self._pin(url)
+            timeout = max(deadline - time.monotonic(), 0.001)
+            with client.stream("POST", pinned.url, content=body, headers={**headers, **pinned.headers},
+                               extensions=pinned.extensions, timeout=timeout) as resp:
+                location = resp.headers.get("location")
+                if resp.status_code in REDIRECT_STATUSES and location and hops < self.policy.redirects_max:
+                    hops += 1
+                    url = url.join(location)
+                    ctx.log(LogStream.SYSTEM, f"HTTP {resp.status_code} redirect to {redact_url(str(url))}")
+                    continue
+                return self._finish(resp, ctx, deadline)
+
+    def _pin(self, url: httpx.URL) -> _Pinned:
+        if url.scheme not in ("http", "https"):
+            raise TargetRefused(f"scheme {url.scheme!r} is not http or https")
+        host = url.raw_host.decode("ascii")
+        if not host:
+            raise TargetRefused("the URL has no host")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        dest = resolve_checked(host, port, self._resolver, allow_private=self.policy.allow_private,
+                               allowed=self.policy.networks)
+        headers = {"Host": url.netloc.decode("ascii")}
+        if url.username or url.password:
+            token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        named_tls = url.scheme == "https" and literal_address(host) is None
+        return _Pinned(url=url.copy_with(host=str(dest.address), username=None, password=None, fragment=None),
+                       headers=headers, extensions={"sni_hostname": host} if named_tls else {})
+
+    def _finish(self, resp: httpx.Response, ctx: AttemptContext, deadline: float) -> AttemptResult:
+        ctx.log(LogStream.SYSTEM, f"HTTP {resp.status_code}")
+        self._log_body(resp, ctx, deadline)
+        ok = 200 <= resp.status_code < 300
+        return AttemptResult(Outcome.SUCCEEDED if ok else Outcome.FAILED, resp.status_code,
+                             None if ok else f"HTTP {resp.status_code}")
+
+    def _log_body(self, resp: httpx.Response, ctx: AttemptContext, deadline: float) -> None:
+        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            ctx.log(LogStream.SYSTEM, f"response body is {encoding}-encoded; not logged")
+            return
+        head, cut = self._read_head(resp, ctx, deadline)
+        text = head.decode(_charset(resp), errors="replace")
+        for i in range(0, len(text), LINE_MAX_CHARS):
+            ctx.log(LogStream.STDOUT, text[i:i + LINE_MAX_CHARS])
+        if cut:
+            ctx.log(LogStream.SYSTEM, f"response body cut at {len(head)} bytes")
+
+    def _read_head(self, resp: httpx.Response, ctx: AttemptContext, deadline: float) -> tuple[bytes, bool]:
+        """At most ``response_max_bytes`` of the body, and whether more was left unread.
+        Raw bytes: decoding a compressed body could expand one chunk without bound."""
+        cap = self.policy.response_max_bytes
+        head = bytearray()
+        seen = 0
+        for chunk in resp.iter_raw():
+            seen += len(chunk)
+            head += chunk[: cap - len(head)]
+            if seen > cap or ctx.stop.is_set() or time.monotonic() > deadline:
+                return bytes(head), True
+        return bytes(head), False
+
+
+def _charset(resp: httpx.Response) -> str:
+    name = resp.charset_encoding or "utf-8"
+    try:
+        "".encode(name)
+    except LookupError:
+        return "utf-8"
+    return name

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gnomon.core.model import TargetType
+from gnomon.worker.http_target import HttpPolicy
 from gnomon.worker.sandbox import MIB, SandboxLimits
 
 
@@ -61,18 +62,12 @@ class SandboxedTargets:
 
 
 @dataclass(frozen=True)
-class HttpRules:
-    allow_private: bool = False
-    allowed_cidrs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class PoolPolicy:
     tenants: frozenset[str]
     commands: SandboxedTargets = field(default_factory=SandboxedTargets)
     containers: SandboxedTargets = field(default_factory=SandboxedTargets)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
-    http: HttpRules = field(default_factory=HttpRules)
+    http: HttpPolicy = field(default_factory=HttpPolicy)
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -188,13 +183,15 @@ def _limits(data: Any, where: str) -> SandboxLimits:
         if isinstance(cpus, bool) or not isinstance(cpus, int | float) or not 0 < cpus <= 256:
             raise PolicyError(f"{where}.cpus: must be a number of cores between 0 and 256")
         kwargs["cpu_cores_max"] = float(cpus)
+    if kwargs.get("pids_max", 0) > SandboxLimits.uid_processes_max:
+        kwargs["uid_processes_max"] = kwargs["pids_max"]
     try:
         return SandboxLimits(**kwargs)
     except AssertionError as exc:
         raise PolicyError(f"{where}: {exc}") from None
 
 
-def _http(data: Any, where: str) -> HttpRules:
+def _http(data: Any, where: str) -> HttpPolicy:
     _only(data, {"allow_private", "allowed_cidrs"}, where.split(":")[0], "http.")
     cidrs = _strings(data.get("allowed_cidrs", []), f"{where}.allowed_cidrs")
     for c in cidrs:
@@ -202,4 +199,4 @@ def _http(data: Any, where: str) -> HttpRules:
             ipaddress.ip_network(c, strict=False)
         except ValueError:
             raise PolicyError(f"{where}.allowed_cidrs: {c!r} is not a network (like 10.0.0.0/8)") from None
-    return HttpRules(_bool(data.get("allow_private", False), f"{where}.allow_private"), tuple(cidrs))
+    return HttpPolicy(_bool(data.get("allow_private", False), f"{where}.allow_private"), tuple(cidrs))

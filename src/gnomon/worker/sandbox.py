@@ -50,7 +50,10 @@ class SandboxError(Exception):
 @dataclass(frozen=True)
 class SandboxLimits:
     memory_max_bytes: int = 512 * MIB
-    pids_max: int = 64
+    pids_max: int = 64  # per attempt: the cgroup pids.max (root workers)
+    # RLIMIT_NPROC: counted per uid over every sandbox of the host (and kernel-side it
+    # lags the processes' exit), so it is the coarse second bound, not the per-attempt one
+    uid_processes_max: int = 1024
     cpu_time_max_s: int = 3600
     cpu_cores_max: float = 1.0
     output_max_bytes: int = 8 * MIB  # stdout + stderr together; past it the attempt is killed
@@ -60,7 +63,7 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         assert self.memory_max_bytes >= 8 * MIB, "memory_max_bytes below 8 MiB cannot start a shell"
-        assert 4 <= self.pids_max <= 65536
+        assert 4 <= self.pids_max <= 65536 and self.uid_processes_max >= self.pids_max
         assert self.cpu_time_max_s >= 1 and self.cpu_cores_max > 0
         assert self.output_max_bytes >= 1024 and self.tmp_max_bytes >= MIB
         assert self.open_files_max >= 16 and self.file_size_max_bytes >= MIB
@@ -172,7 +175,7 @@ class BwrapSandbox:
     def argv(self, req: SandboxRequest, cgroups: Cgroups | None) -> tuple[list[str], dict[str, str]]:
         """The full argv and the (tiny) environment of the launcher process."""
         lim = req.limits
-        rlimits = [f"--nproc={lim.pids_max}", f"--cpu={lim.cpu_time_max_s}",
+        rlimits = [f"--nproc={lim.uid_processes_max}", f"--cpu={lim.cpu_time_max_s}",
                    f"--fsize={lim.file_size_max_bytes}", f"--nofile={lim.open_files_max}", "--core=0"]
         if cgroups is None:  # no memory cgroup: bound the address space instead
             rlimits.append(f"--as={lim.memory_max_bytes}")

@@ -13,7 +13,9 @@ secret named ``http-signing-key``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 SECRET_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 SIGNING_KEY_NAME = "http-signing-key"
@@ -57,3 +59,23 @@ class SecretStore:
             return self.get(tenant, SIGNING_KEY_NAME).encode()
         except SecretError:
             return None
+
+    def env_for(self, ctx: Any) -> dict[str, str]:
+        """The sandbox variables of the secrets ``ctx.secrets`` names, for ``ctx.tenant``.
+        Raises SecretError naming the first one that is missing."""
+        return {env_name(name): self.get(ctx.tenant, name) for name in ctx.secrets}
+
+
+def redactor(values: Iterable[str]) -> Callable[[str], str]:
+    """A function that replaces each secret value (of 4+ characters) in a log line with ***."""
+    secrets = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+    if not secrets:
+        return lambda line: line
+
+    def redact(line: str) -> str:
+        for value in secrets:
+            if value in line:
+                line = line.replace(value, "***")
+        return line
+
+    return redact

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, partition_for, producer_config
@@ -45,16 +45,19 @@ from gnomon.config import load
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
-from gnomon.core.model import TargetType
+from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Handler
+from gnomon.worker.http_target import redact_url
 from gnomon.worker.policy import PolicyError, PoolPolicy
 from gnomon.worker.pool import AttemptPool
 from gnomon.worker.secrets import SecretStore
 
 log = logging.getLogger("gnomon.worker")
+
+RESULT_SENDS_MAX = 10  # a result whose delivery failed this often is given up (its lease then lapses)
 
 
 @dataclass
@@ -119,6 +122,9 @@ class Worker:
         self.returned = 0
         self._last_advert_ms = 0
         self._producer: Producer | None = None
+        # checked records whose delivery failed: (topic, key, value, sends so far, error)
+        self._undelivered: deque[tuple[str, bytes, bytes, int, str]] = deque()
+        self.undelivered_total = 0
         self._pool = AttemptPool(concurrency_max)
 
     # ---- SDK ---------------------------------------------------------------------------
@@ -169,10 +175,10 @@ class Worker:
     # ---- loop --------------------------------------------------------------------------
 
     def run(self) -> None:
-        self._producer = Producer(producer_config(self.bootstrap, **{"client.id": f"worker-{self.worker_id}",
+        self._producer = Producer(producer_config(self.bootstrap, role="worker", **{"client.id": f"worker-{self.worker_id}",
                                                                     "linger.ms": 2}))
         policy = self.policy  # fails here, before joining, when no tenant is named
-        executor = Dispatcher(self.handlers)
+        executor = Dispatcher(self.handlers, policy, self.secrets)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         inbox = self._open_inbox()
         log.info("worker %s serving pool %s for %s (concurrency %d; commands %s, containers %s)", self.worker_id,
@@ -189,12 +195,17 @@ class Worker:
                 self._heartbeat()
                 self._advertise()
                 self._producer.poll(0)
+                self._resend_undelivered()
             self._return_staged("worker shutting down")
             self._advertise(force=True, leaving=True)
             self._drain(inbox, executor)
         finally:
             inbox.close()
-            self._producer.flush(10)
+            left = self._producer.flush(10)
+            self._producer.poll(0)
+            if left or self._undelivered:
+                log.error("worker %s exits with %d records not delivered; their runs are retried when "
+                          "their leases lapse", self.worker_id, left + len(self._undelivered))
 
     def _wait_s(self) -> float:
         """How long the loop may block on the inbox: until the next staged slot, at most 50 ms."""
@@ -215,7 +226,7 @@ class Worker:
             self.advert_interval_ms, now, leaving, self.stage_max, long_running))
 
     def _open_inbox(self) -> Consumer:
-        c = Consumer(consumer_config(self.bootstrap, "gnomon-worker-inbox",
+        c = Consumer(consumer_config(self.bootstrap, "gnomon-worker-inbox", role="worker",
                                      **{"client.id": f"worker-{self.worker_id}"}))
         p = partition_for(self.worker_id, self._inbox_partitions(c))
         _, high = c.get_watermark_offsets(TopicPartition(self.topo.worker_inbox, p), 10)
@@ -226,14 +237,43 @@ class Worker:
         md = c.list_topics(self.topo.worker_inbox, timeout=10)
         return len(md.topics[self.topo.worker_inbox].partitions)
 
-    def _send(self, topic: str, key: str, obj: Any) -> None:
+    def _send(self, topic: str, key: str, obj: Any, *, checked: bool = False) -> None:
+        """Produce a record. ``checked`` records (an attempt's start, outcome, hand-back)
+        get a delivery report: one that librdkafka gave up on (after its own retries, up
+        to message.timeout.ms) is produced again by the loop, so no result is lost
+        while the worker runs."""
+        self._produce(topic, key.encode(), codec.encode(obj), checked, 0)
+
+    def _produce(self, topic: str, key: bytes, value: bytes, checked: bool, tries: int) -> None:
         assert self._producer is not None
+        on_delivery = None
+        if checked:
+            def on_delivery(err: Any, _msg: Any) -> None:
+                if err is not None:
+                    self._undelivered.append((topic, key, value, tries + 1, str(err)))
         while True:
             try:
-                self._producer.produce(topic, key=key.encode(), value=codec.encode(obj))
+                if on_delivery is None:
+                    self._producer.produce(topic, key=key, value=value)
+                else:
+                    self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
                 return
             except BufferError:
                 self._producer.poll(0.05)
+            except KafkaException as exc:  # e.g. a record over message.max.bytes: never end the loop
+                log.error("cannot produce to %s for %s: %s", topic, key.decode(), exc)
+                return
+
+    def _resend_undelivered(self) -> None:
+        """Produce again the checked records whose delivery failed (see ``_send``)."""
+        while self._undelivered:
+            topic, key, value, tries, err = self._undelivered.popleft()
+            self.undelivered_total += 1
+            if tries > RESULT_SENDS_MAX:
+                log.error("gave up on a result for %s after %d sends: %s", key.decode(), tries, err)
+                continue
+            log.warning("result for %s not delivered (%s); sending it again (send %d)", key.decode(), err, tries + 1)
+            self._produce(topic, key, value, True, tries)
 
     # ---- inbox and the local timer ----------------------------------------------------------
 
@@ -303,7 +343,8 @@ class Worker:
 
     def _hand_back(self, grant: Grant, reason: str, now: int) -> None:
         self.returned += 1
-        self._send(self.topo.run_events, grant.job_id, ReturnGrant(grant.run_id, self.worker_id, grant.token, reason, now))
+        self._send(self.topo.run_events, grant.job_id, ReturnGrant(grant.run_id, self.worker_id, grant.token, reason, now),
+                   checked=True)
 
     def _return_staged(self, reason: str) -> None:
         now = self.clock.now_ms()
@@ -328,7 +369,8 @@ class Worker:
             self._send(self.topo.run_logs, grant.run_id, LogLine(grant.run_id, grant.job_id, grant.tenant,
                                                                 grant.attempt, seq, stream, line, self.clock.now_ms()))
 
-        ctx = AttemptContext(grant.run_id, grant.job_id, grant.tenant, grant.attempt, payload, float(grant.spec.timeout_s), emit)
+        ctx = AttemptContext(grant.run_id, grant.job_id, grant.tenant, grant.attempt, payload, float(grant.spec.timeout_s),
+                             emit, secrets=grant.spec.secrets)
 
         def body() -> None:
             # The handler starts first; reporting is the loop's job (_report_started), so
@@ -377,10 +419,11 @@ class Worker:
             g = att.grant
             if not att.finished:
                 self._send(self.topo.run_events, g.job_id,
-                           AttemptStarted(g.run_id, self.worker_id, g.token, att.started_ms, self.clock.now_ms()))
+                           AttemptStarted(g.run_id, self.worker_id, g.token, att.started_ms, self.clock.now_ms()),
+                           checked=True)
             self._send(self.topo.run_logs, g.run_id, LogLine(
                 g.run_id, g.job_id, g.tenant, g.attempt, 0, LogStream.SYSTEM,
-                f"attempt {g.attempt} started on {self.worker_id} ({g.spec.target.describe()})", att.started_ms))
+                f"attempt {g.attempt} started on {self.worker_id} ({_describe(g.spec.target)})", att.started_ms))
 
     def _finish_done(self) -> None:
         self._report_started()  # a start report always goes before its completion
@@ -396,7 +439,7 @@ class Worker:
             self.completed += 1
             self._send(self.topo.run_events, g.job_id, CompleteAttempt(
                 g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
-                att.started_ms))
+                att.started_ms), checked=True)
 
     def _heartbeat(self) -> None:
         now = self.clock.now_ms()
@@ -415,3 +458,10 @@ class Worker:
             self._finish_done()
             self._heartbeat()
         self._finish_done()
+
+
+def _describe(target: Target) -> str:
+    """The target for the run's log: an HTTP URL without its credentials."""
+    if target.type is TargetType.HTTP:
+        return "http:" + redact_url(target.url or "")
+    return target.describe()

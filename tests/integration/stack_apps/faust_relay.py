@@ -44,6 +44,20 @@ INSTANCE = os.environ.get("STACK_INSTANCE", "a")
 SUBSCRIBE_SINK = os.environ.get("STACK_SUBSCRIBE_SINK", "0") == "1"
 COMMIT_INTERVAL = float(os.environ.get("STACK_COMMIT_INTERVAL", "1.0"))
 
+
+
+def _credentials() -> dict[str, object]:
+    """gnomon's Kafka credentials (admin role in development), as Faust broker credentials."""
+    from gnomon.adapters.kafka import aiokafka_security
+
+    sec = aiokafka_security()
+    if not sec:
+        return {}
+    return {"broker_credentials": faust.SASLCredentials(
+        username=sec["sasl_plain_username"], password=sec["sasl_plain_password"],
+        mechanism=sec["sasl_mechanism"])}
+
+
 app = faust.App(
     APP_ID,
     broker=BROKER,
@@ -67,6 +81,7 @@ app = faust.App(
     table_cleanup_interval=3600.0,
     consumer_auto_offset_reset="earliest",
     producer_acks=-1,
+    **_credentials(),
 )
 
 raw = {"key_serializer": "raw", "value_serializer": "raw", "partitions": PARTITIONS}

@@ -1,0 +1,248 @@
+"""The API contract as Pydantic models: documentation only.
+
+Request bodies are validated by the core (``parse_job_spec`` / ``apply_patch``), never
+by these models, so errors keep the core's field names and messages ("target.url",
+"retry.max"); the models only describe the JSON in /openapi.json. Response bodies are
+built by ``gnomon.api.views``; the models here must describe exactly what the views
+return (tests/security/test_openapi_contract.py checks every response against them),
+which is why they forbid extra fields and mark every field that can be null as nullable.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+from gnomon.core.validation import (
+    ARGV_ITEM_MAX_CHARS,
+    ARGV_MAX_ITEMS,
+    BACKOFF_MAX_S,
+    IDEMPOTENCY_KEY_MAX_CHARS,
+    NAME_MAX_CHARS,
+    RETRY_MAX_ATTEMPTS,
+    SECRETS_MAX_ITEMS,
+    TIMEOUT_MAX_S,
+    URL_MAX_CHARS,
+)
+
+KEY_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+POOL_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._\-/:@]{0,254}$"
+SECRET_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
+HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,127}$"
+
+Priority = Literal["high", "normal", "low"]
+CatchUp = Literal["once", "all", "skip"]
+JobStatus = Literal["active", "paused", "done", "deleted"]
+RunStatus = Literal["scheduled", "ready", "running", "retry_wait", "succeeded", "failed", "cancelled", "skipped"]
+SecretName = Annotated[str, Field(pattern=SECRET_PATTERN)]
+Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
+Seconds = Annotated[float, Field(ge=0, le=BACKOFF_MAX_S)]
+Instant = Annotated[datetime, Field(description="UTC ISO-8601 instant, e.g. 2026-01-01T09:00:00Z")]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _drop_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def Omittable(description: str | None = None) -> Any:
+    """A field that may be left out but is never null (annotate it ``T | SkipJsonSchema[None]``):
+    the core refuses null for most fields, and the views leave fields out rather than null them."""
+    return Field(default=None, json_schema_extra=_drop_default, description=description)
+
+
+class HandlerTarget(_Closed):
+    """A Python function registered on the pool's workers with ``@worker.handler(name)``."""
+
+    type: Literal["handler"]
+    name: str = Field(pattern=HANDLER_PATTERN)
+
+
+class HttpTarget(_Closed):
+    """POST the payload to a callback URL."""
+
+    type: Literal["http"]
+    url: str = Field(max_length=URL_MAX_CHARS, description="an http(s) URL")
+
+
+class CommandTarget(_Closed):
+    """An argv run as a subprocess (no shell), if the pool's policy allows commands."""
+
+    type: Literal["command"]
+    argv: list[Annotated[str, Field(max_length=ARGV_ITEM_MAX_CHARS)]] = Field(
+        min_length=1, max_length=ARGV_MAX_ITEMS)
+
+
+class ContainerTarget(_Closed):
+    """An image run in a container, if the pool's policy allows containers."""
+
+    type: Literal["container"]
+    image: str = Field(pattern=IMAGE_PATTERN, description="e.g. registry.local/team/app:1.2")
+    argv: list[Annotated[str, Field(max_length=ARGV_ITEM_MAX_CHARS)]] = Field(min_length=1, max_length=ARGV_MAX_ITEMS)
+
+
+Target = Annotated[HandlerTarget | HttpTarget | CommandTarget | ContainerTarget, Field(discriminator="type")]
+
+
+class RetryInput(_Closed):
+    max: Annotated[int, Field(ge=1, le=RETRY_MAX_ATTEMPTS)] | SkipJsonSchema[None] = Omittable(
+        description="attempts including the first")
+    backoffS: Seconds | SkipJsonSchema[None] = Omittable(description="first retry delay, doubling")
+    backoffCapS: Seconds | SkipJsonSchema[None] = Omittable(description="longest retry delay")
+
+
+class Retry(_Closed):
+    max: int
+    backoffS: float
+    backoffCapS: float
+
+
+_SCHEDULE_DOC = "cron expression (5 fields, or 6 with seconds first); exactly one of schedule and runAt"
+
+
+class _JobFields(_Closed):
+    """Fields of a job definition; all optional here (a PATCH sends any of them)."""
+
+    name: Name | SkipJsonSchema[None] = Omittable(description="no control or bidi characters")
+    schedule: str | None = Field(default=None, description=_SCHEDULE_DOC)
+    timezone: str | SkipJsonSchema[None] = Omittable(description="IANA zone of the schedule, default UTC")
+    runAt: Instant | None = Field(default=None, description="one-time run at this instant (with offset)")
+    target: Target | SkipJsonSchema[None] = Omittable()
+    payload: Any = Field(default=None, description="any JSON, at most 64 KiB; passed to the target")
+    priority: Priority | SkipJsonSchema[None] = Omittable()
+    timeoutS: Annotated[int, Field(ge=1, le=TIMEOUT_MAX_S)] | SkipJsonSchema[None] = Omittable(
+        description="attempt timeout, seconds")
+    retry: RetryInput | None = None
+    catchUp: CatchUp | SkipJsonSchema[None] = Omittable(
+        description="what to run of slots missed while down or paused")
+    pool: Annotated[str, Field(pattern=POOL_PATTERN)] | SkipJsonSchema[None] = Omittable(
+        description="worker pool, default 'default'")
+    secrets: Annotated[list[SecretName], Field(max_length=SECRETS_MAX_ITEMS)] | SkipJsonSchema[None] = Omittable(
+        description="names of this tenant's secrets the run may read (values stay on the workers)")
+
+
+class JobSpecInput(_JobFields):
+    """A job definition (POST /v1/jobs). Validated by the server's core rules."""
+
+    name: Name = Field(description="no control or bidi characters")
+    target: Target
+
+
+class JobPatch(_JobFields):
+    """Fields to change (PATCH /v1/jobs/{job_id}); the merged definition is re-validated."""
+
+
+class TriggerBody(_Closed):
+    idempotencyKey: str = Field(pattern=KEY_PATTERN, max_length=IDEMPOTENCY_KEY_MAX_CHARS,
+                                description="the same key always means the same single run")
+
+
+class Job(_Closed):
+    id: str
+    tenant: str
+    status: JobStatus
+    nextRunAt: Instant | None
+    version: int
+    createdAt: Instant
+    updatedAt: Instant
+    name: str
+    timezone: str
+    schedule: str | SkipJsonSchema[None] = Omittable(description="present for cron jobs")
+    runAt: Instant | SkipJsonSchema[None] = Omittable(description="present for one-time jobs")
+    target: Target
+    payload: Any
+    priority: Priority
+    timeoutS: int
+    retry: Retry
+    catchUp: CatchUp
+    pool: str
+    secrets: list[str]
+
+
+class Run(_Closed):
+    id: str
+    jobId: str
+    status: RunStatus
+    staged: bool = Field(description="running, but granted ahead and waiting for its slot on the worker")
+    slot: Instant
+    manual: bool
+    attempt: int = Field(description="attempts granted so far, counting every replay")
+    maxAttempts: int = Field(description="where the current retry budget ends")
+    replays: int
+    worker: str | None
+    createdAt: Instant
+    grantedAt: Instant | None
+    startedAt: Instant | None
+    startLagS: float | None = Field(description="startedAt - slot, seconds")
+    finishedAt: Instant | None
+    nextAttemptAt: Instant | None
+    exitCode: int | None
+    error: str | None
+    reason: str | None
+    skippedFrom: Instant | None
+    skippedCount: int | None
+
+
+class LogLine(_Closed):
+    attempt: int
+    seq: int
+    stream: Literal["stdout", "stderr", "system"]
+    at: Instant
+    line: str
+
+
+class JobPage(_Closed):
+    items: list[Job]
+    cursor: str | None = Field(description="pass back for the next page; null: no more")
+
+
+class RunPage(_Closed):
+    items: list[Run]
+    cursor: str | None = Field(description="pass back for the next page; null: no more")
+
+
+class LogPage(_Closed):
+    items: list[LogLine]
+    cursor: str | None = Field(description="pass back for the next page; null: no more")
+
+
+class JobAck(_Closed):
+    id: str
+    accepted: Literal["pause", "resume", "delete"]
+
+
+class RunAck(_Closed):
+    runId: str
+    accepted: Literal["cancel", "replay"]
+
+
+class TriggerAck(_Closed):
+    runId: str
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (media type application/problem+json)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    field: str | SkipJsonSchema[None] = Omittable(description="the offending input, e.g. target.url or retry.max")
+    errors: list[FieldError] | SkipJsonSchema[None] = Omittable()
+    outcome: Literal["unknown", "not-written"] | SkipJsonSchema[None] = Omittable(description="503 of a command: unknown = it may have been written (retry with the same "
+        "idempotency key); not-written = nothing was sent")
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobPatch, TriggerBody)

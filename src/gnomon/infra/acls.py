@@ -1,0 +1,171 @@
+"""Kafka ACLs per role, as data (docs/adr/0006-kafka-auth-and-tenant-proof.md).
+
+Each role of :data:`gnomon.infra.credentials.KAFKA_ROLES` is a SCRAM user ``User:<role>``.
+``admin`` (and the servers' own ``broker``/``controller`` principals) are super users in
+``server.properties``; every other role gets exactly the grants below, derived from the
+topology (``streams/topology.toml``, read through :class:`gnomon.topology.Topology`):
+
+* topics by their Topology attribute name (``job_commands`` = ``gnomon.job-commands``);
+  READ and WRITE imply DESCRIBE;
+* consumer groups by id (group ids used in the code: grep ``consumer_config(``);
+* transactional ids by prefix (the processor's ``gnomon-processor-<instance>``).
+
+``python -m gnomon.infra up`` applies them with :func:`apply` (idempotent: missing ones
+are created, grants for these principals that the table no longer lists are deleted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gnomon.topology import Topology
+
+LITERAL, PREFIXED = "LITERAL", "PREFIXED"
+TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
+
+# role -> topics (Topology attribute names) it consumes / produces to.
+TOPIC_READS: Mapping[str, tuple[str, ...]] = {
+    "processor": ("job_commands", "run_events", "jobs", "runs", "workers"),
+    "worker": ("worker_inbox",),
+    "projector": ("jobs", "runs", "run_logs"),
+    "connect": ("run_history",),  # connectors/history-runs-file-sink.properties
+}
+TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
+    "api": ("job_commands", "run_events"),  # commands; run commands (cancel, replay)
+    "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison"),
+    "worker": ("run_events", "run_logs", "workers"),
+}
+# Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).
+DISPATCH_WRITERS: tuple[str, ...] = ("processor",)
+
+# role -> (group id, pattern, operation). READ lets a member join and commit; DESCRIBE
+# only reads committed offsets (the processor watches the projector's position).
+GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
+    "processor": (
+        ("gnomon-processor", LITERAL, "READ"),  # the processors' group (streams/runtime.py)
+        ("gnomon-adverts", LITERAL, "READ"),  # worker adverts, assigned (streams/adverts.py)
+        ("gnomon-standby", LITERAL, "READ"),  # standby copies (streams/standby.py)
+        ("gnomon-restore", LITERAL, "READ"),  # changelog restore (streams/runtime.py)
+        ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (streams/history_mark.py)
+    ),
+    "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
+    "projector": (("gnomon-history", LITERAL, "READ"),),
+    "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>
+}
+TRANSACTIONAL_IDS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "processor": (("gnomon-processor-", PREFIXED),),
+}
+
+
+@dataclass(frozen=True, order=True)
+class Grant:
+    """ALLOW ``operation`` on a resource to ``User:<role>`` from any host."""
+
+    role: str
+    resource: str  # TOPIC | GROUP | TRANSACTIONAL_ID
+    name: str
+    pattern: str  # LITERAL | PREFIXED
+    operation: str  # READ | WRITE | DESCRIBE
+
+    @property
+    def principal(self) -> str:
+        return f"User:{self.role}"
+
+
+def dispatch_prefix(topo: Topology) -> str:
+    """``gnomon.dispatch.`` from ``name_format = "gnomon.dispatch.{pool}.{priority}"``."""
+    return topo.dispatch_format.split("{", 1)[0]
+
+
+def grants(topo: Topology) -> list[Grant]:
+    """The whole ACL table for ``topo`` (sorted, no duplicates)."""
+    out: set[Grant] = set()
+    for role, attrs in TOPIC_READS.items():
+        out.update(Grant(role, TOPIC, getattr(topo, a), LITERAL, "READ") for a in attrs)
+    for role, attrs in TOPIC_WRITES.items():
+        out.update(Grant(role, TOPIC, getattr(topo, a), LITERAL, "WRITE") for a in attrs)
+    for role in DISPATCH_WRITERS:
+        out.add(Grant(role, TOPIC, dispatch_prefix(topo), PREFIXED, "WRITE"))
+    for role, groups in GROUPS.items():
+        out.update(Grant(role, GROUP, name, pattern, op) for name, pattern, op in groups)
+    for role, ids in TRANSACTIONAL_IDS.items():
+        out.update(Grant(role, TRANSACTIONAL_ID, name, pattern, "WRITE") for name, pattern in ids)
+    return sorted(out)
+
+
+def roles_with(grant_list: list[Grant], topic: str, operation: str) -> set[str]:
+    """Roles allowed ``operation`` on ``topic`` by ``grant_list`` (literal or prefix match)."""
+    return {
+        g.role
+        for g in grant_list
+        if g.resource == TOPIC
+        and g.operation == operation
+        and (g.name == topic if g.pattern == LITERAL else topic.startswith(g.name))
+    }
+
+
+# --- applying -----------------------------------------------------------------------
+
+
+def _binding(g: Grant) -> Any:
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    return AclBinding(
+        ResourceType[g.resource], g.name, ResourcePatternType[g.pattern], g.principal, "*",
+        AclOperation[g.operation], AclPermissionType.ALLOW,
+    )
+
+
+def _grant_of(binding: Any) -> Grant:
+    return Grant(
+        binding.principal.removeprefix("User:"), binding.restype.name, binding.name,
+        binding.resource_pattern_type.name, binding.operation.name,
+    )
+
+
+def apply(client: Any, topo: Topology, roles: tuple[str, ...], timeout_s: float = 30.0) -> tuple[int, int]:
+    """Make the ACLs of ``roles`` exactly :func:`grants` (``client``: an admin AdminClient).
+
+    Returns (created, deleted). Creating an existing ACL is a no-op in Kafka, so only the
+    missing ones are sent; ACLs of other principals are never touched.
+    """
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    wanted = set(grants(topo))
+    principals = {f"User:{r}" for r in roles}
+    any_filter = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+        AclOperation.ANY, AclPermissionType.ANY,
+    )
+    existing = client.describe_acls(any_filter, request_timeout=timeout_s).result()
+    ours = [b for b in existing if b.principal in principals]
+    have = {_grant_of(b) for b in ours if b.host == "*" and b.permission_type == AclPermissionType.ALLOW}
+    missing = sorted(wanted - have)
+    if missing:
+        for future in client.create_acls([_binding(g) for g in missing], request_timeout=timeout_s).values():
+            future.result()
+    stale = [b for b in ours if b.host != "*" or b.permission_type != AclPermissionType.ALLOW
+             or _grant_of(b) not in wanted]
+    if stale:
+        filters = [
+            AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host,
+                             b.operation, b.permission_type)
+            for b in stale
+        ]
+        for future in client.delete_acls(filters, request_timeout=timeout_s).values():
+            future.result()
+    return len(missing), len(stale)

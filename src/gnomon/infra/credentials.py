@@ -1,0 +1,115 @@
+"""Generated credentials of the local stack: one JSON file per principal, mode 0600.
+
+``<credentials_dir>/<name>.json`` holds ``{"username": ..., "password": ...}``; the
+directory (``Settings.credentials_dir``, default ``<state_dir>/credentials``) is 0700.
+``gnomon infra up`` creates what is missing and never changes an existing file, so an
+operator may put their own credentials there first (infra/README.md).
+
+Names: the Kafka roles of :data:`KAFKA_ROLES` (SCRAM users of the same name),
+``kafka-broker`` (the brokers' inter-broker SCRAM user), ``kafka-controller`` (SASL/PLAIN
+on the controller listener, servers only), ``cassandra`` (the application role
+``gnomon``) and ``cassandra-admin`` (the superuser that replaces ``cassandra/cassandra``).
+
+Files are written atomically: a new file is created with ``O_CREAT|O_EXCL`` and mode
+0600 in the same directory, then renamed over the old one, so a secret is never
+readable by others, not even for a moment. Nothing here touches ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KAFKA_ROLES: tuple[str, ...] = ("admin", "api", "processor", "worker", "projector", "connect")
+"""Kafka principals (``User:<role>``); admin is the super user. ACLs: gnomon.infra.acls."""
+KAFKA_BROKER = "kafka-broker"
+KAFKA_CONTROLLER = "kafka-controller"
+CASSANDRA = "cassandra"
+CASSANDRA_ADMIN = "cassandra-admin"
+
+USERNAMES = {KAFKA_BROKER: "broker", KAFKA_CONTROLLER: "controller", CASSANDRA: "gnomon",
+             CASSANDRA_ADMIN: "gnomon_admin"}
+"""Default user names where they differ from the file name."""
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class Credential:
+    username: str
+    password: str = field(repr=False)
+
+
+class CredentialError(Exception):
+    """A credentials file exists but cannot be used (unreadable, malformed)."""
+
+
+def path(directory: Path, name: str) -> Path:
+    return directory / f"{name}.json"
+
+
+def read(directory: Path, name: str) -> Credential | None:
+    """The credential ``name`` from ``directory``; None if there is no such file."""
+    p = path(directory, name)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CredentialError(f"cannot read credentials {p}: {exc}") from exc
+    if not isinstance(data, dict) or not data.get("username") or not data.get("password"):
+        raise CredentialError(f"{p} must hold a JSON object with non-empty username and password")
+    return Credential(str(data["username"]), str(data["password"]))
+
+
+def ensure_dir(directory: Path) -> None:
+    directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(directory, DIR_MODE)
+
+
+def write_secret(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` atomically with mode 0600 (never briefly wider)."""
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write(directory: Path, name: str, cred: Credential) -> Path:
+    ensure_dir(directory)
+    p = path(directory, name)
+    write_secret(p, json.dumps({"username": cred.username, "password": cred.password}, indent=2) + "\n")
+    return p
+
+
+def generate_password() -> str:
+    """192 random bits, hex: safe in JAAS strings, CQL literals and .properties files."""
+    return secrets.token_hex(24)
+
+
+def ensure(directory: Path, name: str, username: str | None = None) -> Credential:
+    """The credential ``name``; generated (and written) if the file does not exist yet."""
+    existing = read(directory, name)
+    if existing is not None:
+        return existing
+    cred = Credential(username or USERNAMES.get(name, name), generate_password())
+    write(directory, name, cred)
+    return cred
+
+
+def ensure_all(directory: Path) -> dict[str, Credential]:
+    """Every credential the local stack uses, generating the missing ones."""
+    names = (*KAFKA_ROLES, KAFKA_BROKER, KAFKA_CONTROLLER, CASSANDRA, CASSANDRA_ADMIN)
+    ensure_dir(directory)
+    return {n: ensure(directory, n) for n in names}

@@ -1,0 +1,123 @@
+"""Container targets: ``{"type": "container", "image", "argv"}`` run by podman.
+
+Podman runs with Debian's runc (its default crun cannot drive the hybrid cgroups of
+these hosts; ../shared/infra-facts.md). Images come from the host's local store only
+(``--pull never``): the pool's policy names the images a tenant may run, and an
+operator loads them (``podman load``/``podman import``); nothing is pulled at run time.
+
+Each attempt gets its own container: user nobody, no capabilities, no new privileges,
+read-only root, a private size-capped ``/tmp``, no network unless the policy grants it,
+the policy's memory, CPU and pid limits, and only the run's variables and its secrets.
+On timeout, cancel, drain or too much output the container is removed by name
+(``podman rm -f``), which kills everything in it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+
+from gnomon.core.messages import LogStream
+from gnomon.core.model import Target
+from gnomon.core.runs import Outcome
+from gnomon.worker.attempt import AttemptContext, AttemptResult
+from gnomon.worker.command import outcome_of, supervise
+from gnomon.worker.sandbox import SANDBOX_UID, SandboxError, SandboxLimits
+from gnomon.worker.secrets import SecretError, redactor
+
+RUNTIME = "/usr/sbin/runc"
+REMOVE_TIMEOUT_S = 30.0
+_seq = itertools.count(1)
+
+
+class PodmanRunner:
+    """Builds ``podman run`` argv and removes containers; one place knows podman's flags."""
+
+    def __init__(self, podman: str | None = None, runtime: str = RUNTIME) -> None:
+        self.podman = podman or shutil.which("podman") or ""
+        self.runtime = runtime
+
+    def check(self) -> None:
+        if not self.podman:
+            raise SandboxError("podman is not installed; container targets need it: apt-get install podman runc")
+        if not os.path.exists(self.runtime):
+            raise SandboxError(f"the OCI runtime {self.runtime} is missing: apt-get install runc")
+
+    def base(self) -> list[str]:
+        return [self.podman, "--runtime", self.runtime]
+
+    def run_argv(self, name: str, image: str, argv: tuple[str, ...], env: dict[str, str],
+                 limits: SandboxLimits, network: bool) -> list[str]:
+        args = [*self.base(), "run", "--rm", "--name", name, "--pull", "never", "--init",
+                "--user", f"{SANDBOX_UID}:{SANDBOX_UID}", "--cap-drop", "all",
+                "--security-opt", "no-new-privileges", "--read-only",
+                "--tmpfs", f"/tmp:rw,size={limits.tmp_max_bytes},U",  # U: owned by the user (mode= is lost here)
+                "--network", "slirp4netns" if network else "none",
+                "--memory", str(limits.memory_max_bytes), "--memory-swap", str(limits.memory_max_bytes),
+                "--pids-limit", str(limits.pids_max), "--cpus", f"{limits.cpu_cores_max:g}",
+                # runc needs explicit rlimits here (infra-facts); nproc is per uid, pids-limit binds
+                "--ulimit", f"nofile={limits.open_files_max}:{limits.open_files_max}",
+                "--ulimit", "nproc=1024:1024",
+                "--ulimit", f"cpu={limits.cpu_time_max_s}:{limits.cpu_time_max_s}",
+                "--env-host=false", "--workdir", "/tmp", "--log-driver", "none"]
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        return [*args, image, *argv]
+
+    def remove(self, name: str) -> None:
+        subprocess.run([*self.base(), "rm", "-f", "-t", "0", name], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=REMOVE_TIMEOUT_S, check=False)
+
+    def exists(self, name: str) -> bool:
+        out = subprocess.run([*self.base(), "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}}"],
+                             capture_output=True, text=True, timeout=REMOVE_TIMEOUT_S, check=False)
+        return name in out.stdout.split()
+
+
+class ContainerExecutor:
+    def __init__(self, limits: SandboxLimits | None = None, network: bool = False,
+                 runner: PodmanRunner | None = None,
+                 extra_env: Callable[[AttemptContext], dict[str, str]] | None = None) -> None:
+        self.limits = limits or SandboxLimits()
+        self.network = network
+        self.runner = runner or PodmanRunner()
+        self.extra_env = extra_env
+
+    def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
+        try:
+            self.runner.check()
+        except SandboxError as exc:
+            ctx.log(LogStream.SYSTEM, f"container runtime unavailable: {exc}")
+            return AttemptResult(Outcome.FAILED, None, f"container runtime unavailable: {exc}")
+        if not target.image:
+            return AttemptResult(Outcome.FAILED, None, "container target without an image")
+        try:
+            extra = self.extra_env(ctx) if self.extra_env is not None else {}
+        except SecretError as exc:
+            ctx.log(LogStream.SYSTEM, f"secret unavailable: {exc}")
+            return AttemptResult(Outcome.FAILED, None, f"secret unavailable: {exc}")
+        env = {k: v for k, v in ctx.sandbox_env().items() if k != "PATH"}  # the image keeps its PATH
+        env.update(extra)
+        name = f"gnomon-{os.getpid()}-{next(_seq)}"
+        argv = self.runner.run_argv(name, target.image, target.argv, env, self.limits, self.network)
+        try:
+            return self._run(argv, name, ctx, redactor(extra.values()))
+        finally:
+            self.runner.remove(name)
+
+    def _run(self, argv: list[str], name: str, ctx: AttemptContext, redact: Callable[[str], str]) -> AttemptResult:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, close_fds=True)
+        except OSError as exc:
+            return AttemptResult(Outcome.FAILED, 127, f"cannot start podman: {exc}")
+        # removing the container kills everything in it; `podman run` then returns
+        code, why = supervise(proc, ctx, self.limits.output_max_bytes, kill=lambda: self.runner.remove(name),
+                              redact=redact)
+        if code == 125 and not why:
+            ctx.log(LogStream.SYSTEM, "podman could not start the container (is the image loaded on this host?)")
+            return AttemptResult(Outcome.FAILED, code, "podman could not start the container (image missing?)")
+        return outcome_of(code, why, ctx, self.limits.output_max_bytes, "container removed")

@@ -1,0 +1,124 @@
+"""Container targets on real podman (with Debian's runc), from an image built here.
+
+The image is a busybox rootfs imported with ``podman import``: nothing is pulled from a
+registry. CI installs podman, runc and busybox-static (Makefile `sysdeps`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tarfile
+import threading
+
+import pytest
+
+from gnomon.core.model import Target, TargetType
+from gnomon.core.runs import Outcome
+from gnomon.worker.attempt import AttemptContext, AttemptResult
+from gnomon.worker.container import ContainerExecutor, PodmanRunner
+from gnomon.worker.sandbox import MIB, SandboxLimits
+
+IMAGE = "localhost/gnomon-busybox:test"
+APPLETS = ("sh", "echo", "cat", "env", "id", "ls", "sleep", "head", "wc", "nc", "wget", "tr", "true")
+LIMITS = SandboxLimits(memory_max_bytes=64 * MIB, pids_max=32, output_max_bytes=1 * MIB, tmp_max_bytes=8 * MIB)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    busybox = shutil.which("busybox")
+    assert busybox, "busybox-static is not installed (make sysdeps)"
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    (root / "tmp").mkdir()
+    shutil.copy(busybox, root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    tar = root.parent / "rootfs.tar"
+    with tarfile.open(tar, "w") as tf:
+        for item in root.iterdir():
+            tf.add(item, arcname=item.name)
+    runner = PodmanRunner()
+    subprocess.run([*runner.base(), "import", "--change", "ENV PATH=/bin", str(tar), IMAGE],
+                   check=True, capture_output=True, timeout=120)
+    return IMAGE
+
+
+class Run:
+    def __init__(self, argv: tuple[str, ...], timeout_s: float = 30, image: str = IMAGE) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.ctx = AttemptContext("job_c@1", "job_c", "acme", 1, {"k": 1}, timeout_s,
+                                  lambda kind, line: self.lines.append((str(kind), line)))
+        self.target = Target(TargetType.CONTAINER, image=image, argv=argv)
+        self.executor = ContainerExecutor(LIMITS, extra_env=lambda _c: {"GNOMON_SECRET_TOKEN": "granted"})
+
+    def __call__(self) -> AttemptResult:
+        return self.executor.execute(self.target, self.ctx)
+
+    def out(self, kind: str = "stdout") -> str:
+        return "\n".join(line for k, line in self.lines if k == kind)
+
+
+def leftovers() -> list[str]:
+    out = subprocess.run([*PodmanRunner().base(), "ps", "-a", "--format", "{{.Names}}"],
+                         capture_output=True, text=True, check=True)
+    return [n for n in out.stdout.split() if n.startswith("gnomon-")]
+
+
+def test_a_container_runs_as_nobody_with_only_the_runs_variables(image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GNOMON_API_TOKENS", "canary-token:acme")
+    run = Run(("sh", "-c", "id -u; env"))
+    assert run().outcome is Outcome.SUCCEEDED, run.lines
+    assert run.out().splitlines()[0] == "65534"
+    assert "GNOMON_RUN_ID=job_c@1" in run.out() and "GNOMON_SECRET_TOKEN=***" in run.out()  # value redacted in logs
+    assert "canary" not in run.out()
+
+
+def test_no_network_in_a_container(image: str) -> None:
+    run = Run(("sh", "-c", "cat /proc/net/dev; wget -q -T 2 -O - http://1.1.1.1/ && echo reached"))
+    run()
+    interfaces = [line.split(":")[0].strip() for line in run.out().splitlines() if ":" in line]
+    assert interfaces == ["lo"]
+    assert "reached" not in run.out()
+
+
+def test_timeout_removes_the_container(image: str) -> None:
+    run = Run(("sh", "-c", "sleep 600 & sleep 600"), timeout_s=2)
+    result = run()
+    assert result.outcome is Outcome.TIMED_OUT
+    assert leftovers() == []
+
+
+def test_cancel_removes_the_container(image: str) -> None:
+    run = Run(("sleep", "600"))
+    threading.Timer(1.5, run.ctx.request_stop, args=("cancelled: by the test",)).start()
+    result = run()
+    assert result.outcome is Outcome.FAILED and "cancelled" in (result.error or "")
+    assert leftovers() == []
+
+
+def test_a_fork_bomb_stays_inside_the_pid_limit(image: str) -> None:
+    run = Run(("sh", "-c", "f(){ f|f& }; f; sleep 1; echo survived"), timeout_s=10)
+    run()
+    assert "can't fork" in run.out("stderr").lower() or "resource temporarily unavailable" in run.out("stderr").lower()
+    assert leftovers() == []
+
+
+def test_output_is_capped(image: str) -> None:
+    run = Run(("sh", "-c", "head -c 1073741824 /dev/zero"), timeout_s=120)
+    result = run()
+    assert result.outcome is Outcome.FAILED and "output limit exceeded" in (result.error or "")
+    assert leftovers() == []
+
+
+def test_the_root_filesystem_is_read_only(image: str) -> None:
+    run = Run(("sh", "-c", "echo x > /bin/evil && echo wrote-root; echo y > /tmp/ok && echo wrote-tmp"))
+    run()
+    assert "wrote-root" not in run.out() and "wrote-tmp" in run.out()
+
+
+def test_an_image_that_is_not_loaded_is_a_clear_failure(image: str) -> None:
+    run = Run(("true",), image="localhost/not-loaded:1")
+    result = run()
+    assert result.outcome is Outcome.FAILED
+    assert "image missing" in (result.error or "")

@@ -1,0 +1,105 @@
+"""Tenant isolation, for every route of the app: tenant ``other`` using tenant ``acme``'s
+job and run ids gets the same 404 problem as for ids that do not exist, and no command
+is produced; ``other``'s listings never show ``acme``'s items. The matrix is checked
+against ``app.routes``, so a new endpoint fails this test until it is added here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gnomon.core.clock import SystemClock
+from gnomon.core.messages import LogLine, LogStream
+from gnomon.core.runs import RunState, RunStatus
+
+# Routes without tenant data: the contract, the docs and the health check.
+PUBLIC_ROUTES = {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"),
+                 ("GET", "/redoc"), ("GET", "/healthz"), ("HEAD", "/openapi.json"), ("HEAD", "/docs"),
+                 ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc")}
+JOB = {"name": "a-secret-job", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
+
+# (method, route path) -> (body, which of acme's ids to use); every such call by "other" is a 404.
+BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
+    ("GET", "/v1/jobs/{job_id}"): (None, "job"),
+    ("PATCH", "/v1/jobs/{job_id}"): ({"priority": "high"}, "job"),
+    ("DELETE", "/v1/jobs/{job_id}"): (None, "job"),
+    ("POST", "/v1/jobs/{job_id}:pause"): (None, "job"),
+    ("POST", "/v1/jobs/{job_id}:resume"): (None, "job"),
+    ("POST", "/v1/jobs/{job_id}:trigger"): ({"idempotencyKey": "k1"}, "job"),
+    ("GET", "/v1/jobs/{job_id}/runs"): (None, "job"),
+    ("GET", "/v1/runs/{run_id}"): (None, "run"),
+    ("GET", "/v1/runs/{run_id}/logs"): (None, "run"),
+    ("POST", "/v1/runs/{run_id}:cancel"): (None, "run"),
+    ("POST", "/v1/runs/{run_id}:replay"): (None, "failed_run"),
+}
+# Tenant-wide listings and the create: checked by the tests below.
+LISTINGS = {("GET", "/v1/jobs"), ("GET", "/v1/dead-letters"), ("POST", "/v1/jobs")}
+
+
+def _app_routes(app: Any) -> set[tuple[str, str]]:
+    return {(method, route.path) for route in app.routes for method in (getattr(route, "methods", None) or ())}
+
+
+@pytest.fixture
+def world(gnomon_api: Any) -> dict[str, Any]:
+    """acme's job (created through the API), a running and a failed run of it, a log line."""
+    client = TestClient(gnomon_api.app)
+    job = client.post("/v1/jobs", json=JOB, headers={**gnomon_api.auth("acme"), "Idempotency-Key": "shared"}).json()
+    now = SystemClock().now_ms()
+    spec = gnomon_api.history.get_job(job["id"]).spec
+    ids = {"job": job["id"], "run": f"{job['id']}@manual:a", "failed_run": f"{job['id']}@manual:b"}
+    for run_id, status in ((ids["run"], RunStatus.RUNNING), (ids["failed_run"], RunStatus.FAILED)):
+        gnomon_api.history.put_run(RunState(run_id, job["id"], "acme", spec, now, now, True, status, now, now,
+                                            attempt=1, finished_at_ms=now if status is RunStatus.FAILED else None,
+                                            error="secret error" if status is RunStatus.FAILED else None))
+    gnomon_api.history.put_log(LogLine(ids["run"], job["id"], "acme", 1, 0, LogStream.STDOUT, "secret", now))
+    gnomon_api.producer.sent.clear()
+    return {"client": client, "ids": ids}
+
+
+def test_every_route_is_in_the_matrix(gnomon_api: Any) -> None:
+    routes = _app_routes(gnomon_api.app) - PUBLIC_ROUTES
+    covered = set(BY_ID) | LISTINGS
+    assert routes - covered == set(), "new route(s): add them to BY_ID or LISTINGS"
+    assert covered - routes == set(), "the matrix lists routes the app no longer has"
+
+
+@pytest.mark.parametrize(("method", "path"), sorted(BY_ID))
+def test_other_tenant_gets_404_and_nothing_is_produced(gnomon_api: Any, world: dict[str, Any], method: str,
+                                                       path: str) -> None:
+    client, ids = world["client"], world["ids"]
+    body, which = BY_ID[(method, path)]
+    url = path.replace("{job_id}", ids["job"]).replace("{run_id}", ids[which])
+    kwargs = {} if body is None else {"json": body}
+    theirs = client.request(method, url, headers=gnomon_api.auth("other"), **kwargs)
+    assert theirs.status_code == 404, theirs.text
+    assert theirs.headers["content-type"] == "application/problem+json"
+    assert "acme" not in theirs.text and "secret" not in theirs.text
+    assert gnomon_api.producer.sent == []
+    # ... exactly as for an id that does not exist, so ids cannot be probed
+    missing = url.replace(ids["job"], "job_ffffffffffffffff")
+    nobody = client.request(method, missing, headers=gnomon_api.auth("other"), **kwargs)
+    assert nobody.status_code == 404
+    assert theirs.json()["title"] == nobody.json()["title"]
+    # and the owner does reach it (the ids are real)
+    mine = client.request(method, url, headers=gnomon_api.auth("acme"), **kwargs)
+    assert mine.status_code in (200, 202), mine.text
+
+
+def test_listings_never_show_another_tenants_items(gnomon_api: Any, world: dict[str, Any]) -> None:
+    client = world["client"]
+    for path in ("/v1/jobs", "/v1/dead-letters"):
+        assert client.get(path, headers=gnomon_api.auth("other")).json() == {"items": [], "cursor": None}
+        assert client.get(path, headers=gnomon_api.auth("acme")).json()["items"], path
+    assert gnomon_api.producer.sent == []
+
+
+def test_the_same_idempotency_key_is_another_job_for_another_tenant(gnomon_api: Any, world: dict[str, Any]) -> None:
+    client, ids = world["client"], world["ids"]
+    theirs = client.post("/v1/jobs", json=JOB, headers={**gnomon_api.auth("other"), "Idempotency-Key": "shared"})
+    assert theirs.status_code == 201 and theirs.json()["id"] != ids["job"] and theirs.json()["tenant"] == "other"
+    assert [key for _, key, _ in gnomon_api.producer.sent] == [theirs.json()["id"]]
+    listed = client.get("/v1/jobs", headers=gnomon_api.auth("other")).json()["items"]
+    assert [j["id"] for j in listed] == [theirs.json()["id"]]
