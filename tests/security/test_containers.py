@@ -122,3 +122,29 @@ def test_an_image_that_is_not_loaded_is_a_clear_failure(image: str) -> None:
     result = run()
     assert result.outcome is Outcome.FAILED
     assert "image missing" in (result.error or "")
+
+
+def test_secret_values_are_not_on_podmans_command_line(image: str) -> None:
+    import os
+    from pathlib import Path
+
+    run = Run(("sh", "-c", "sleep 3"))
+    found: list[str] = []
+
+    def scan() -> None:
+        for _ in range(40):
+            for d in Path("/proc").iterdir():
+                if d.name.isdigit() and int(d.name) != os.getpid():
+                    try:
+                        cmd = (d / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if b"granted" in cmd:
+                        found.append(cmd.decode(errors="replace"))
+            threading.Event().wait(0.05)
+
+    t = threading.Thread(target=scan)
+    t.start()
+    assert run().outcome is Outcome.SUCCEEDED, run.lines
+    t.join()
+    assert found == [], found

@@ -94,6 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/redirect": lambda: self._reply(307, b"", {"Location": self.app.redirect_to}),
             "/cookie": lambda: self._reply(200, b"set", {"Set-Cookie": "sid=tenant-a-session; Path=/"}),
             "/slow": self._slow,
+            "/trickle": self._trickle,
             "/big": self._big,
         }
         routes.get(path, lambda: self._reply(404, b"no"))()
@@ -110,6 +111,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _slow(self) -> None:
         time.sleep(2)
         self._reply(200, b"late")
+
+    def _trickle(self) -> None:
+        """The status line and headers a byte every 0.2 s (6 s in all): each read is
+        quick, the answer is not."""
+        answer = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 10 + b"\r\nContent-Length: 0\r\n\r\n"
+        try:
+            for i in range(len(answer)):
+                self.wfile.write(answer[i:i + 1])
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+        self.close_connection = True
 
     def _big(self) -> None:
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
@@ -372,6 +386,26 @@ def test_non_2xx_fails_and_slow_answers_time_out(serve: Callable[..., Server]) -
     assert time.monotonic() - started < 1.9
 
 
+def test_a_trickling_answer_times_out_at_the_attempt_deadline(serve: Callable[..., Server]) -> None:
+    srv = serve()
+    started = time.monotonic()
+    run = attempt(HttpExecutor(OPEN), srv.url + "/trickle", timeout_s=1.0)
+    assert run.result.outcome is Outcome.TIMED_OUT, run.result
+    assert time.monotonic() - started < 4.0  # not the 6 s the server takes
+
+
+def test_cancel_ends_an_http_attempt_at_once(serve: Callable[..., Server]) -> None:
+    srv = serve()
+    lines: list[tuple[LogStream, str]] = []
+    ctx = AttemptContext(run_id="job-1@1000", job_id="job-1", tenant="acme", attempt=1, payload=None,
+                         timeout_s=30, log=lambda s, line: lines.append((s, line)))
+    threading.Timer(0.5, ctx.request_stop, args=("cancelled: by the test",)).start()
+    started = time.monotonic()
+    result = HttpExecutor(OPEN).execute(Target(TargetType.HTTP, url=srv.url + "/trickle"), ctx)
+    assert result.outcome is Outcome.FAILED and "cancelled" in (result.error or "")
+    assert time.monotonic() - started < 4.0
+
+
 def test_a_10mb_body_is_not_read_whole(serve: Callable[..., Server]) -> None:
     srv = serve()
     cap = 8192
@@ -452,3 +486,11 @@ def test_constructors_keep_working() -> None:
     Dispatcher({}, PoolPolicy(frozenset({"acme"}), http=OPEN), SecretStore(None))
     with pytest.raises(ValueError):
         HttpPolicy(allowed_cidrs=("not-a-network",))
+
+
+@pytest.mark.parametrize("address", ["fec0::1", "100.100.100.200", "169.254.169.123"])
+def test_site_local_and_other_metadata_addresses_are_refused(address: str) -> None:
+    ip = ipaddress.ip_address(address)
+    assert refusal(ip, allow_private=False, allowed=()) is not None
+    if address != "fec0::1":  # metadata stays closed even with allow_private
+        assert refusal(ip, allow_private=True, allowed=()) is not None

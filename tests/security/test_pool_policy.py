@@ -82,6 +82,17 @@ def test_executables_and_entitled_tenants() -> None:
     assert "executable '/bin/bash' is not allowed" in (w.refusal(grant("acme", bash)) or "")
 
 
+def test_containers_are_allowed_by_image_not_by_argv() -> None:
+    policy = PoolPolicy.from_mapping({"tenants": ["acme"],
+                                      "containers": {"enabled": True, "images": ["localhost/report:1"]}})
+    w = worker(policy=policy)
+    ok = Target(TargetType.CONTAINER, image="localhost/report:1", argv=("run",))
+    assert w.refusal(grant("acme", ok)) is None
+    sneaky = Target(TargetType.CONTAINER, image="docker.io/library/alpine:latest", argv=("localhost/report:1",))
+    assert "image 'docker.io/library/alpine:latest' is not allowed" in (w.refusal(grant("acme", sneaky)) or "")
+    assert "off on this pool" in (worker(tenants=["acme"]).refusal(grant("acme", ok)) or "")
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("tenants = []", "name the tenants"),
     ('tenants = ["a"]\nshell = true', "shell: unknown key"),

@@ -66,3 +66,12 @@ def test_secret_names_cannot_walk_the_directory(tmp_path: Path, name: str) -> No
 
 def test_env_names() -> None:
     assert env_name("db-password") == "GNOMON_SECRET_DB_PASSWORD"
+
+
+def test_each_line_of_a_multi_line_secret_is_redacted() -> None:
+    from gnomon.worker.secrets import redactor
+
+    pem = "-----BEGIN KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf\n-----END KEY-----"
+    redact = redactor([pem])
+    assert redact("key line MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf here") == "key line *** here"
+    assert redact("ok") == "ok"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import subprocess
 import threading
 import time
@@ -34,6 +35,7 @@ READ_CHUNK_BYTES = 64 * 1024
 POLL_S = 0.02
 KILL_WAIT_S = 30.0
 _attempt_seq = itertools.count(1)
+_RUN_TAG = secrets.token_hex(3)  # with the pid: unique across pid reuse
 
 
 class OutputMeter:
@@ -94,7 +96,7 @@ class SandboxedCommandExecutor:
             return AttemptResult(Outcome.FAILED, None, f"secret unavailable: {exc}")
         try:
             self.sandbox.check()
-            name = f"{os.getpid()}-{next(_attempt_seq)}"
+            name = f"{os.getpid()}-{_RUN_TAG}-{next(_attempt_seq)}"
             cgroups = Cgroups.create(name, self.limits)
         except SandboxError as exc:
             ctx.log(LogStream.SYSTEM, f"sandbox unavailable: {exc}")
@@ -110,13 +112,21 @@ class SandboxedCommandExecutor:
 
     def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext,
              redact: Callable[[str], str]) -> AttemptResult:
-        argv, launcher_env = self.sandbox.argv(req, cgroups)
+        env_r, env_w = os.pipe()
         try:
+            argv, launcher_env = self.sandbox.argv(req, cgroups, env_r)
+            env_bytes = self.sandbox.env_args(req)
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=launcher_env, start_new_session=True, close_fds=True)
-        except OSError as exc:
+                                    env=launcher_env, start_new_session=True, close_fds=True, pass_fds=(env_r,))
+        except (OSError, SandboxError) as exc:
+            os.close(env_w)
             ctx.log(LogStream.SYSTEM, f"cannot start the sandbox: {exc}")
             return AttemptResult(Outcome.FAILED, 127, f"cannot start the sandbox: {exc}")
+        finally:
+            os.close(env_r)
+        # the variables go through a pipe, not the argv (see BwrapSandbox.argv); a thread,
+        # since they may be larger than the pipe's buffer
+        threading.Thread(target=_write_and_close, args=(env_w, env_bytes), daemon=True).start()
         # kill_tree after a normal exit too: it reaps what a setsid child left in the cgroups
         code, why = supervise(proc, ctx, req.limits.output_max_bytes, kill=lambda: kill_tree(proc.pid, cgroups),
                               kill_after_exit=cgroups is not None, redact=redact)
@@ -126,6 +136,17 @@ class SandboxedCommandExecutor:
             ctx.log(LogStream.SYSTEM, "the sandbox could not join its cgroups")
             return AttemptResult(Outcome.FAILED, code, "sandbox setup failed (cgroups)")
         return outcome_of(code, why, ctx, req.limits.output_max_bytes, "sandbox killed")
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # the sandbox died before reading its variables; its exit code says so
+    finally:
+        os.close(fd)
 
 
 def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_bytes: int,

@@ -15,6 +15,7 @@ On timeout, cancel, drain or too much output the container is removed by name
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import subprocess
@@ -27,6 +28,8 @@ from gnomon.worker.attempt import AttemptContext, AttemptResult
 from gnomon.worker.command import outcome_of, supervise
 from gnomon.worker.sandbox import SANDBOX_UID, SandboxError, SandboxLimits
 from gnomon.worker.secrets import SecretError, redactor
+
+log = logging.getLogger("gnomon.worker")
 
 RUNTIME = "/usr/sbin/runc"
 REMOVE_TIMEOUT_S = 30.0
@@ -63,13 +66,17 @@ class PodmanRunner:
                 "--ulimit", "nproc=1024:1024",
                 "--ulimit", f"cpu={limits.cpu_time_max_s}:{limits.cpu_time_max_s}",
                 "--env-host=false", "--workdir", "/tmp", "--log-driver", "none"]
-        for key, value in env.items():
-            args += ["--env", f"{key}={value}"]
+        for key in env:  # names only: podman takes the values from its own environment (not argv)
+            args += ["--env", key]
         return [*args, image, *argv]
 
     def remove(self, name: str) -> None:
-        subprocess.run([*self.base(), "rm", "-f", "-t", "0", name], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=REMOVE_TIMEOUT_S, check=False)
+        """Kill and remove the container; never raises (it runs on the kill path)."""
+        try:
+            subprocess.run([*self.base(), "rm", "-f", "-t", "0", name], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=REMOVE_TIMEOUT_S, check=False)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            log.warning("cannot remove container %s: %s", name, exc)
 
     def exists(self, name: str) -> bool:
         out = subprocess.run([*self.base(), "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}}"],
@@ -104,14 +111,18 @@ class ContainerExecutor:
         name = f"gnomon-{os.getpid()}-{next(_seq)}"
         argv = self.runner.run_argv(name, target.image, target.argv, env, self.limits, self.network)
         try:
-            return self._run(argv, name, ctx, redactor(extra.values()))
+            podman_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env}
+            return self._run(argv, podman_env, name, ctx, redactor(extra.values()))
         finally:
             self.runner.remove(name)
 
-    def _run(self, argv: list[str], name: str, ctx: AttemptContext, redact: Callable[[str], str]) -> AttemptResult:
+    def _run(self, argv: list[str], env: dict[str, str], name: str, ctx: AttemptContext,
+             redact: Callable[[str], str]) -> AttemptResult:
+        """``env``: podman's own environment: PATH and the container's variables, nothing
+        of the worker's (its Kafka credentials, API tokens)."""
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+                                    env=env, start_new_session=True, close_fds=True)
         except OSError as exc:
             return AttemptResult(Outcome.FAILED, 127, f"cannot start podman: {exc}")
         # removing the container kills everything in it; `podman run` then returns

@@ -11,13 +11,14 @@ so the receiver can tell gnomon's calls from forgeries (see ``verify_signature``
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -161,26 +162,37 @@ class HttpExecutor:
     def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
         assert target.url is not None
         result: list[AttemptResult] = []
+        clients: list[httpx.Client] = []
 
         def call() -> None:
             try:
-                result.append(self.attempt(target.url or "", ctx))
+                result.append(self.attempt(target.url or "", ctx, clients.append))
             except Exception as exc:
                 result.append(AttemptResult(Outcome.FAILED, None, f"http target: {type(exc).__name__}"))
 
         t = threading.Thread(target=call, daemon=True, name=f"http-{ctx.run_id}")
         t.start()
-        t.join(ctx.timeout_s + 1)
-        while t.is_alive() and not ctx.stop.wait(0.05):
+        # One overall deadline (httpx's timeout is per read: a server that trickles its
+        # answer would never time out), and cancel honoured at once.
+        deadline = time.monotonic() + ctx.timeout_s
+        while t.is_alive() and time.monotonic() < deadline and not ctx.stop.is_set():
             t.join(0.05)
         if result:
             return result[0]
+        for client in clients:  # abort the exchange: its socket closes under the reader
+            with contextlib.suppress(Exception):
+                client.close()
+        t.join(1.0)
         if ctx.stop.is_set():
+            ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; connection closed")
             return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
+        ctx.log(LogStream.SYSTEM, f"no complete answer within {ctx.timeout_s:g}s; connection closed")
         return AttemptResult(Outcome.TIMED_OUT, None, f"no response within {ctx.timeout_s:g}s")
 
-    def attempt(self, url: str, ctx: AttemptContext) -> AttemptResult:
-        """One attempt, start to end, in the calling thread."""
+    def attempt(self, url: str, ctx: AttemptContext,
+                on_client: Callable[[httpx.Client], None] = lambda _c: None) -> AttemptResult:
+        """One attempt, start to end, in the calling thread. ``on_client`` gets the
+        attempt's client, so a supervisor can close it to abort the exchange."""
         secrets = url_secrets(url)
         deadline = time.monotonic() + ctx.timeout_s
         ctx.log(LogStream.SYSTEM, f"POST {redact_url(url)}")
@@ -191,6 +203,7 @@ class HttpExecutor:
             # whatever it resolves, not to the address the guard checked.
             with httpx.Client(verify=self._tls, trust_env=False, follow_redirects=False,
                               timeout=ctx.timeout_s) as client:
+                on_client(client)
                 return self._exchange(client, httpx.URL(url), body, headers, ctx, deadline)
         except TargetRefused as exc:
             msg = redact_text(f"http target refused: {exc}", secrets)

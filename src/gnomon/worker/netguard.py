@@ -28,7 +28,9 @@ METADATA_ADDRESSES = frozenset({
     ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack, ...
     ipaddress.ip_address("169.254.170.2"),  # AWS ECS task metadata
     ipaddress.ip_address("fd00:ec2::254"),  # AWS IMDS over IPv6
+    ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
 })
+LINK_LOCAL_V4 = ipaddress.IPv4Network("169.254.0.0/16")  # all of it: clouds put more services there
 
 
 class TargetRefused(Exception):
@@ -80,6 +82,7 @@ def classify(ip: IPAddress) -> str | None:
         (ip.is_loopback, "a loopback address"),
         (ip in METADATA_ADDRESSES, "a cloud metadata address"),
         (ip.is_link_local, "a link-local address"),
+        (isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local, "a site-local address"),
         (isinstance(ip, ipaddress.IPv4Address) and ip in CGNAT, "a carrier-grade NAT address"),
         (ip.is_multicast, "a multicast address"),
         (ip.is_private, "a private address"),
@@ -90,8 +93,9 @@ def classify(ip: IPAddress) -> str | None:
 
 
 def is_metadata(ip: IPAddress) -> bool:
-    v4 = embedded_ipv4(ip)
-    return ip in METADATA_ADDRESSES or (v4 is not None and v4 in METADATA_ADDRESSES)
+    """A known metadata address, or anywhere in 169.254/16 (instance services live there)."""
+    v4 = ip if isinstance(ip, ipaddress.IPv4Address) else embedded_ipv4(ip)
+    return ip in METADATA_ADDRESSES or (v4 is not None and (v4 in METADATA_ADDRESSES or v4 in LINK_LOCAL_V4))
 
 
 def refusal(ip: IPAddress, *, allow_private: bool, allowed: Sequence[IPNetwork]) -> str | None:

@@ -24,6 +24,7 @@ A command attempt runs as::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("gnomon.worker")
 
 MIB = 1024 * 1024
 SANDBOX_UID = 65534
@@ -106,7 +109,8 @@ class Cgroups:
         try:
             for ctl in cls.CONTROLLERS:
                 d = CGROUP_ROOT / ctl / CGROUP_PARENT / name
-                d.mkdir(parents=True, exist_ok=True)
+                d.parent.mkdir(parents=True, exist_ok=True)
+                d.mkdir()  # never reuse one: a stale group keeps its old counters
                 dirs[ctl] = d
             (dirs["pids"] / "pids.max").write_text(str(limits.pids_max))
             (dirs["memory"] / "memory.limit_in_bytes").write_text(str(limits.memory_max_bytes))
@@ -152,8 +156,42 @@ class Cgroups:
 
     def remove(self) -> None:
         for d in self.dirs.values():
-            with contextlib.suppress(OSError):
+            try:
                 d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # still busy: swept by the next worker start (sweep_stale)
+                log.warning("cannot remove cgroup %s: %s", d, exc.strerror)
+
+    @classmethod
+    def sweep_stale(cls) -> int:
+        """Kill and remove the attempt groups of workers that are gone (a kill -9 leaves
+        them behind). Groups are named ``<worker pid>-…``; a live pid's are left alone."""
+        if not cls.usable():
+            return 0
+        removed = 0
+        for ctl in cls.CONTROLLERS:
+            parent = CGROUP_ROOT / ctl / CGROUP_PARENT
+            for d in parent.iterdir() if parent.is_dir() else ():
+                pid = d.name.split("-", 1)[0]
+                if not d.is_dir() or not pid.isdigit() or _alive(int(pid)):
+                    continue
+                group = cls({ctl: d})
+                group.kill_all(wait_s=1.0)
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+                    removed += 1
+        return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class BwrapSandbox:
@@ -172,8 +210,12 @@ class BwrapSandbox:
             if shutil.which(tool) is None:
                 raise SandboxError(f"{tool} (util-linux) is not installed; the sandbox needs it")
 
-    def argv(self, req: SandboxRequest, cgroups: Cgroups | None) -> tuple[list[str], dict[str, str]]:
-        """The full argv and the (tiny) environment of the launcher process."""
+    def argv(self, req: SandboxRequest, cgroups: Cgroups | None, env_fd: int) -> tuple[list[str], dict[str, str]]:
+        """The full argv and the (tiny) environment of the launcher process.
+
+        The sandbox's variables (payload, secrets) are not in the argv, which any local
+        user can read in /proc/<pid>/cmdline: bwrap reads them from ``env_fd``
+        (``--args``), where the caller writes ``env_args(req)``."""
         lim = req.limits
         rlimits = [f"--nproc={lim.uid_processes_max}", f"--cpu={lim.cpu_time_max_s}",
                    f"--fsize={lim.file_size_max_bytes}", f"--nofile={lim.open_files_max}", "--core=0"]
@@ -186,7 +228,7 @@ class BwrapSandbox:
         launcher_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                         "GNOMON_CGROUP_PROCS": " ".join(cgroups.procs_files) if cgroups else ""}
         full = ["/bin/sh", "-c", _JOIN_CGROUPS, "gnomon-sandbox", "prlimit", *rlimits, "--",
-                *drop, *self._bwrap_args(req), "--", *req.argv]
+                *drop, *self._bwrap_args(req), "--args", str(env_fd), "--", *req.argv]
         return full, launcher_env
 
     def _bwrap_args(self, req: SandboxRequest) -> list[str]:
@@ -196,6 +238,7 @@ class BwrapSandbox:
                 "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
                 "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
                 "--proc", "/proc", "--dev", "/dev",
+                "--size", str(req.limits.tmp_max_bytes), "--tmpfs", "/dev/shm",
                 "--size", str(req.limits.tmp_max_bytes), "--tmpfs", "/tmp",
                 "--dir", "/etc", "--chdir", "/tmp", "--clearenv"]
         etc = _ETC_FILES + (_ETC_NET_FILES if req.network else ())
@@ -203,9 +246,17 @@ class BwrapSandbox:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         if req.network:
             args.append("--share-net")
-        for key, value in req.env.items():
-            args += ["--setenv", key, value]
         return args
+
+    @staticmethod
+    def env_args(req: SandboxRequest) -> bytes:
+        """``--setenv KEY VALUE`` for each variable, NUL-separated, for bwrap's ``--args FD``."""
+        parts: list[str] = []
+        for key, value in req.env.items():
+            if "\x00" in key or "\x00" in value:
+                raise SandboxError(f"variable {key!r} contains a NUL character")
+            parts += ["--setenv", key, value]
+        return b"".join(p.encode() + b"\x00" for p in parts)
 
 
 def kill_tree(pid: int, cgroups: Cgroups | None) -> None:

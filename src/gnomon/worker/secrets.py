@@ -67,8 +67,13 @@ class SecretStore:
 
 
 def redactor(values: Iterable[str]) -> Callable[[str], str]:
-    """A function that replaces each secret value (of 4+ characters) in a log line with ***."""
-    secrets = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+    """A function that replaces each secret value (of 4+ characters) in a log line with ***.
+
+    Logs are cut into lines, so each line of a multi-line secret (a PEM key) is redacted
+    on its own too. A secret shorter than 4 characters is not redacted (it would blank
+    out ordinary words), nor is a part of a secret cut by the 8 KiB line limit."""
+    pieces = {v for v in values} | {line.strip() for v in values for line in v.splitlines()}
+    secrets = sorted({p for p in pieces if len(p) >= 4}, key=len, reverse=True)
     if not secrets:
         return lambda line: line
 

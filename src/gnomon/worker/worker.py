@@ -53,6 +53,7 @@ from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, H
 from gnomon.worker.http_target import redact_url
 from gnomon.worker.policy import PolicyError, PoolPolicy
 from gnomon.worker.pool import AttemptPool
+from gnomon.worker.sandbox import Cgroups
 from gnomon.worker.secrets import SecretStore
 
 log = logging.getLogger("gnomon.worker")
@@ -161,7 +162,10 @@ class Worker:
     def refusal(self, grant: Grant) -> str | None:
         """Why this worker will not run the grant's target (for the run's log), or None."""
         target = grant.spec.target
-        program = target.argv[0] if target.argv else (target.handler or "")
+        if target.type is TargetType.CONTAINER:
+            program = target.image or ""
+        else:
+            program = target.argv[0] if target.argv else (target.handler or "")
         why = self.policy.refusal(target.type, program, grant.tenant)
         if why is None and target.type is TargetType.HANDLER:
             allowed = self.handler_tenants.get(target.handler or "")
@@ -178,6 +182,15 @@ class Worker:
         self._producer = Producer(producer_config(self.bootstrap, role="worker", **{"client.id": f"worker-{self.worker_id}",
                                                                     "linger.ms": 2}))
         policy = self.policy  # fails here, before joining, when no tenant is named
+        if policy.commands.enabled:
+            if Cgroups.usable():
+                swept = Cgroups.sweep_stale()
+                if swept:
+                    log.info("removed %d attempt cgroups left by workers that are gone", swept)
+            else:
+                log.warning("no writable cgroup v1 pids/memory/cpu hierarchies (run the worker as root on a "
+                            "cgroup v1 or hybrid host): sandboxes get rlimits only, with no per-attempt "
+                            "process or memory cgroup")
         executor = Dispatcher(self.handlers, policy, self.secrets)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         inbox = self._open_inbox()
