@@ -313,8 +313,8 @@ def main() -> None:
         if busy.seen:  # end the sleep jobs, so the runs do not linger on their leases
             now = int(time.time() * 1000)
             for run_id in busy.seen:
-                p.produce(topo.run_events, key=run_id.partition("@")[0].encode(),
-                          value=codec.encode(CancelRun(run_id, "bench", now, "spike bench finished")))
+                p.produce(topo.job_commands, key=run_id.partition("@")[0].encode(),
+                          value=codec.encode(CancelRun(run_id, "bench", now, "spike bench finished"), topo.job_commands))
             p.flush(10)
             time.sleep(2)
         for proc in processors + workers:

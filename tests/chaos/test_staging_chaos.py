@@ -88,7 +88,7 @@ def test_staged_runs_survive_worker_and_processor_kills(tmp_path_factory: pytest
         sc.flush()
         cancel_run = next(iter(_wait_staged(sc, f"{tag}-cancel", 1)))
         pause_runs = _wait_staged(sc, f"{tag}-pause", 1)
-        sc.producer.produce(sc.topo.run_events, key=f"{tag}-cancel".encode(),
+        sc.producer.produce(sc.topo.job_commands, key=f"{tag}-cancel".encode(),  # the API's topic
                             value=_encode(CancelRun(cancel_run, "chaos", int(time.time() * 1000))))
         sc.send(PauseJob(f"{tag}-pause", "chaos", int(time.time() * 1000)))
         sc.flush()

@@ -39,7 +39,7 @@ class ApplyingProducer:
         command = codec.decode(value, topic=topic)
         with self._lock:
             self.sent.append((topic, key, command))
-            if topic == self.job_topic:
+            if topic == self.job_topic and isinstance(command, J.JOB_COMMANDS):  # not cancel/replay of a run
                 self._apply(command)
 
     def _apply(self, command: Any) -> None:

@@ -175,7 +175,7 @@ COLON_ID = "job_ab@manual:x:cancel"  # an idempotency key may contain ':' (and e
 
 
 def _run_commands(producer: ListProducer) -> list[tuple[str, str, Any]]:
-    return [s for s in producer.sent if s[0] == "gnomon.run-events"]
+    return [s for s in producer.sent if isinstance(s[2], CancelRun | ReplayRun)]
 
 
 @pytest.mark.parametrize("run_id", [SCHEDULED_ID, MANUAL_ID, COLON_ID])
@@ -199,7 +199,7 @@ def test_cancel_produces_cancel_run_keyed_by_job_id(env: Any, run_id: str, statu
     resp = client.post(f"/v1/runs/{run_id}:cancel", headers=AUTH)
     assert resp.status_code == 202, resp.text
     assert resp.json() == {"runId": run_id, "accepted": "cancel"}
-    assert producer.sent == [("gnomon.run-events", "job_ab", CancelRun(run_id, "acme", NOW))]
+    assert producer.sent == [("gnomon.job-commands", "job_ab", CancelRun(run_id, "acme", NOW))]
 
 
 @pytest.mark.parametrize("status", [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED])
@@ -218,7 +218,7 @@ def test_replay_of_a_failed_run_produces_replay_run(env: Any) -> None:
     resp = client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH)
     assert resp.status_code == 202, resp.text
     assert resp.json() == {"runId": COLON_ID, "accepted": "replay"}
-    assert producer.sent == [("gnomon.run-events", "job_ab", ReplayRun(COLON_ID, "acme", NOW))]
+    assert producer.sent == [("gnomon.job-commands", "job_ab", ReplayRun(COLON_ID, "acme", NOW))]
 
 
 def test_replay_of_a_dead_letter_past_its_retention_is_409(env: Any) -> None:
@@ -254,15 +254,13 @@ def test_run_actions_404_for_unknown_or_other_tenants_run(env: Any, action: str)
     assert producer.sent == []
 
 
-def test_run_commands_can_use_their_own_sink(env: Any) -> None:
-    producer, runs_producer, history = ListProducer(), ListProducer(), InMemoryHistoryStore()
-    topo = load_topology()
-    app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
-                     run_commands=CommandSink(runs_producer, topo.run_events),
-                     auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(NOW))
+def test_cancel_and_replay_go_to_the_api_only_topic(env: Any) -> None:
+    """gnomon.job-commands is writable by the API alone; the processor refuses cancel and
+    replay read from gnomon.run-events (which workers write)."""
+    client, producer, history = env
     _run(history, SCHEDULED_ID)
-    assert TestClient(app).post(f"/v1/runs/{SCHEDULED_ID}:cancel", headers=AUTH).status_code == 202
-    assert producer.sent == [] and [t for t, _, _ in runs_producer.sent] == ["gnomon.run-events"]
+    assert client.post(f"/v1/runs/{SCHEDULED_ID}:cancel", headers=AUTH).status_code == 202
+    assert [(t, type(c)) for t, _, c in producer.sent] == [("gnomon.job-commands", CancelRun)]
 
 
 def test_dead_letters_newest_first_paged_and_per_tenant(env: Any) -> None:

@@ -224,3 +224,23 @@ def test_a_run_withdrawn_before_its_slot_is_kept_until_the_slot_has_passed() -> 
     c.run_for(40_000)
     rep = c.history_report(["job"])
     assert rep.duplicates == 0, rep.problems[:3]
+
+
+def test_cancel_and_replay_are_accepted_only_from_the_api_topic() -> None:
+    """Workers may write gnomon.run-events; a cancel or replay read from there is refused,
+    whatever tenant it names. From gnomon.job-commands (the API's) it applies."""
+    from gnomon.core.errors import TransitionError
+    from gnomon.testing import partition_for
+
+    c = cluster(policy=FakeWorkerPolicy(duration_ms=(60_000, 60_000)))
+    c.submit(J.RegisterJob("job", "t", spec(), c.clock.now_ms()))
+    c.run_for(7_000)
+    running = next(r for r in c.runs_of("job") if r.status is RunStatus.RUNNING)
+    task = c.tasks[partition_for("job", c.partitions)]
+    now = c.clock.now_ms()
+    for cmd in (R.CancelRun(running.run_id, "t", now), R.ReplayRun(running.run_id, "t", now)):
+        with pytest.raises(TransitionError, match=r"only from gnomon\.job-commands"):
+            task.handle(cmd, now, c.topo.run_events)
+    assert task.run(running.run_id).status is RunStatus.RUNNING
+    task.handle(R.CancelRun(running.run_id, "t", now), now, c.topo.job_commands)
+    assert task.run(running.run_id).status is RunStatus.CANCELLED

@@ -296,7 +296,7 @@ def test_run_command_v1_records_decode_and_new_branches_are_appended() -> None:
     assert names[-3:] == ["gnomon.ReplayRun", "gnomon.AttemptStarted", "gnomon.ReturnGrant"]  # v2, v3 appended
     assert names[: len(v1_branches)] == [b["name"] if isinstance(b, dict) else b for b in v1_branches]
     replay = ReplayRun("j@x", "t", 8)
-    out = encode(replay)
+    out = encode(replay, "gnomon.run-events")
     assert int.from_bytes(out[1:5], "big") == REGISTRY.latest("gnomon.run-events-value").id
     assert default_codec.decode(out, topic="gnomon.run-events") == replay
 
@@ -327,7 +327,7 @@ def test_cancel_and_replay_carry_their_tenant_from_v5() -> None:
     from gnomon.core.runs import CancelRun, ReplayRun
 
     for cmd in (CancelRun("j@x", "acme", 7), ReplayRun("j@x", "acme", 8, "ops")):
-        data = encode(cmd)
+        data = encode(cmd, "gnomon.run-events")
         assert int.from_bytes(data[1:5], "big") == REGISTRY.latest("gnomon.run-events-value").id
         assert default_codec.decode(data, topic="gnomon.run-events") == cmd
     fields = {b["name"]: [f["name"] for f in b["fields"]]
@@ -348,7 +348,7 @@ def test_job_command_v1_update_still_decodes_and_patch_job_is_appended() -> None
     names = [b["name"] if isinstance(b, dict) else b for b in latest.schema["fields"][0]["type"]]
     v1 = REGISTRY.lookup("gnomon.job-commands-value", 1).schema["fields"][0]["type"]
     assert names[: len(v1)] == [b["name"] if isinstance(b, dict) else b for b in v1]
-    assert names[-1] == "gnomon.PatchJob"
+    assert names[-3:] == ["gnomon.PatchJob", "gnomon.CancelRun", "gnomon.ReplayRun"]  # v2 PatchJob, v4 cancel/replay
     patch = PatchJob("j", "t", '{"name":"x"}', None, 6)
     data = encode(patch)
     assert int.from_bytes(data[1:5], "big") == latest.id

@@ -1,8 +1,9 @@
 """The FastAPI application. Handlers validate with the core, produce one command
 (returning only after Kafka acknowledged it) and read history from the HistoryStore
-(Cassandra). Job commands go to gnomon.job-commands keyed by job id; run commands
-(cancel, replay) go to gnomon.run-events keyed by the run's job id, where the run
-processor owns the run.
+(Cassandra). Every command goes to gnomon.job-commands keyed by job id, cancel and
+replay of a run included (keyed by the run's job id): only the API may write that
+topic, and the processor refuses a cancel or replay read from gnomon.run-events, which
+workers write (docs/adr/0006).
 
 /openapi.json is the contract (``gnomon.api.schemas``); bodies are validated by the core,
 not by FastAPI, so error fields are the core's. Blocking calls (history, Kafka) run in
@@ -133,12 +134,11 @@ def idempotent_job_id(tenant: str, key: str) -> str:
 
 def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
-    clock: Clock | None = None, run_commands: CommandSink | None = None,
+    clock: Clock | None = None,
 ) -> FastAPI:
-    """``commands`` produces to ``topology.job_commands``; ``run_commands`` to
-    ``topology.run_events`` (default: ``commands``' producer on that topic)."""
+    """``commands`` produces to ``topology.job_commands``."""
     clock = clock or SystemClock()
-    run_sink = run_commands if run_commands is not None else commands.to(topology.run_events)
+    run_sink = commands
     pools = frozenset(topology.pools)
     app = FastAPI(
         title="gnomon",

@@ -43,5 +43,5 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     producer = SyncProducer(settings.kafka_bootstrap, role=os.environ.get("GNOMON_KAFKA_ROLE") or KAFKA_ROLE_DEFAULT,
                             **{"message.timeout.ms": timeout_ms})
     sink = CommandSink(producer, topo.job_commands, delivery_timeout_s=timeout_ms / 1000)
-    return create_app(history=history, commands=sink, run_commands=sink.to(topo.run_events), auth=auth,
+    return create_app(history=history, commands=sink, auth=auth,
                       topology=topo)

@@ -69,7 +69,10 @@ class TopicSchema:
 
 TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
-                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob), "gnomon.JobCommand"),
+                # CancelRun and ReplayRun come here from the API (the only writer of this
+                # topic); read from gnomon.run-events, which workers write, they are refused
+                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob, CancelRun, ReplayRun),
+                "gnomon.JobCommand"),
     TopicSchema("gnomon.run-events", "gnomon.run-events-value",
                 (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
                  AttemptStarted, ReturnGrant),

@@ -381,7 +381,7 @@ class Processor:
             return []
         try:
             cmd = codec.decode(msg.value() or b"")
-            return task.handle(cmd, now)
+            return task.handle(cmd, now, msg.topic())
         except GnomonError as exc:
             self.poisoned += 1
             log.warning("poison %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)

@@ -294,10 +294,15 @@ class PartitionTask:
 
     # ---- commands ----------------------------------------------------------------------
 
-    def handle(self, cmd: Any, now_ms: int | None = None) -> list[Output]:
+    def handle(self, cmd: Any, now_ms: int | None = None, source: str | None = None) -> list[Output]:
         """Apply one decoded command at processing time ``now_ms`` (default: the command's
-        own time). Raises GnomonError (TransitionError...) if refused."""
+        own time), read from topic ``source`` (None: given in process, as tests do).
+        Raises GnomonError (TransitionError...) if refused."""
         self.stats.commands += 1
+        if source == self.topo.run_events and isinstance(cmd, R.CancelRun | R.ReplayRun):
+            # workers may write gnomon.run-events; only the API writes gnomon.job-commands
+            raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: cancel and replay are accepted "
+                                  f"only from {self.topo.job_commands}, which the API alone may write")
         if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
             raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
         if isinstance(cmd, J.JOB_COMMANDS):
