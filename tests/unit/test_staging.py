@@ -360,3 +360,17 @@ def test_a_skipped_range_at_the_dst_fall_back_is_not_inverted() -> None:
         (rng,) = J._skip_range(state, first, until, "paused", until, J.SchedulerConfig())
         assert isinstance(rng, J.RunSkipped)
         assert rng.slot_ms >= (rng.from_ms or rng.slot_ms) and rng.slot_ms == first and rng.count == 1
+
+
+def test_a_run_is_staged_only_on_a_worker_that_serves_its_tenant() -> None:
+    """Workers advertise their tenants; a worker of another tenant is never picked (it
+    would refuse the run and burn an attempt). Older adverts (no tenants) serve any."""
+    d = WorkerDirectory()
+    d.observe(WorkerAdvert("acme-w", "p", 5, 0, 0, 1000, at_ms=0, tenants=("acme",)), now_ms=10_000)
+    d.observe(WorkerAdvert("shared-w", "p", 5, 0, 0, 1000, at_ms=0, tenants=("globex", "initech")), now_ms=10_000)
+    for _ in range(4):
+        assert d.pick("p", 10_000, tenant="acme") == "acme-w"
+        assert d.pick("p", 10_000, tenant="globex") == "shared-w"
+    assert d.pick("p", 10_000, tenant="umbrella") is None
+    d.observe(WorkerAdvert("old-w", "p", 5, 0, 0, 1000, at_ms=0), now_ms=10_000)
+    assert d.pick("p", 10_000, tenant="umbrella") == "old-w"

@@ -44,6 +44,10 @@ class WorkerAdvert:
     leaving: bool = False  # graceful shutdown: stage nothing more on it
     stage_max: int = 0  # staged attempts it accepts in all (0: 100 x slots)
     long_running: int = 0  # of ``running``, those running for LONG_RUNNING_MS or more
+    tenants: tuple[str, ...] = ()  # the tenants it serves; () from older workers: any
+
+    def serves(self, tenant: str | None) -> bool:
+        return tenant is None or not self.tenants or tenant in self.tenants
 
 
 @dataclass
@@ -106,9 +110,10 @@ class WorkerDirectory:
     def pools(self) -> list[str]:
         return sorted(p for p, ids in self._pools.items() if ids)
 
-    def pick(self, pool: str, now_ms: int, start_ms: int | None = None) -> str | None:
-        """A live worker of ``pool`` with a free slot at ``start_ms`` (default: now), or
-        None. The slot is taken (charged to that second)."""
+    def pick(self, pool: str, now_ms: int, start_ms: int | None = None, tenant: str | None = None) -> str | None:
+        """A live worker of ``pool`` that serves ``tenant`` (its advert says which) with a
+        free slot at ``start_ms`` (default: now), or None. The slot is taken (charged to
+        that second)."""
         ids = self._pools.get(pool)
         if not ids:
             return None
@@ -118,7 +123,7 @@ class WorkerDirectory:
         for i in range(n):
             wid = ids[(start + i) % n]
             e = self._by_id[wid]
-            if e.free_at(second) > 0 and e.stage_room() > 0 and self.alive(wid, now_ms):
+            if e.advert.serves(tenant) and e.free_at(second) > 0 and e.stage_room() > 0 and self.alive(wid, now_ms):
                 e.buckets[second] = e.buckets.get(second, 0) + 1
                 e.staged_since += 1
                 self._cursor[pool] = (start + i + 1) % n

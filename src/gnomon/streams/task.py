@@ -421,7 +421,7 @@ class PartitionTask:
     def _assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> R.RunState:
         """Grant a READY run to a live worker with a free slot, if the pool has one."""
         assert self.directory is not None
-        worker = self.directory.pick(run.spec.pool, now_ms, run.not_before_ms)
+        worker = self.directory.pick(run.spec.pool, now_ms, run.not_before_ms, run.tenant)
         if worker is None:
             self.stats.assign_misses += 1
             return run

@@ -236,7 +236,7 @@ class Worker:
         long_running = sum(1 for a in self._running.values() if now - a.started_ms >= LONG_RUNNING_MS)
         self._send(self.topo.workers, self.worker_id, WorkerAdvert(
             self.worker_id, self.pool, self.concurrency_max, len(self._running), len(self._staged),
-            self.advert_interval_ms, now, leaving, self.stage_max, long_running))
+            self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants))))
 
     def _open_inbox(self) -> Consumer:
         c = Consumer(consumer_config(self.bootstrap, "gnomon-worker-inbox", role="worker",
