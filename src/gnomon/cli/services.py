@@ -50,15 +50,22 @@ def processor(
     standbys: Annotated[bool, typer.Option(
         help="keep warm copies of the partitions other processors own, so a takeover reads only "
              "the changelog tail (costs a second apply of every changelog record)")] = True,
+    priority_weights: Annotated[str, typer.Option(
+        help="high,normal,low: under contention, runs take free worker slots in these proportions")] = "70,20,10",
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
     import socket
 
     from gnomon.core.jobs import SchedulerConfig
+    from gnomon.core.priorities import parse_weights
     from gnomon.core.runs import RunConfig
     from gnomon.streams.runtime import Processor, ProcessorConfig
 
+    try:
+        weights = parse_weights(priority_weights)
+    except ValueError as exc:
+        fail(f"--priority-weights: {exc}", 2)
     _logging(verbose)
     s = load()
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
@@ -66,6 +73,7 @@ def processor(
                           standbys=standbys,
                           sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
                           runs=RunConfig(lease_ms=lease_s * 1000, retention_ms=retention_s * 1000,
+                                         priority_weights=weights,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
     proc = Processor(cfg)
     _stop_on_signals(proc)

@@ -32,6 +32,7 @@ from gnomon.core.cron import CronSchedule
 from gnomon.core.errors import TransitionError
 from gnomon.core.jobs import JobState, JobStatus, RunSkipped, RunTriggered
 from gnomon.core.model import JobSpec
+from gnomon.core.priorities import DEFAULT_WEIGHTS, check_weights
 from gnomon.core.retry import BackoffStrategy
 
 
@@ -85,12 +86,15 @@ class RunConfig:
     manual_key_retention_ms: int = 86_400_000  # a manual run (its idempotency key) is kept this long
     dead_letter_retention_ms: int = 7 * 86_400_000  # a FAILED run stays replayable this long
     purges_per_tick_max: int = 1_000
+    # under contention, high/normal/low runs take free worker slots in these proportions
+    priority_weights: tuple[int, int, int] = DEFAULT_WEIGHTS
 
     def __post_init__(self) -> None:
         assert self.lease_ms > 0 and self.redispatch_after_ms > 0 and self.timeout_grace_ms >= 0
         assert self.stage_ahead_ms >= 0
         assert self.retention_ms > 0 and self.purges_per_tick_max > 0
         assert self.manual_key_retention_ms >= 0 and self.dead_letter_retention_ms >= 0
+        check_weights(self.priority_weights)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.errors import TransitionError, ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
+from gnomon.core.priorities import WeightedPicker
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
 from gnomon.topology import Topology
@@ -161,6 +162,7 @@ class PartitionTask:
         self.stats = TaskStats()
         self.cache_max = 100_000  # decoded states kept per partition (each map)
         self.assign_misses_per_tick_max = 200  # waiting runs tried without room, per pool per tick
+        self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         # a run is purged only if its last write is this much older than history_until_ms
         # (guards against a wall clock stepping back between a sample and a write)
         self.purge_clock_margin_ms = 5_000
@@ -574,11 +576,42 @@ class PartitionTask:
         return self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, cfg), now_ms)
 
     def _assign_waiting(self, now_ms: int) -> list[Output]:
-        """READY runs waiting for room, by priority then due time, while their pool has
-        room. Costs nothing while a pool is full: no timer, no rescan."""
+        """READY runs waiting for room, while their pool has room: punctual before
+        catch-up, and within each, the priority tiers in their weights' proportions
+        (``RunConfig.priority_weights``, smooth weighted round-robin: none starves), each
+        tier by due time. Costs nothing while a pool is full: no timer, no rescan."""
         out: list[Output] = []
         if self.directory is None:
             return out
+        for pool in self.directory.pools():
+            if not self.directory.has_room(pool, now_ms):
+                continue
+            prefix = _waiting_prefix(pool)
+            picker = self._pickers.setdefault(pool, WeightedPicker(self.run_cfg.priority_weights))
+            misses = 0
+            for lane in (b"0", b"1"):
+                tiers = {i: iter(list(self.kv.scan(prefix + lane + rank, _prefix_end(prefix + lane + rank),
+                                                   self.due_max)))
+                         for i, rank in enumerate(_PRIO_RANK.values())}
+                while tiers and misses < self.assign_misses_per_tick_max:
+                    tier = picker.pick(tiers.keys())
+                    item = next(tiers[tier], None)
+                    if item is None:
+                        del tiers[tier]  # nothing more waits in it: its share goes to the others
+                        continue
+                    k = item[0]
+                    run = self.run(k[len(prefix) + _WAITING_FIXED:].decode())
+                    if run is None or run.status is not R.RunStatus.READY:
+                        self.kv.delete(k)  # stale entry: never expected, but never loop on it
+                        continue
+                    new = self._assign(run, now_ms, out)
+                    if new is run:
+                        # that run's start second is full (or no worker serves its tenant);
+                        # others may fit. Bounded, so a long full queue costs little per tick.
+                        misses += 1
+                        continue
+                    self._store_run(run, new, out)
+        return out
         for pool in self.directory.pools():
             if not self.directory.has_room(pool, now_ms):
                 continue
