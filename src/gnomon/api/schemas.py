@@ -21,6 +21,7 @@ from gnomon.core.validation import (
     ARGV_MAX_ITEMS,
     BACKOFF_MAX_S,
     IDEMPOTENCY_KEY_MAX_CHARS,
+    JITTER_MAX_S,
     NAME_MAX_CHARS,
     RETRY_MAX_ATTEMPTS,
     SECRETS_MAX_ITEMS,
@@ -126,6 +127,9 @@ class _JobFields(_Closed):
         description="worker pool, default 'default'")
     secrets: Annotated[list[SecretName], Field(max_length=SECRETS_MAX_ITEMS)] | SkipJsonSchema[None] = Omittable(
         description="names of this tenant's secrets the run may read (values stay on the workers)")
+    jitterS: Annotated[int, Field(ge=0, le=JITTER_MAX_S)] | SkipJsonSchema[None] = Omittable(
+        description="start each scheduled run at a fixed offset (a hash of job and slot) in "
+                    "[slot, slot + jitterS]; the run id keeps the slot. Default 0")
 
 
 class JobSpecInput(_JobFields):
@@ -164,6 +168,7 @@ class Job(_Closed):
     catchUp: CatchUp
     pool: str
     secrets: list[str]
+    jitterS: int
 
 
 class Run(_Closed):
@@ -179,8 +184,9 @@ class Run(_Closed):
     worker: str | None
     createdAt: Instant
     grantedAt: Instant | None
+    startAt: Instant = Field(description="when it is due to start: the slot plus the job's jitter")
     startedAt: Instant | None
-    startLagS: float | None = Field(description="startedAt - slot, seconds")
+    startLagS: float | None = Field(description="startedAt - startAt, seconds")
     finishedAt: Instant | None
     nextAttemptAt: Instant | None
     exitCode: int | None

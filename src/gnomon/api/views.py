@@ -44,11 +44,13 @@ def run_view(run: RunState) -> dict[str, Any]:
         "worker": run.worker_id,
         "createdAt": _iso(run.created_at_ms),
         # grantedAt: when the processor staged it on a worker (processor clock), usually
-        # before the slot; startedAt: when the worker started the first attempt (worker
-        # clock); startLagS = startedAt - slot (the due time).
+        # before the slot; startAt: when it is due to start (the slot, plus the job's
+        # jitter); startedAt: when the worker started the first attempt (worker clock);
+        # startLagS = startedAt - startAt.
         "grantedAt": _iso(run.granted_at_ms),
+        "startAt": _iso(run.not_before_ms),
         "startedAt": _iso(run.started_at_ms),
-        "startLagS": None if run.started_at_ms is None else round((run.started_at_ms - run.slot_ms) / 1000, 3),
+        "startLagS": None if run.started_at_ms is None else round((run.started_at_ms - run.not_before_ms) / 1000, 3),
         "finishedAt": _iso(run.finished_at_ms),
         "nextAttemptAt": _iso(run.next_attempt_at_ms),  # set in retry_wait: when the next attempt is released
         "exitCode": run.exit_code,

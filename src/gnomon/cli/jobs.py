@@ -40,6 +40,8 @@ def create(
     payload: Annotated[str | None, typer.Option(help="JSON payload")] = None,
     key: Annotated[str | None, typer.Option(
         "--key", help="idempotency key: repeating the command with the same key and job is one job")] = None,
+    jitter_s: Annotated[int, typer.Option(
+        "--jitter-s", help="start each run at a fixed offset in [slot, slot + N s] (spreads spikes)")] = 0,
     json_: JsonOpt = False,
 ) -> None:
     """Register a job and print its id."""
@@ -49,7 +51,7 @@ def create(
     if len(targets) != 1:
         raise ValidationError("--command/--http/--handler", "give exactly one target")
     body: dict[str, Any] = {"name": name, "timezone": tz, "priority": priority, "timeoutS": timeout_s,
-                            "pool": pool, "retry": {"max": retries}, "catchUp": catch_up}
+                            "pool": pool, "retry": {"max": retries}, "catchUp": catch_up, "jitterS": jitter_s}
     if cron is not None:
         body["schedule"] = cron
     else:

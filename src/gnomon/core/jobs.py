@@ -20,7 +20,7 @@ from cronsim import CronSim
 
 from gnomon.core.cron import CronSchedule
 from gnomon.core.errors import Conflict, TransitionError, ValidationError
-from gnomon.core.model import CatchUp, JobSpec, manual_run_id, slot_run_id
+from gnomon.core.model import CatchUp, JobSpec, jitter_offset_ms, manual_run_id, slot_run_id
 from gnomon.core.validation import DEFAULT_POOLS, apply_patch
 
 
@@ -397,7 +397,8 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
     def trigger(slot: int, advance: int | None, advances: bool) -> RunTriggered:
         return RunTriggered(
             run_id=slot_run_id(state.job_id, slot), job_id=state.job_id, tenant=state.tenant, spec=spec,
-            slot_ms=slot, not_before_ms=slot, manual=False, at_ms=now_ms,
+            slot_ms=slot, not_before_ms=slot + jitter_offset_ms(state.job_id, slot, spec.jitter_s),
+            manual=False, at_ms=now_ms,
             advances=advances, advance_to_ms=advance,
         )
 

@@ -84,6 +84,8 @@ class JobSpec:
     pool: str = "default"
     # names of the tenant's secrets the worker injects into the sandbox (never their values)
     secrets: tuple[str, ...] = ()
+    # a scheduled run starts at slot + jitter_offset_ms(job, slot, jitter_s): spreads a spike
+    jitter_s: int = 0
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:
@@ -102,3 +104,15 @@ def job_id_of(run_id: str) -> str:
     if not sep or not job_id:
         raise ValueError(f"not a run id: {run_id!r}")
     return job_id
+
+
+def jitter_offset_ms(job_id: str, slot_ms: int, jitter_s: int) -> int:
+    """Where in [0, jitter_s] seconds a scheduled run of ``slot_ms`` starts after its slot:
+    a hash of job and slot, so every processor (and ``gnomon cron next``) computes the
+    same start, and a job's runs do not all land on the same offset."""
+    if jitter_s <= 0:
+        return 0
+    import hashlib
+
+    digest = hashlib.sha256(f"{job_id}\0{slot_ms}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (jitter_s * 1000 + 1)

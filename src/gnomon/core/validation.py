@@ -39,7 +39,7 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
-     "retry", "catchUp", "pool", "secrets"}
+     "retry", "catchUp", "pool", "secrets", "jitterS"}
 )
 _RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
 _TARGET_FIELDS = {
@@ -51,6 +51,7 @@ _TARGET_FIELDS = {
 _IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._\-/:@]{0,254}")
 _SECRET_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 SECRETS_MAX_ITEMS = 16
+JITTER_MAX_S = 3600
 _POOL_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # C0/C1 controls (ESC, NUL, newline, DEL...), line/paragraph separators and the bidi
@@ -245,6 +246,7 @@ def parse_job_spec(
         catch_up=catch_up,
         pool=pool,
         secrets=parse_secrets(data.get("secrets")),
+        jitter_s=_int(data.get("jitterS", 0), "jitterS", 0, JITTER_MAX_S),
     )
 
 
@@ -276,6 +278,7 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     out["catchUp"] = spec.catch_up.value
     out["pool"] = spec.pool
     out["secrets"] = list(spec.secrets)
+    out["jitterS"] = spec.jitter_s
     return out
 
 
