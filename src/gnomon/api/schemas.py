@@ -37,6 +37,7 @@ HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,127}$"
 
 Priority = Literal["high", "normal", "low"]
 CatchUp = Literal["once", "all", "skip"]
+Overlap = Literal["allow", "forbid", "replace"]
 JobStatus = Literal["active", "paused", "done", "deleted"]
 RunStatus = Literal["scheduled", "ready", "running", "retry_wait", "succeeded", "failed", "cancelled", "skipped"]
 SecretName = Annotated[str, Field(pattern=SECRET_PATTERN)]
@@ -127,6 +128,9 @@ class _JobFields(_Closed):
         description="worker pool, default 'default'")
     secrets: Annotated[list[SecretName], Field(max_length=SECRETS_MAX_ITEMS)] | SkipJsonSchema[None] = Omittable(
         description="names of this tenant's secrets the run may read (values stay on the workers)")
+    overlap: Overlap | SkipJsonSchema[None] = Omittable(
+        description="while an earlier run is active: allow (default), forbid (skip the slot, "
+                    "recorded 'overlap'), replace (cancel the active run)")
     jitterS: Annotated[int, Field(ge=0, le=JITTER_MAX_S)] | SkipJsonSchema[None] = Omittable(
         description="start each scheduled run at a fixed offset (a hash of job and slot) in "
                     "[slot, slot + jitterS]; the run id keeps the slot. Default 0")
@@ -169,6 +173,7 @@ class Job(_Closed):
     pool: str
     secrets: list[str]
     jitterS: int
+    overlap: Overlap
 
 
 class Run(_Closed):

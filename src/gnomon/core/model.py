@@ -19,6 +19,14 @@ class CatchUp(StrEnum):
     SKIP = "skip"  # run none of the missed slots; each is recorded skipped
 
 
+class OverlapPolicy(StrEnum):
+    """What a slot does while an earlier run of the same job is still active."""
+
+    ALLOW = "allow"  # runs may overlap (the default)
+    FORBID = "forbid"  # the slot is skipped, recorded "overlap"
+    REPLACE = "replace"  # the active run is cancelled ("replaced by ..."), the slot runs
+
+
 class TargetType(StrEnum):
     HANDLER = "handler"  # a Python function registered with @worker.handler(name)
     HTTP = "http"  # POST to a callback URL
@@ -86,6 +94,7 @@ class JobSpec:
     secrets: tuple[str, ...] = ()
     # a scheduled run starts at slot + jitter_offset_ms(job, slot, jitter_s): spreads a spike
     jitter_s: int = 0
+    overlap: OverlapPolicy = OverlapPolicy.ALLOW
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:

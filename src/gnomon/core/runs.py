@@ -31,7 +31,7 @@ from enum import StrEnum
 from gnomon.core.cron import CronSchedule
 from gnomon.core.errors import TransitionError
 from gnomon.core.jobs import JobState, JobStatus, RunSkipped, RunTriggered
-from gnomon.core.model import JobSpec
+from gnomon.core.model import JobSpec, OverlapPolicy
 from gnomon.core.priorities import DEFAULT_WEIGHTS, check_weights
 from gnomon.core.retry import BackoffStrategy
 
@@ -164,6 +164,8 @@ class RunState:
         """When time alone next changes this run (the processor's timer index key)."""
         cfg = cfg or _DEFAULT_CFG
         if self.status is RunStatus.SCHEDULED:
+            if self.spec.overlap is not OverlapPolicy.ALLOW and not self.manual:
+                return self.not_before_ms  # released at its start: the overlap check needs the present
             return self.not_before_ms - cfg.stage_ahead_ms
         if self.status is RunStatus.READY:
             return (self.dispatched_at_ms or self.not_before_ms) + cfg.redispatch_after_ms
@@ -569,7 +571,7 @@ UNCHECKED = _Unchecked()
 
 def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
                  job: JobState | _Unchecked | None = UNCHECKED, read_up_to_ms: int | None = None,
-                 ) -> list[RunEvent]:
+                 active: RunState | None = None) -> list[RunEvent]:
     """What the passage of time does to a run (called when ``timer_ms() <= now``).
 
     At its slot a scheduled run looks at its job as it is *now* (``job``, None = deleted):
@@ -577,6 +579,11 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
     (recorded skipped); otherwise it is released with the job's current definition. So an
     edit made while a run sits in the lookahead applies to that run. Manual runs only
     check that the job still exists.
+
+    ``active``: another run of the same job that is released and not finished (the
+    processor looks it up for jobs with an overlap policy). With ``overlap: forbid`` the
+    slot is then withdrawn, recorded skipped "overlap: ..."; with ``replace`` it is
+    released and the processor cancels ``active`` (``replacement_cancel``).
 
     ``read_up_to_ms``: how far (in record time) the processor has read this partition's
     input. A lease or deadline is judged lapsed only against min(now, read_up_to_ms), so a
@@ -595,6 +602,8 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         # (a run triggered from the job's current schedule is a slot of it: skip the cron walk)
         if not state.manual and job.spec.schedule != state.spec.schedule and not _is_slot_of(job.spec, state.slot_ms):
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
+        if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.FORBID:
+            return [RunWithdrawn(state.run_id, f"overlap: {active.run_id} is still {active.status.value}", now_ms)]
         return [RunReleased(state.run_id, state.attempt + 1, now_ms, job.spec)]
     if state.status in (RunStatus.SCHEDULED, RunStatus.RETRY_WAIT, RunStatus.READY):
         # first release, release after backoff, or re-dispatch of an unclaimed run
@@ -608,6 +617,20 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         outcome = None if state.lease_until_ms <= judged else Outcome.TIMED_OUT
         return [_end_attempt(state, outcome, reason, now_ms, None, None)]
     return []
+
+
+def replacement_cancel(released: RunState, active: RunState, now_ms: int) -> CancelRun | None:
+    """With ``overlap: replace``: the cancel of ``active`` that the release of
+    ``released`` (a later slot of the same job) calls for, or None."""
+    if released.manual or released.spec.overlap is not OverlapPolicy.REPLACE or active.status.terminal:
+        return None
+    assert active.job_id == released.job_id and active.run_id != released.run_id
+    return CancelRun(active.run_id, active.tenant, now_ms, f"replaced by {released.run_id} (overlap: replace)")
+
+
+def is_active(run: RunState) -> bool:
+    """Released and not finished: what an overlap policy looks at."""
+    return run.status in (RunStatus.READY, RunStatus.RUNNING, RunStatus.RETRY_WAIT)
 
 
 def _is_slot_of(spec: JobSpec, slot_ms: int) -> bool:

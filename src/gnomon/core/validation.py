@@ -19,6 +19,7 @@ from gnomon.core.errors import ValidationError
 from gnomon.core.model import (
     CatchUp,
     JobSpec,
+    OverlapPolicy,
     Priority,
     RetryPolicy,
     Schedule,
@@ -39,7 +40,7 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
-     "retry", "catchUp", "pool", "secrets", "jitterS"}
+     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap"}
 )
 _RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
 _TARGET_FIELDS = {
@@ -92,7 +93,7 @@ def _num(value: Any, field: str, lo: float, hi: float) -> float:
     return float(value)
 
 
-def _enum(value: Any, field: str, enum: type[Priority] | type[CatchUp]) -> Any:
+def _enum(value: Any, field: str, enum: type[Priority] | type[CatchUp] | type[OverlapPolicy]) -> Any:
     allowed = [m.value for m in enum]
     if value not in allowed:
         raise ValidationError(field, f"must be one of {', '.join(allowed)}, got {value!r}")
@@ -247,6 +248,7 @@ def parse_job_spec(
         pool=pool,
         secrets=parse_secrets(data.get("secrets")),
         jitter_s=_int(data.get("jitterS", 0), "jitterS", 0, JITTER_MAX_S),
+        overlap=_enum(data.get("overlap", "allow"), "overlap", OverlapPolicy),
     )
 
 
@@ -279,6 +281,7 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     out["pool"] = spec.pool
     out["secrets"] = list(spec.secrets)
     out["jitterS"] = spec.jitter_s
+    out["overlap"] = spec.overlap.value
     return out
 
 

@@ -12,6 +12,7 @@ State layout in the partition's ordered key-value store (RocksDB):
     rw/<pool>\0<lane><prio>/<due_ms:013>/<run_id> -> b"" READY runs waiting for a worker with
                                              room: punctual before catch-up, by priority, by due time
     jr/<job_id>\0<run_id>           -> b""   runs of a job that have not started (edits reach them)
+    ja/<job_id>\0<run_id>           -> b""   active runs of a job with an overlap policy
     ws/<worker_id>\0<run_id>        -> b""   attempts staged on a worker (moved if it is lost)
     rp/<purge_at_ms:013>/<run_id>   -> b""   finished runs, by when they may leave state (purge)
 
@@ -42,6 +43,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.errors import TransitionError, ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
+from gnomon.core.model import OverlapPolicy
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
@@ -91,6 +93,10 @@ def _waiting_key(run: R.RunState, catch_up_after_ms: int) -> bytes:
 
 def _job_runs_prefix(job_id: str) -> bytes:
     return b"jr/" + job_id.encode() + b"\0"
+
+
+def _active_prefix(job_id: str) -> bytes:
+    return b"ja/" + job_id.encode() + b"\0"
 
 
 def _staged_prefix(worker_id: str) -> bytes:
@@ -229,6 +235,8 @@ class PartitionTask:
             keys.add(_job_runs_prefix(run.job_id) + run.run_id.encode())
         if run.staged and run.worker_id is not None:
             keys.add(_staged_prefix(run.worker_id) + run.run_id.encode())
+        if run.spec.overlap is not OverlapPolicy.ALLOW and R.is_active(run):
+            keys.add(_active_prefix(run.job_id) + run.run_id.encode())
         purge_at = run.purge_at_ms(self.run_cfg)
         if purge_at is not None:
             keys.add(_purge_key(purge_at, run.run_id))
@@ -409,16 +417,42 @@ class PartitionTask:
             out.extend(self._messages_for(new, ev))
         assert new is not None
         # a run due for staging now is staged now, not at the next tick
+        active: R.RunState | None = None
         if new.status is R.RunStatus.SCHEDULED and (new.timer_ms(self.run_cfg) or 0) <= now_ms:
             job = self.job(new.job_id)
-            for ev in R.decide_timer(new, now_ms, self.run_cfg, job):
+            active = self._active_sibling(new, job)
+            for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active):
                 new = R.evolve(new, ev)
                 out.extend(self._messages_for(new, ev))
         if new.status is R.RunStatus.READY and self.directory is not None:
             new = self._assign(new, now_ms, out)
         if new != state:
             self._store_run(state, new, out)
+        out.extend(self._replace_active(new.run_id, active, now_ms))
         return out
+
+    def _active_sibling(self, run: R.RunState, job: J.JobState | None) -> R.RunState | None:
+        """For a scheduled run of a job with an overlap policy: another of its runs that is
+        released and not finished (the ``ja/`` index holds only those), or None."""
+        if run.status is not R.RunStatus.SCHEDULED or run.manual or job is None:
+            return None
+        if job.spec.overlap is OverlapPolicy.ALLOW:
+            return None
+        for run_id in self._run_ids_under(_active_prefix(run.job_id)):
+            other = self.run(run_id)
+            if run_id != run.run_id and other is not None and R.is_active(other):
+                return other
+        return None
+
+    def _replace_active(self, released_id: str, active: R.RunState | None, now_ms: int) -> list[Output]:
+        """``overlap: replace``: once the new slot's run is released, cancel the active one."""
+        if active is None:
+            return []
+        released = self.run(released_id)
+        if released is None or not R.is_active(released):
+            return []
+        cancel = R.replacement_cancel(released, active, now_ms)
+        return [] if cancel is None else self._handle_run(cancel, now_ms)
 
     def _assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> R.RunState:
         """Grant a READY run to a live worker with a free slot, if the pool has one."""
@@ -519,8 +553,10 @@ class PartitionTask:
                 self._drop_stale_entry(key, run)
                 continue
             job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
-            out.extend(self._apply_run_events(run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms),
-                                              now_ms))
+            active = self._active_sibling(run, job)
+            out.extend(self._apply_run_events(
+                run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active), now_ms))
+            out.extend(self._replace_active(run.run_id, active, now_ms))
         out.extend(self._assign_waiting(now_ms))
         if history_until_ms is not None:
             out.extend(self._purge(now_ms, history_until_ms))
