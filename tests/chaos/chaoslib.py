@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
@@ -47,7 +47,7 @@ def end_offsets(bootstrap: str, topic: str, attempts: int = 10) -> list[TopicPar
     raise AssertionError("unreachable")
 
 
-def read_messages(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> Iterator[Message]:
+def read_messages(bootstrap: str, start: list[TopicPartition], timeout_s: float = 90) -> Iterator[Message]:
     """Every committed record from ``start`` to the current end, raw (tombstones too), in
     partition order."""
     topic = start[0].topic
@@ -62,7 +62,12 @@ def read_messages(bootstrap: str, start: list[TopicPartition], timeout_s: float 
             if msg is None:
                 continue
             if msg.error():
-                pending.discard(msg.partition())  # EOF (at the last stable offset)
+                # EOF comes at the last stable offset: a killed processor's open
+                # transaction holds it back until the broker aborts it (transaction
+                # timeout, then the coordinator's next sweep), and committed records
+                # behind it come after. Done only at the end offset read above.
+                if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
+                    pending.discard(msg.partition())
                 continue
             yield msg
             if msg.offset() + 1 >= ends[msg.partition()]:
@@ -71,7 +76,7 @@ def read_messages(bootstrap: str, start: list[TopicPartition], timeout_s: float 
         c.close()
 
 
-def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 60) -> list[Any]:
+def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 90) -> list[Any]:
     """Every committed record from ``start`` to the current end, decoded, in partition order."""
     out: list[Any] = []
     for msg in read_messages(bootstrap, start, timeout_s):

@@ -22,3 +22,9 @@ def register(worker: Worker) -> None:
     def noop(ctx: AttemptContext) -> Any:
         return None
 
+    @worker.handler("sleep")
+    def sleep(ctx: AttemptContext) -> Any:
+        """Hold a worker slot for payload["s"] seconds (at most an hour); stops on cancel."""
+        seconds = ctx.payload.get("s", 1) if isinstance(ctx.payload, dict) else 1
+        ctx.stop.wait(min(max(float(seconds), 0.0), 3600.0))
+        return None
