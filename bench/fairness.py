@@ -11,7 +11,7 @@ handler), so ``jobs`` runs compete for ``slots`` slots. Prints, from the run led
   starts while every tier still had a backlog (the target is the processor's
   --priority-weights, 70/20/10 by default);
 * start lag (worker start - slot) per priority;
-* runs running at once per tenant, the mean over each 5-second window (quotas are not built yet:
+* runs running at once per tenant, the most in each 5-second window (quotas are not built yet:
   one tenant here).
 """
 
@@ -97,14 +97,17 @@ def main() -> None:
         lags = [((r.started_at_ms or 0) - r.not_before_ms) / 1000 for r in started if prio_of[r.job_id] == t]
         print(f"start lag {t:<6} p50={pct(lags, 50):7.2f} s  p99={pct(lags, 99):7.2f} s  max={max(lags, default=0):7.2f} s")
     t0 = min((r.started_at_ms or 0) for r in started) if started else 0
-    running: dict[int, Counter[str]] = defaultdict(Counter)
-    for r in started:
-        end = r.finished_at_ms or r.started_at_ms or 0
-        for sec in range(((r.started_at_ms or 0) - t0) // 1000, (end - t0) // 1000 + 1):
-            running[sec // 5 * 5][r.tenant] += 1
-    print("per-tenant runs running at once, mean over each 5 s window (quotas: not built):")
-    for sec in sorted(running)[:12]:
-        print(f"  t+{sec:>3}s  " + " ".join(f"{tenant}={n // 5}" for tenant, n in sorted(running[sec].items())))
+    t1 = max((r.finished_at_ms or r.started_at_ms or 0) for r in started) if started else 0
+    peak: dict[int, Counter[str]] = defaultdict(Counter)
+    for at in range(t0, t1 + 1, 250):  # sample every 250 ms: runs started and not yet finished
+        now = Counter(r.tenant for r in started if (r.started_at_ms or 0) <= at < (r.finished_at_ms or t1 + 1))
+        window = (at - t0) // 5000 * 5
+        for tenant, n in now.items():
+            peak[window][tenant] = max(peak[window][tenant], n)
+    print(f"per-tenant runs running at once, the most in each 5 s window ({args.slots} worker slots; "
+          "quotas: not built):")
+    for sec in sorted(peak)[:12]:
+        print(f"  t+{sec:>3}s  " + " ".join(f"{tenant}={n}" for tenant, n in sorted(peak[sec].items())))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ from gnomon.core import runs as R
 from gnomon.core.clock import FakeClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import DispatchRun, Grant, Stop
+from gnomon.core.priorities import WeightedPicker
 from gnomon.core.workers import WorkerAdvert, WorkerDirectory
 from gnomon.streams.task import Output, PartitionTask
+from gnomon.streams.waiting import assign_waiting
 from gnomon.topology import Topology
 
 # What a fake worker does with an attempt it was granted.
@@ -113,6 +115,7 @@ class InMemoryCluster:
         self.tasks = {p: PartitionTask(p, MemoryKV(), self.topo, self.sched_cfg, self.run_cfg,
                                        directory=self.directory)
                       for p in range(self.partitions)}
+        self._pickers: dict[str, WeightedPicker] = {}
         self.dead_workers: set[str] = set()
         self.started: list[tuple[str, int, str]] = []  # (run_id, start ms, worker) as a handler would see it
         self._last_advert_ms = -(10**15)
@@ -186,7 +189,9 @@ class InMemoryCluster:
                     self._route(task.worker_lost(wid, now))
         history = None if self.history_lag_ms is None else now - self.history_lag_ms
         for task in self.tasks.values():
-            self._route(task.tick(now, history_until_ms=history))
+            self._route(task.tick(now, history_until_ms=history, assign_waiting=False))
+        # as a processor does: waiting runs take free slots across all partitions
+        self._route(assign_waiting(list(self.tasks.values()), now, self._pickers))
         self.drain()
 
     def kill_worker(self, worker_id: str) -> None:

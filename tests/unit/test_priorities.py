@@ -56,11 +56,12 @@ def test_parse_weights(text: str, ok: bool) -> None:
 
 
 def test_a_backlog_starts_in_the_weighted_mix_while_every_tier_waits() -> None:
-    """600 one-time runs due at once, 200 per tier; 10 worker slots in all, runs of 1 s:
+    """600 one-time runs due at once, 200 per tier, over 8 partitions; 10 worker slots in
+    all, runs of 1 s:
     the first 200 starts (every tier still has a backlog then) are 70/20/10 within 5
     points. Strict priority would start 200 high runs first."""
     cfg = R.RunConfig(priority_weights=(70, 20, 10))
-    c = InMemoryCluster(partitions=1, workers=2, worker_slots=5, run_cfg=cfg,
+    c = InMemoryCluster(partitions=8, workers=2, worker_slots=5, run_cfg=cfg,
                         policy=FakeWorkerPolicy(duration_ms=(1_000, 1_000)))
     slot = c.clock.now_ms() + 40_000
     cmd = Target(TargetType.COMMAND, argv=("true",))

@@ -34,11 +34,13 @@ from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import PoisonRecord
+from gnomon.core.priorities import WeightedPicker
 from gnomon.core.workers import WorkerDirectory
 from gnomon.streams.adverts import AdvertFeed
 from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.standby import StandbySet
 from gnomon.streams.task import Output, PartitionTask
+from gnomon.streams.waiting import assign_waiting
 from gnomon.topology import Topology, load_topology
 
 log = logging.getLogger("gnomon.processor")
@@ -76,6 +78,7 @@ class Processor:
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
         self.tasks: dict[int, PartitionTask] = {}
+        self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
         self._stop = threading.Event()
         self._last_tick_ms = 0
@@ -351,7 +354,10 @@ class Processor:
             for p, task in list(self.tasks.items()):
                 # a partition with unread run events judges leases by how far it has read
                 outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None,
-                                         self.history.until_ms(p) if self.history is not None else None))
+                                         self.history.until_ms(p) if self.history is not None else None,
+                                         assign_waiting=False))
+            # waiting runs take free slots across all partitions, in the weighted mix
+            outputs.extend(assign_waiting(list(self.tasks.values()), now, self._pickers))
         if outputs or offsets:
             self._commit(outputs, offsets)
         self._clean = True

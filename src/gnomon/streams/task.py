@@ -35,6 +35,7 @@ once it is older than the idempotency-key retention.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -424,12 +425,20 @@ class PartitionTask:
             for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active):
                 new = R.evolve(new, ev)
                 out.extend(self._messages_for(new, ev))
-        if new.status is R.RunStatus.READY and self.directory is not None:
+        if new.status is R.RunStatus.READY and self.directory is not None and not self._others_waiting(new):
             new = self._assign(new, now_ms, out)
         if new != state:
             self._store_run(state, new, out)
         out.extend(self._replace_active(new.run_id, active, now_ms))
         return out
+
+    def _others_waiting(self, run: R.RunState) -> bool:
+        """Other READY runs of the pool wait for room: this one queues behind them (the
+        weighted pick in ``_assign_waiting`` decides), rather than take the next free
+        slot because it happened to be released, or handed back, at that moment."""
+        prefix = _waiting_prefix(run.spec.pool)
+        own = run.run_id.encode()
+        return any(not k.endswith(b"/" + own) for k, _ in self.kv.scan(prefix, _prefix_end(prefix), 2))
 
     def _active_sibling(self, run: R.RunState, job: J.JobState | None) -> R.RunState | None:
         """For a scheduled run of a job with an overlap policy: another of its runs that is
@@ -518,7 +527,7 @@ class PartitionTask:
     # ---- time --------------------------------------------------------------------------
 
     def tick(self, now_ms: int, read_up_to_ms: int | None = None, history_until_ms: int | None = None,
-             ) -> list[Output]:
+             assign_waiting: bool = True) -> list[Output]:
         """Time-driven work of this partition: due jobs, run timers, purges. Bounded by due_max.
         ``read_up_to_ms``: record time up to which this partition's input was read, when it
         is behind (see ``runs.decide_timer``); None when caught up. ``history_until_ms``:
@@ -557,7 +566,8 @@ class PartitionTask:
             out.extend(self._apply_run_events(
                 run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active), now_ms))
             out.extend(self._replace_active(run.run_id, active, now_ms))
-        out.extend(self._assign_waiting(now_ms))
+        if assign_waiting:  # (a processor with several partitions does it across them)
+            out.extend(self._assign_waiting(now_ms))
         if history_until_ms is not None:
             out.extend(self._purge(now_ms, history_until_ms))
         return out
@@ -612,13 +622,31 @@ class PartitionTask:
         return self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, cfg), now_ms)
 
     def _assign_waiting(self, now_ms: int) -> list[Output]:
-        """READY runs waiting for room, while their pool has room: punctual before
-        catch-up, and within each, the priority tiers in their weights' proportions
-        (``RunConfig.priority_weights``, smooth weighted round-robin: none starves), each
-        tier by due time. Costs nothing while a pool is full: no timer, no rescan."""
-        out: list[Output] = []
-        if self.directory is None:
-            return out
+        """This partition alone (see ``streams.waiting.assign_waiting``, which a processor
+        runs across all its partitions so that the weighted mix holds over all of them)."""
+        from gnomon.streams.waiting import assign_waiting
+
+        return assign_waiting([self], now_ms, self._pickers)
+
+    def waiting_cursor(self, pool: str, lane: bytes) -> WaitingCursor:
+        """This tick's view of the READY runs of ``pool`` waiting for room in ``lane``
+        (b"0" punctual, b"1" catch-up), per priority tier, each by due time."""
+        prefix = _waiting_prefix(pool) + lane
+        tiers = {i: iter(list(self.kv.scan(prefix + rank, _prefix_end(prefix + rank), self.due_max)))
+                 for i, rank in enumerate(_PRIO_RANK.values())}
+        return WaitingCursor(self, len(_waiting_prefix(pool)), tiers)
+
+    def assign_waiting_run(self, key: bytes, prefix_len: int, now_ms: int, out: list[Output]) -> bool:
+        """Try to grant the waiting run of index entry ``key``; False: no room for it."""
+        run = self.run(key[prefix_len + _WAITING_FIXED:].decode())
+        if run is None or run.status is not R.RunStatus.READY:
+            self.kv.delete(key)  # stale entry: never expected, but never loop on it
+            return True
+        new = self._assign(run, now_ms, out)
+        if new is run:
+            return False
+        self._store_run(run, new, out)
+        return True
         for pool in self.directory.pools():
             if not self.directory.has_room(pool, now_ms):
                 continue
@@ -668,3 +696,34 @@ class PartitionTask:
                     continue
                 self._store_run(run, new, out)
         return out
+
+
+class WaitingCursor:
+    """One tick's iterators over a partition's waiting runs of one pool and lane, per tier."""
+
+    def __init__(self, task: PartitionTask, prefix_len: int, tiers: dict[int, Iterator[tuple[bytes, bytes]]]) -> None:
+        self.task = task
+        self._prefix_len = prefix_len
+        self._tiers = tiers
+        self._heads: dict[int, bytes] = {}
+        for tier in list(tiers):
+            self._advance(tier)
+
+    def _advance(self, tier: int) -> None:
+        item = next(self._tiers[tier], None)
+        if item is None:
+            del self._tiers[tier]
+            self._heads.pop(tier, None)
+        else:
+            self._heads[tier] = item[0]
+
+    @property
+    def tiers(self) -> set[int]:
+        """Tiers with a run still to try this tick."""
+        return set(self._heads)
+
+    def step(self, tier: int, now_ms: int, out: list[Output]) -> bool:
+        """Try the next run of ``tier``; False: it found no room (a miss)."""
+        key = self._heads[tier]
+        self._advance(tier)
+        return self.task.assign_waiting_run(key, self._prefix_len, now_ms, out)
