@@ -425,20 +425,12 @@ class PartitionTask:
             for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active):
                 new = R.evolve(new, ev)
                 out.extend(self._messages_for(new, ev))
-        if new.status is R.RunStatus.READY and self.directory is not None and not self._others_waiting(new):
+        if new.status is R.RunStatus.READY and self.directory is not None:
             new = self._assign(new, now_ms, out)
         if new != state:
             self._store_run(state, new, out)
         out.extend(self._replace_active(new.run_id, active, now_ms))
         return out
-
-    def _others_waiting(self, run: R.RunState) -> bool:
-        """Other READY runs of the pool wait for room: this one queues behind them (the
-        weighted pick in ``_assign_waiting`` decides), rather than take the next free
-        slot because it happened to be released, or handed back, at that moment."""
-        prefix = _waiting_prefix(run.spec.pool)
-        own = run.run_id.encode()
-        return any(not k.endswith(b"/" + own) for k, _ in self.kv.scan(prefix, _prefix_end(prefix), 2))
 
     def _active_sibling(self, run: R.RunState, job: J.JobState | None) -> R.RunState | None:
         """For a scheduled run of a job with an overlap policy: another of its runs that is
