@@ -639,55 +639,6 @@ class PartitionTask:
             return False
         self._store_run(run, new, out)
         return True
-        for pool in self.directory.pools():
-            if not self.directory.has_room(pool, now_ms):
-                continue
-            prefix = _waiting_prefix(pool)
-            picker = self._pickers.setdefault(pool, WeightedPicker(self.run_cfg.priority_weights))
-            misses = 0
-            for lane in (b"0", b"1"):
-                tiers = {i: iter(list(self.kv.scan(prefix + lane + rank, _prefix_end(prefix + lane + rank),
-                                                   self.due_max)))
-                         for i, rank in enumerate(_PRIO_RANK.values())}
-                while tiers and misses < self.assign_misses_per_tick_max:
-                    tier = picker.pick(tiers.keys())
-                    item = next(tiers[tier], None)
-                    if item is None:
-                        del tiers[tier]  # nothing more waits in it: its share goes to the others
-                        continue
-                    k = item[0]
-                    run = self.run(k[len(prefix) + _WAITING_FIXED:].decode())
-                    if run is None or run.status is not R.RunStatus.READY:
-                        self.kv.delete(k)  # stale entry: never expected, but never loop on it
-                        continue
-                    new = self._assign(run, now_ms, out)
-                    if new is run:
-                        # that run's start second is full (or no worker serves its tenant);
-                        # others may fit. Bounded, so a long full queue costs little per tick.
-                        misses += 1
-                        continue
-                    self._store_run(run, new, out)
-        return out
-        for pool in self.directory.pools():
-            if not self.directory.has_room(pool, now_ms):
-                continue
-            prefix = _waiting_prefix(pool)
-            misses = 0
-            for k, _ in list(self.kv.scan(prefix, _prefix_end(prefix), self.due_max)):
-                run = self.run(k[len(prefix) + _WAITING_FIXED:].decode())
-                if run is None or run.status is not R.RunStatus.READY:
-                    self.kv.delete(k)  # stale entry: never expected, but never loop on it
-                    continue
-                new = self._assign(run, now_ms, out)
-                if new is run:
-                    # that run's start second is full; others (another second) may fit.
-                    # Bounded, so a long full queue costs little per tick.
-                    misses += 1
-                    if misses >= self.assign_misses_per_tick_max:
-                        break
-                    continue
-                self._store_run(run, new, out)
-        return out
 
 
 class WaitingCursor:
