@@ -5,7 +5,8 @@ Feed it the records in log order (``observe``), then ``check(jobs, until_ms)``:
 
 * every slot of every job, from its first slot up to where its schedule points now,
   is exactly one run or a recorded skip (missed = 0, duplicates = 0); a skipped range
-  record accounts for every slot of the schedule inside it, slot by slot;
+  record accounts for every slot of the schedule inside it, slot by slot, except a slot a
+  backfill later ran (its own run accounts for it);
 * a run's fencing token grows by one per grant, and a new grant only follows an
   attempt that ended or one still staged (granted, never reported started), so no two
   started attempts overlap;
@@ -83,7 +84,8 @@ class HistoryChecker:
             for s in states:
                 if prev is not None:
                     replayed = prev.status is RunStatus.FAILED and s.replays == prev.replays + 1
-                    if prev.status.terminal and s != prev and not replayed:
+                    reopened = prev.status is RunStatus.SKIPPED and s.reopens == prev.reopens + 1  # a backfill
+                    if prev.status.terminal and s != prev and not replayed and not reopened:
                         rep.stale_accepted += 1
                         rep.problems.append(f"{run_id} changed after terminal {prev.status.value}")
                     if s.token not in (prev.token, prev.token + 1):
@@ -128,6 +130,8 @@ class HistoryChecker:
                                     f"{len(covered)}")
                 rep.missed += rec.skipped_count - len(covered)
             for slot in covered:
+                if slot in by_slot and by_slot[slot] is not rec and by_slot[slot].backfill:
+                    continue  # a backfill ran this slot of the range: its run accounts for it
                 if slot in in_range or (slot in by_slot and by_slot[slot] is not rec):
                     rep.duplicates += 1
                     rep.problems.append(f"{job.job_id} slot {slot} in a skipped range and recorded again")

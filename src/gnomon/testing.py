@@ -28,6 +28,8 @@ from gnomon.core.clock import FakeClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import DispatchRun, Grant, Stop
 from gnomon.core.priorities import WeightedPicker
+from gnomon.core.quota import QuotaBook
+from gnomon.core.tenants import TenantBook
 from gnomon.core.workers import WorkerAdvert, WorkerDirectory
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.streams.waiting import assign_waiting
@@ -106,15 +108,21 @@ class InMemoryCluster:
     # history (the projector) has every ledger record older than this: finished runs past
     # their retention are purged. None: history never catches up, nothing is purged.
     history_lag_ms: int | None = 0
+    # tenants' limits (quotas, admission); None: the built-in defaults
+    tenants: TenantBook | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.topo = Topology(partitions=self.partitions, pools=("default", "batch"),
                              priorities=("high", "normal", "low"), dispatch_format="gnomon.dispatch.{pool}.{priority}")
         self.directory = WorkerDirectory() if self.staging else None
+        self.tenants = self.tenants or TenantBook()
+        self.quota = QuotaBook(self.tenants, self.partitions)
         self.tasks = {p: PartitionTask(p, MemoryKV(), self.topo, self.sched_cfg, self.run_cfg,
-                                       directory=self.directory)
+                                       directory=self.directory, quota=self.quota)
                       for p in range(self.partitions)}
+        for task in self.tasks.values():
+            task.load_counts()
         self._pickers: dict[str, WeightedPicker] = {}
         self.dead_workers: set[str] = set()
         self.started: list[tuple[str, int, str]] = []  # (run_id, start ms, worker) as a handler would see it

@@ -26,6 +26,8 @@ class Topology:
     dead_letters: str = "gnomon.dead-letters"
     poison: str = "gnomon.poison"
     workers: str = "gnomon.workers"
+    tenants: str = "gnomon.tenants"  # tenant limits (core.tenants), compacted, key tenant
+    tenant_usage: str = "gnomon.tenant-usage"  # per-partition usage (core.usage), key "<tenant>/<partition>"
 
     def dispatch_topic(self, pool: str, priority: str) -> str:
         return self.dispatch_format.format(pool=pool, priority=priority)

@@ -22,6 +22,8 @@ from gnomon.client import Client
 
 API_PORT = int(os.environ.get("GNOMON_TEST_API_PORT", "18787"))
 TOKEN, OTHER_TOKEN = "test-token-acme", "test-token-other"
+ADMIN_TOKEN = "test-token-admin"  # tenant ops, admin role: sets tenants' limits
+QUOTA_TOKEN = "test-token-quota"  # tenant quota: only tests/e2e/test_quota.py uses it
 KAFKA_ROLES = {"api": "api", "processor": "processor", "worker": "worker", "projector": "projector"}
 
 
@@ -62,7 +64,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     manager.up(load())
     logs = tmp_path_factory.mktemp("stack-logs")
     env = dict(os.environ)
-    env.update({"GNOMON_API_TOKENS": f"{TOKEN}:acme,{OTHER_TOKEN}:other", "GNOMON_API_PORT": str(API_PORT),
+    env.update({"GNOMON_API_TOKENS": f"{TOKEN}:acme,{OTHER_TOKEN}:other,{ADMIN_TOKEN}:ops:admin,{QUOTA_TOKEN}:quota", "GNOMON_API_PORT": str(API_PORT),
                 "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{API_PORT}"
     st = Stack(url, Client(url, TOKEN), {}, logs, env)
@@ -125,3 +127,78 @@ def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.
             return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last={last!r}")
+
+
+# ---- a stack of one's own, and the run ledger read back (tests that must not share) ----------
+
+
+def own_stack(logs: Path, env: dict[str, str] | None = None) -> Stack:
+    """A ``Stack`` with no process started yet and no API, for a test that starts its own
+    processes with ids of its own (``stack.start(...)``) and so does not disturb, nor is
+    disturbed by, the session stack or another session's on the same broker."""
+    full = dict(os.environ)
+    full.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+    return Stack("", Client("http://127.0.0.1:9", TOKEN), {}, logs, full)
+
+
+def end_offsets(bootstrap: str, topic: str) -> list[Any]:
+    """The end offset of every partition of ``topic`` (TopicPartition list)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from gnomon.adapters.kafka import consumer_config
+
+    c = Consumer(consumer_config(bootstrap, "e2e-offsets"))
+    try:
+        md = c.list_topics(topic, timeout=10)
+        return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), 10)[1])
+                for p in sorted(md.topics[topic].partitions)]
+    finally:
+        c.close()
+
+
+class LedgerWatch:
+    """Reads the run ledger (gnomon.runs) from its end at creation, in a thread, and keeps
+    the latest ``RunState`` of every run whose job id starts with ``prefix``. Committed
+    records only (read_committed), as history sees them."""
+
+    def __init__(self, prefix: str) -> None:
+        from confluent_kafka import Consumer
+
+        from gnomon.adapters.kafka import consumer_config
+        from gnomon.config import load
+        from gnomon.topology import load_topology
+
+        bootstrap = load().kafka_bootstrap
+        self.prefix = prefix
+        self.runs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer(consumer_config(bootstrap, "e2e-ledger-watch"))
+        self._consumer.assign(end_offsets(bootstrap, load_topology().runs))
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from gnomon import codec
+        from gnomon.codec import DecodeError
+
+        key_prefix = self.prefix.encode()
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(1000, 0.2):
+                if msg.error() or msg.value() is None or not (msg.key() or b"").startswith(key_prefix):
+                    continue
+                try:
+                    run = codec.decode(msg.value())
+                except DecodeError:
+                    continue
+                with self._lock:
+                    self.runs[run.run_id] = run
+        self._consumer.close()
+
+    def snapshot(self) -> list[Any]:
+        with self._lock:
+            return list(self.runs.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)

@@ -28,6 +28,7 @@ BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
     ("POST", "/v1/jobs/{job_id}:pause"): (None, "job"),
     ("POST", "/v1/jobs/{job_id}:resume"): (None, "job"),
     ("POST", "/v1/jobs/{job_id}:trigger"): ({"idempotencyKey": "k1"}, "job"),
+    ("POST", "/v1/jobs/{job_id}:backfill"): ({"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T05:00:00Z"}, "job"),
     ("GET", "/v1/jobs/{job_id}/runs"): (None, "job"),
     ("GET", "/v1/runs/{run_id}"): (None, "run"),
     ("GET", "/v1/runs/{run_id}/logs"): (None, "run"),
@@ -36,6 +37,11 @@ BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
 }
 # Tenant-wide listings and the create: checked by the tests below.
 LISTINGS = {("GET", "/v1/jobs"), ("GET", "/v1/dead-letters"), ("POST", "/v1/jobs")}
+# Tenants' limits: the admin role only (a tenant token gets 403 and nothing is written) ...
+ADMIN_ONLY = {("GET", "/v1/tenants"), ("GET", "/v1/tenants/{tenant}"), ("PUT", "/v1/tenants/{tenant}"),
+              ("DELETE", "/v1/tenants/{tenant}")}
+# ... and a tenant's own limits and usage.
+OWN = {("GET", "/v1/tenant")}
 
 
 def _app_routes(app: Any) -> set[tuple[str, str]]:
@@ -61,7 +67,7 @@ def world(gnomon_api: Any) -> dict[str, Any]:
 
 def test_every_route_is_in_the_matrix(gnomon_api: Any) -> None:
     routes = _app_routes(gnomon_api.app) - PUBLIC_ROUTES
-    covered = set(BY_ID) | LISTINGS
+    covered = set(BY_ID) | LISTINGS | ADMIN_ONLY | OWN
     assert routes - covered == set(), "new route(s): add them to BY_ID or LISTINGS"
     assert covered - routes == set(), "the matrix lists routes the app no longer has"
 
@@ -103,3 +109,23 @@ def test_the_same_idempotency_key_is_another_job_for_another_tenant(gnomon_api: 
     assert [key for _, key, _ in gnomon_api.producer.sent] == [theirs.json()["id"]]
     listed = client.get("/v1/jobs", headers=gnomon_api.auth("other")).json()["items"]
     assert [j["id"] for j in listed] == [theirs.json()["id"]]
+
+
+@pytest.mark.parametrize(("method", "path"), sorted(ADMIN_ONLY))
+def test_tenant_tokens_cannot_read_or_change_limits(gnomon_api: Any, method: str, path: str) -> None:
+    client = TestClient(gnomon_api.app)
+    url = path.replace("{tenant}", "acme")
+    kwargs = {"json": {"concurrencyMax": 100000}} if method == "PUT" else {}
+    for tenant in ("acme", "other"):
+        r = client.request(method, url, headers=gnomon_api.auth(tenant), **kwargs)
+        assert r.status_code == 403, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+    assert gnomon_api.producer.sent == []
+
+
+def test_a_tenant_sees_only_its_own_limits(gnomon_api: Any) -> None:
+    client = TestClient(gnomon_api.app)
+    for tenant in ("acme", "other"):
+        body = client.get("/v1/tenant", headers=gnomon_api.auth(tenant)).json()
+        assert body["tenant"] == tenant, body
+        assert ("acme" if tenant == "other" else "other") not in str(body)

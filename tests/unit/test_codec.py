@@ -38,6 +38,7 @@ from gnomon.core.runs import (
     RunState,
     RunStatus,
 )
+from gnomon.core.tenants import LIMIT_BOUNDS, TenantLimits
 
 # ---- strategies ------------------------------------------------------------------------
 # Derived from the dataclass type hints, for *every* field (defaulted ones included), so a
@@ -50,6 +51,9 @@ TEXT = st.text(max_size=40)
 # Where a dataclass field is narrower than its Python type says.
 OVERRIDES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
     (DispatchRun, "priority"): st.sampled_from([p.value for p in Priority]),  # `str`, but an Avro enum
+    # TenantLimits validates itself: draw only values it accepts
+    (TenantLimits, "tenant"): st.from_regex(r"\A(\*|[A-Za-z0-9._-]{1,128})\Z"),
+    **{(TenantLimits, n): st.integers(lo, hi) for n, (lo, hi) in LIMIT_BOUNDS.items()},
 }
 
 

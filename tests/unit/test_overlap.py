@@ -100,3 +100,121 @@ def test_the_pure_decisions() -> None:
     assert cancel is not None and cancel.run_id == "job@1" and cancel.tenant == "t"
     assert R.replacement_cancel(released, R.RunState("job@1", "job", "t", rep, 1, 1, False, RunStatus.SUCCEEDED, 0, 0),
                                 20_000) is None
+
+
+# ---- bufferOne ---------------------------------------------------------------------------
+
+
+def test_buffer_one_keeps_one_slot_waiting_and_skips_the_rest() -> None:
+    """25 s runs every 10 s: while one runs, the next slot waits (buffered, started when
+    it ends), the one after is skipped "overlap: ..."; never two attempts at once."""
+    c = run_for(OverlapPolicy.BUFFER_ONE, 25_000, 120)
+    runs = c.runs_of("job")
+    skipped = [r for r in runs if r.status is RunStatus.SKIPPED]
+    assert skipped and all((r.reason or "").startswith("overlap:") and "bufferOne" in (r.reason or "")
+                           for r in skipped), [r.reason for r in skipped]
+    waited = [r for r in runs if (r.note or "").startswith("overlap: buffered behind")]
+    assert waited, "some slot waited for the active run"
+    for r in waited:
+        if r.started_at_ms is not None:
+            assert r.started_at_ms > r.not_before_ms + 1_000, "a buffered run starts late, when the other ended"
+    assert any(r.status is RunStatus.SUCCEEDED for r in waited)
+    assert max_concurrent(c) == 1
+    assert c.history_report(["job"]).ok
+
+
+def test_buffer_one_with_short_runs_buffers_nothing() -> None:
+    c = run_for(OverlapPolicy.BUFFER_ONE, 2_000, 90)
+    assert not [r for r in c.runs_of("job") if r.status is RunStatus.SKIPPED or r.note]
+
+
+def _buffered_now(c: InMemoryCluster) -> int:
+    return sum(1 for r in c.runs_of("job") if r.buffered)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(5_000, 40_000), st.integers(0, 1000))
+def test_buffer_one_never_holds_more_than_one_run(duration_ms: int, seed: int) -> None:
+    c = InMemoryCluster(seed=seed, policy=FakeWorkerPolicy(duration_ms=(duration_ms, duration_ms)))
+    c.submit(J.RegisterJob("job", "t", spec(OverlapPolicy.BUFFER_ONE), c.clock.now_ms()))
+    for _ in range(40):  # look between steps, not only at the end
+        c.run_for(2_000)
+        assert _buffered_now(c) <= 1
+    assert max_concurrent(c) <= 1
+    assert c.history_report(["job"]).ok
+    assert not [r for r in c.runs_of("job") if r.status is RunStatus.CANCELLED]  # bufferOne never cancels
+
+
+def _job(overlap: OverlapPolicy) -> J.JobState:
+    return J.JobState("job", "t", spec(overlap), J.JobStatus.ACTIVE, 40_000, 1, 0, 0)
+
+
+def _run(run_id: str, slot: int, status: RunStatus, overlap: OverlapPolicy, **kw: object) -> R.RunState:
+    return R.RunState(run_id, "job", "t", spec(overlap), slot, slot, False, status, 0, 0, **kw)  # type: ignore[arg-type]
+
+
+def test_buffer_one_pure_decisions() -> None:
+    b1 = OverlapPolicy.BUFFER_ONE
+    job = _job(b1)
+    running = _run("job@1", 10_000, RunStatus.RUNNING, b1, lease_until_ms=10**12, deadline_ms=10**12)
+    second = _run("job@2", 20_000, RunStatus.SCHEDULED, b1)
+    third = _run("job@3", 30_000, RunStatus.SCHEDULED, b1)
+    assert second.timer_ms() == 20_000, "released at its start, like forbid"
+    (ev,) = R.decide_timer(second, 20_000, job=job, active=running)
+    assert isinstance(ev, R.RunBuffered) and ev.recheck_at_ms == 20_000 + R.RunConfig().redispatch_after_ms
+    waiting = R.evolve(second, ev)
+    assert waiting.buffered and waiting.status is RunStatus.SCHEDULED
+    assert waiting.reason == waiting.note == "overlap: buffered behind job@1 (bufferOne)"
+    assert waiting.timer_ms() == ev.recheck_at_ms
+    # the next slot finds one waiting: skipped, recorded why
+    (ev3,) = R.decide_timer(third, 30_000, job=job, active=running, buffered=waiting)
+    assert isinstance(ev3, R.RunWithdrawn) and ev3.reason.startswith("overlap: job@1 is still running")
+    assert "job@2 already waits" in ev3.reason
+    # still active at the re-check: waits on (another re-check), even though it is itself "buffered"
+    (again,) = R.decide_timer(waiting, 21_000, job=job, active=running, buffered=waiting)
+    assert isinstance(again, R.RunBuffered) and again.recheck_at_ms == 22_000
+    # the active run ended: released, and the note stays when it finishes
+    (rel,) = R.decide_timer(R.evolve(waiting, again), 22_000, job=job, active=None)
+    assert isinstance(rel, R.RunReleased)
+    released = R.evolve(R.evolve(waiting, again), rel)
+    assert released.status is RunStatus.READY and not released.buffered and released.note
+    # paused or deleted while waiting: withdrawn as any scheduled run
+    paused = J.JobState("job", "t", spec(b1), J.JobStatus.PAUSED, 40_000, 2, 0, 0)
+    (w,) = R.decide_timer(waiting, 21_000, job=paused, active=running)
+    assert isinstance(w, R.RunWithdrawn) and w.reason == "paused"
+    assert not R.evolve(waiting, w).buffered
+    # manual runs ignore the policy
+    manual = R.RunState("job@manual:k", "job", "t", spec(b1), 20_000, 20_000, True, RunStatus.SCHEDULED, 0, 0)
+    assert isinstance(R.decide_timer(manual, 20_000, job=job, active=running)[0], R.RunReleased)
+
+
+_POLICIES = st.sampled_from(list(OverlapPolicy))
+_ACTIVE = st.sampled_from([RunStatus.READY, RunStatus.RUNNING, RunStatus.RETRY_WAIT])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_POLICIES, st.one_of(st.none(), _ACTIVE), st.booleans(), st.integers(20_000, 10**9))
+def test_overlap_decision_properties(overlap: OverlapPolicy, active_status: RunStatus | None,
+                                     other_waits: bool, now: int) -> None:
+    """forbid never releases while a run is active; bufferOne releases only when none is,
+    and holds a second run only if none waits yet; replace always cancels the active run
+    it releases past; allow always releases."""
+    job = _job(overlap)
+    sched = _run("job@2", 20_000, RunStatus.SCHEDULED, overlap)
+    active = None if active_status is None else _run(
+        "job@1", 10_000, active_status, overlap, lease_until_ms=10**12, deadline_ms=10**12, next_attempt_at_ms=10**12)
+    waiting = _run("job@0", 15_000, RunStatus.SCHEDULED, overlap, recheck_at_ms=now + 1) if other_waits else None
+    (ev,) = R.decide_timer(sched, now, job=job, active=active, buffered=waiting)
+    if active is None or overlap in (OverlapPolicy.ALLOW, OverlapPolicy.REPLACE):
+        assert isinstance(ev, R.RunReleased)
+    elif overlap is OverlapPolicy.FORBID:
+        assert isinstance(ev, R.RunWithdrawn) and ev.reason.startswith("overlap:")
+    elif waiting is not None:
+        assert isinstance(ev, R.RunWithdrawn) and ev.reason.startswith("overlap:")  # never a second buffered run
+    else:
+        assert isinstance(ev, R.RunBuffered) and R.evolve(sched, ev).buffered
+    if isinstance(ev, R.RunReleased) and active is not None:
+        cancel = R.replacement_cancel(R.evolve(sched, ev), active, now)
+        assert (cancel is not None) == (overlap is OverlapPolicy.REPLACE)
+        if cancel is not None:
+            assert cancel.run_id == active.run_id and "overlap: replace" in cancel.reason

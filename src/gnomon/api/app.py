@@ -26,9 +26,12 @@ from fastapi.security import HTTPBearer
 from gnomon import codec
 from gnomon.api import problems, schemas
 from gnomon.api.auth import Authenticator
+from gnomon.api.backfill import add_backfill_route
 from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import finish, problem_responses, request_body
 from gnomon.api.problems import CommandOutcomeUnknown
+from gnomon.api.tenants import TenantService, limit_responses
+from gnomon.api.tenants import install as install_tenant_routes
 from gnomon.api.views import job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import Conflict, EventLogError, NotFound, ValidationError
@@ -134,10 +137,12 @@ def idempotent_job_id(tenant: str, key: str) -> str:
 
 def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
-    clock: Clock | None = None,
+    clock: Clock | None = None, tenants: TenantService | None = None,
 ) -> FastAPI:
-    """``commands`` produces to ``topology.job_commands``."""
+    """``commands`` produces to ``topology.job_commands``. ``tenants``: limits, usage and
+    the admin endpoints (api/tenants.py); default: built-in limits, no usage, read-only."""
     clock = clock or SystemClock()
+    tenants = tenants or TenantService(topic=topology.tenants)
     run_sink = commands
     pools = frozenset(topology.pools)
     app = FastAPI(
@@ -152,6 +157,8 @@ def create_app(
     problems.install(app)
     app.openapi = finish(app)  # type: ignore[method-assign]
     app.state.auth = auth
+    install_tenant_routes(app, tenants, clock)
+    add_backfill_route(app, history=history, commands=commands, clock=clock)  # POST /v1/jobs/{id}:backfill
 
     async def body_of(request: Request) -> Any:
         return parse_json(await read_bounded(request, BODY_MAX_BYTES))
@@ -180,6 +187,7 @@ def create_app(
             if existing is not None:
                 return created(job_view(same_job(existing, tenant, data, key, now)), 200)
         spec = parse_job_spec(data, now, pools=pools)
+        tenants.check_registration(tenant, spec, now)  # jobs_max, interval_min_s, backlog_max
         commands.send(job_id, RegisterJob(job_id, tenant, spec, now))
         return created(job_view(JobState(job_id, tenant, spec, JobStatus.ACTIVE,
                                          first_slot_after(spec, now - 1), 1, now, now)), 201)
@@ -207,7 +215,7 @@ def create_app(
               responses={201: {"model": schemas.Job, "description": "registered", "headers": _LOCATION},
                          200: {"model": schemas.Job, "description": "already registered with this "
                                "Idempotency-Key and body", "headers": _LOCATION},
-                         **problem_responses(401, 409, 413, 422, 503)},
+                         **problem_responses(401, 409, 413, 422, 503), **limit_responses()},
               openapi_extra=request_body(schemas.JobSpecInput, example=_EXAMPLE_JOB))
     async def create_job(request: Request, tenant: Tenant, idempotency_key: IdempotencyKey = None) -> JSONResponse:
         key = None if idempotency_key is None else validate_idempotency_key(idempotency_key, IDEMPOTENCY_HEADER)
@@ -245,12 +253,15 @@ def create_app(
                 raise ValidationError(name, "unknown field; allowed: idempotencyKey")
         key = validate_idempotency_key(body.get("idempotencyKey"))
         owned_job(tenant, job_id)
-        commands.send(job_id, TriggerJob(job_id, tenant, key, clock.now_ms()))
+        now = clock.now_ms()
+        tenants.admit_trigger(tenant, now)  # triggers_per_min_max, backlog_max
+        commands.send(job_id, TriggerJob(job_id, tenant, key, now))
         return {"runId": manual_run_id(job_id, key)}
 
     @app.post("/v1/jobs/{job_id}:trigger", status_code=202, summary="Run a job now (idempotent per key)",
               response_model=None,
-              responses={202: {"model": schemas.TriggerAck}, **problem_responses(401, 404, 413, 422, 503)},
+              responses={202: {"model": schemas.TriggerAck}, **problem_responses(401, 404, 413, 422, 503),
+                         **limit_responses()},
               openapi_extra=request_body(schemas.TriggerBody, example={"idempotencyKey": "deploy-42"}))
     async def trigger_job(job_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await body_of(request)
@@ -274,6 +285,8 @@ def create_app(
                                     currentVersion=state.version)
         now = clock.now_ms()
         spec = apply_patch(state.spec, patch, now, pools=pools)  # an early 422; the processor checks again
+        if spec.schedule != state.spec.schedule:
+            tenants.check_schedule(tenant, spec, now)  # interval_min_s
         commands.send(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
         version = (expected if expected is not None else state.version) + 1
         view = job_view(JobState(job_id, tenant, spec, state.status, state.next_run_at_ms, version,

@@ -10,7 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gnomon.core.errors import Conflict, EventLogError, HistoryStoreError, NotFound, ValidationError
+from gnomon.core.errors import (
+    Conflict,
+    EventLogError,
+    HistoryStoreError,
+    LimitExceeded,
+    NotFound,
+    ValidationError,
+)
 
 PROBLEM_BASE = "https://gnomon.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -24,6 +31,14 @@ log = logging.getLogger("gnomon.api")
 
 
 class Unauthorized(Exception):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class Forbidden(Exception):
+    """An authenticated caller without the role an endpoint needs (403)."""
+
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
@@ -54,6 +69,20 @@ def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> JS
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers or None)
 
 
+def limit_problem(exc: LimitExceeded) -> JSONResponse:
+    """A tenant limit refused the request: 429 with Retry-After when waiting helps, else
+    422. The body names the limit (``"limit": "backlog_max"``) and the field if one is."""
+    extra: dict[str, Any] = {"limit": exc.limit}
+    if exc.field is not None:
+        extra["field"] = exc.field
+        extra["errors"] = [{"field": exc.field, "message": exc.message}]
+    if exc.retry_after_s is None:
+        return problem(422, "limit-exceeded", "Tenant limit exceeded", exc.message, **extra)
+    resp = problem(429, "limit-exceeded", "Tenant limit exceeded", exc.message, **extra)
+    resp.headers["Retry-After"] = str(max(1, int(exc.retry_after_s)))
+    return resp
+
+
 def _field_of(loc: Any) -> str:
     """FastAPI's error location without its ("body" | "query" | "path" | "header") prefix."""
     return ".".join(str(p) for p in loc if p not in ("body", "query", "path", "header")) or "body"
@@ -68,6 +97,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Unauthorized)
     async def _unauth(_: Request, exc: Unauthorized) -> JSONResponse:
         return problem(401, "unauthorized", "Unauthorized", exc.detail, field="Authorization")
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_: Request, exc: Forbidden) -> JSONResponse:
+        return problem(403, "forbidden", "Forbidden", exc.detail, field="Authorization")
+
+    @app.exception_handler(LimitExceeded)
+    async def _limit(_: Request, exc: LimitExceeded) -> JSONResponse:
+        return limit_problem(exc)
 
     @app.exception_handler(TooLarge)
     async def _too_large(_: Request, exc: TooLarge) -> JSONResponse:

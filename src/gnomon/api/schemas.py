@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from gnomon.core.tenants import LIMIT_BOUNDS
 from gnomon.core.validation import (
     ARGV_ITEM_MAX_CHARS,
     ARGV_MAX_ITEMS,
@@ -37,7 +38,7 @@ HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,127}$"
 
 Priority = Literal["high", "normal", "low"]
 CatchUp = Literal["once", "all", "skip"]
-Overlap = Literal["allow", "forbid", "replace"]
+Overlap = Literal["allow", "forbid", "replace", "bufferOne"]
 JobStatus = Literal["active", "paused", "done", "deleted"]
 RunStatus = Literal["scheduled", "ready", "running", "retry_wait", "succeeded", "failed", "cancelled", "skipped"]
 SecretName = Annotated[str, Field(pattern=SECRET_PATTERN)]
@@ -130,7 +131,8 @@ class _JobFields(_Closed):
         description="names of this tenant's secrets the run may read (values stay on the workers)")
     overlap: Overlap | SkipJsonSchema[None] = Omittable(
         description="while an earlier run is active: allow (default), forbid (skip the slot, "
-                    "recorded 'overlap'), replace (cancel the active run)")
+                    "recorded 'overlap'), replace (cancel the active run), bufferOne (one later slot "
+                    "waits and starts when the active run ends; further ones are skipped, recorded 'overlap')")
     jitterS: Annotated[int, Field(ge=0, le=JITTER_MAX_S)] | SkipJsonSchema[None] = Omittable(
         description="start each scheduled run at a fixed offset (a hash of job and slot) in "
                     "[slot, slot + jitterS]; the run id keeps the slot. Default 0")
@@ -199,6 +201,11 @@ class Run(_Closed):
     reason: str | None
     skippedFrom: Instant | None
     skippedCount: int | None
+    backfill: bool = Field(description="created or reopened by a backfill (POST /v1/jobs/{id}:backfill)")
+    reopens: int = Field(description="times a backfill reopened it after it was skipped")
+    note: str | None = Field(description="how the run came to be or what it waited for, kept when it finishes: "
+                             "'backfilled', 'reopened by backfill (was skipped: ...)', "
+                             "'overlap: buffered behind ... (bufferOne)'")
 
 
 class LogLine(_Closed):
@@ -238,6 +245,60 @@ class TriggerAck(_Closed):
     runId: str
 
 
+def _limit(name: str, description: str) -> Any:
+    low, high = LIMIT_BOUNDS[name]
+    return Annotated[int, Field(ge=low, le=high, description=description)]
+
+
+ConcurrencyMax = _limit("concurrency_max", "runs granted to workers (staged or running) at once, per pool")
+JobsMax = _limit("jobs_max", "registered jobs")
+IntervalMinS = _limit("interval_min_s", "shortest gap between two fire times of a cron schedule, seconds")
+BacklogMax = _limit("backlog_max", "one-off runs (manual triggers, one-time jobs) queued and not started")
+TriggersPerMinMax = _limit("triggers_per_min_max", "manual triggers accepted per minute")
+
+
+class TenantLimitsInput(_Closed):
+    """Limits to set (PUT /v1/tenants/{tenant}); the ones left out keep their current value
+    (the tenant's own, else the defaults)."""
+
+    concurrencyMax: ConcurrencyMax | SkipJsonSchema[None] = Omittable()
+    jobsMax: JobsMax | SkipJsonSchema[None] = Omittable()
+    intervalMinS: IntervalMinS | SkipJsonSchema[None] = Omittable()
+    backlogMax: BacklogMax | SkipJsonSchema[None] = Omittable()
+    triggersPerMinMax: TriggersPerMinMax | SkipJsonSchema[None] = Omittable()
+
+
+class TenantLimitValues(_Closed):
+    concurrencyMax: ConcurrencyMax
+    jobsMax: JobsMax
+    intervalMinS: IntervalMinS
+    backlogMax: BacklogMax
+    triggersPerMinMax: TriggersPerMinMax
+
+
+class TenantUsage(_Closed):
+    """Summed over the processors' partitions, as they last reported it."""
+
+    jobs: int
+    backlog: int
+    running: int
+    triggersLastMin: int
+    countedAt: Instant | None = Field(description="the oldest partition count included; null: none yet")
+
+
+class Tenant(_Closed):
+    tenant: str = Field(description="'*' is the defaults record")
+    configured: bool = Field(description="false: the tenant has no record of its own and gets the defaults")
+    limits: TenantLimitValues
+    updatedAt: Instant | None
+    usage: TenantUsage
+
+
+class TenantList(_Closed):
+    defaults: TenantLimitValues = Field(description="the limits of every tenant without a record of its own")
+    items: list[Tenant] = Field(description="configured tenants and tenants with usage, by name")
+
+
 class FieldError(BaseModel):
     field: str
     message: str
@@ -252,8 +313,10 @@ class Problem(BaseModel):
     detail: str
     field: str | SkipJsonSchema[None] = Omittable(description="the offending input, e.g. target.url or retry.max")
     errors: list[FieldError] | SkipJsonSchema[None] = Omittable()
+    limit: str | SkipJsonSchema[None] = Omittable(description="422/429 of a tenant limit: which one, e.g. "
+        "backlog_max (429: retry after Retry-After seconds)")
     outcome: Literal["unknown", "not-written"] | SkipJsonSchema[None] = Omittable(description="503 of a command: unknown = it may have been written (retry with the same "
         "idempotency key); not-written = nothing was sent")
 
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobPatch, TriggerBody)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobPatch, TriggerBody, TenantLimitsInput)

@@ -59,6 +59,9 @@ def run_view(run: RunState) -> dict[str, Any]:
         # a skipped range: every slot of the schedule from skippedFrom to slot, skippedCount of them
         "skippedFrom": _iso(run.skipped_from_ms),
         "skippedCount": run.skipped_count if run.status.value == "skipped" else None,
+        "backfill": run.backfill,
+        "reopens": run.reopens,
+        "note": run.note,  # kept when it finishes, unlike reason (then the outcome)
     }
 
 

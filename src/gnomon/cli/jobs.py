@@ -141,6 +141,27 @@ def trigger(job_id: str, key: Annotated[str | None, typer.Option("--key", help="
         typer.echo(clean(run_id))
 
 
+@jobs_app.command("backfill")
+@command
+def backfill(
+    job_id: str,
+    from_: Annotated[str, typer.Option("--from", help="first instant of the range (ISO-8601, e.g. 2026-11-30T00:00:00Z)")],
+    to: Annotated[str, typer.Option("--to", help="last instant of the range (ISO-8601, not in the future)")],
+    json_: JsonOpt = False,
+) -> None:
+    """Run the past slots of a job's schedule in [--from, --to]: slots without a run get
+    one, slots recorded skipped are reopened, slots that ran are left alone (at most 1,000)."""
+    out = Client().backfill(job_id, from_, to)
+    if json_:
+        print_json(out)
+        return
+    _field("slots in range", out["slots"])
+    _field("sent", out["sent"])
+    _field("left alone (already run)", len(out["alreadyRun"]))
+    for run_id in out["runIds"]:
+        typer.echo(clean(run_id))
+
+
 @runs_app.command("list")
 @command
 def runs_list(job_id: str, status: str | None = None, limit: int = 20, json_: JsonOpt = False) -> None:

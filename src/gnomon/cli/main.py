@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gnomon.cli import cron, infra, jobs, services
+from gnomon.cli import cron, infra, jobs, services, tenants
 
 app = typer.Typer(
     name="gnomon",
@@ -19,6 +19,7 @@ app.add_typer(jobs.token_app, name="token")
 app.add_typer(jobs.runs_app, name="runs")
 app.add_typer(jobs.dead_app, name="dead-letters")
 app.add_typer(cron.app, name="cron")
+app.add_typer(tenants.app, name="tenants")
 app.command()(services.processor)
 app.command()(services.worker)
 app.command()(services.projector)

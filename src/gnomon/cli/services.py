@@ -165,7 +165,7 @@ def dev(
     no_infra: Annotated[bool, typer.Option("--no-infra", help="assume Kafka and Cassandra are up")] = False,
 ) -> None:
     """Start infra, a processor, a worker, the projector and the API; Ctrl-C stops them all."""
-    from gnomon.api.auth import dev_token
+    from gnomon.api.auth import dev_admin_token, dev_token
 
     s = load()
     if not no_infra:
@@ -180,7 +180,8 @@ def dev(
                        ("projector", ["projector"]), ("api", ["api", "--dev"])):
         out = open(logs / f"dev-{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         procs[name] = subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)
-    console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}", highlight=False)
+    console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}  admin token: {dev_admin_token(s)}",
+                  highlight=False)
     console.print(f"logs: {logs}/dev-{{processor,worker,projector,api}}.log", highlight=False)
     console.print("Ctrl-C stops everything this command started.")
     try:

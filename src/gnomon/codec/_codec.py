@@ -14,6 +14,7 @@ from gnomon.codec._convert import Converters
 from gnomon.codec.registry import Registry, SchemaVersion
 from gnomon.core.errors import ValidationError
 from gnomon.core.jobs import (
+    BackfillJob,
     DeleteJob,
     JobState,
     PatchJob,
@@ -37,6 +38,8 @@ from gnomon.core.runs import (
     ReturnGrant,
     RunState,
 )
+from gnomon.core.tenants import TenantLimits
+from gnomon.core.usage import TenantUsage
 from gnomon.core.workers import WorkerAdvert
 
 MAGIC = 0
@@ -71,7 +74,8 @@ TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
                 # CancelRun and ReplayRun come here from the API (the only writer of this
                 # topic); read from gnomon.run-events, which workers write, they are refused
-                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob, CancelRun, ReplayRun),
+                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob, CancelRun, ReplayRun,
+                 BackfillJob),
                 "gnomon.JobCommand"),
     TopicSchema("gnomon.run-events", "gnomon.run-events-value",
                 (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
@@ -86,6 +90,8 @@ TOPICS: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.run-logs", "gnomon.run-logs-value", (LogLine,), None),
     TopicSchema("gnomon.poison", "gnomon.poison-value", (PoisonRecord,), None),
     TopicSchema("gnomon.workers", "gnomon.workers-value", (WorkerAdvert,), None),
+    TopicSchema("gnomon.tenants", "gnomon.tenants-value", (TenantLimits,), None),
+    TopicSchema("gnomon.tenant-usage", "gnomon.tenant-usage-value", (TenantUsage,), None),
 )
 # Types that are not a topic's value but are registered (as references) and decodable.
 _EXTRA_TYPES: tuple[type, ...] = (JobSpec,)

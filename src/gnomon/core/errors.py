@@ -57,3 +57,18 @@ class StateStoreError(InfraError):
 
 class HistoryStoreError(InfraError):
     pass
+
+
+class LimitExceeded(GnomonError):
+    """A tenant limit (``core.tenants``) refuses the request. ``limit`` names it
+    (``jobs_max``...); ``field`` is the request field at fault, if one is;
+    ``retry_after_s`` is set when waiting helps (the API answers 429 with Retry-After),
+    None when it does not (422)."""
+
+    def __init__(self, limit: str, message: str, *, field: str | None = None,
+                 retry_after_s: int | None = None) -> None:
+        super().__init__(f"{limit}: {message}")
+        self.limit = limit
+        self.field = field
+        self.message = message
+        self.retry_after_s = retry_after_s

@@ -133,8 +133,28 @@ class TriggerJob:
     at_ms: int
 
 
-JobCommand = RegisterJob | UpdateJob | PatchJob | PauseJob | ResumeJob | DeleteJob | TriggerJob
-JOB_COMMANDS = (RegisterJob, UpdateJob, PatchJob, PauseJob, ResumeJob, DeleteJob, TriggerJob)
+@dataclass(frozen=True)
+class BackfillJob:
+    """Create the runs of these past slots of the job's schedule (``POST /v1/jobs/{id}:backfill``).
+
+    The API computes ``slots_ms`` from the schedule over the requested range and leaves
+    out every slot whose run history has in a state other than skipped (run ids are
+    ``job@slot``; a run purged from processor state is still in history, so it is not
+    run twice). Each slot becomes a ``RunTriggered`` with ``backfill=True``: a new run, or
+    the reopening of a run recorded skipped; a run that exists and is not skipped is
+    left alone. At most ``BACKFILL_SLOTS_MAX`` slots, each at or after the job's first
+    possible slot and before its schedule position (``next_run_at``)."""
+
+    job_id: str
+    tenant: str
+    slots_ms: tuple[int, ...]
+    at_ms: int
+
+
+BACKFILL_SLOTS_MAX = 1000
+
+JobCommand = RegisterJob | UpdateJob | PatchJob | PauseJob | ResumeJob | DeleteJob | TriggerJob | BackfillJob
+JOB_COMMANDS = (RegisterJob, UpdateJob, PatchJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, BackfillJob)
 
 
 def canonical_patch(patch: Mapping[str, object]) -> str:
@@ -197,6 +217,10 @@ class RunTriggered:
     # Manual triggers and all but the last record of a catch-up batch do not advance.
     advances: bool = False
     advance_to_ms: int | None = None
+    # from a backfill (``BackfillJob``): creates the run, or reopens one recorded skipped.
+    # Only ever applied in place by the processor that decided it; one read from the log
+    # is refused (the processor's guard, streams/task.py).
+    backfill: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,7 +265,7 @@ def _next_slot(spec: JobSpec, slot_ms: int) -> int | None:
     return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms)
 
 
-def _last_slot_at_or_before(spec: JobSpec, until_ms: int, count: int) -> list[int]:
+def last_slots_at_or_before(spec: JobSpec, until_ms: int, count: int) -> list[int]:
     """Up to ``count`` latest cron slots <= until_ms, newest first (reverse iteration)."""
     assert spec.schedule.cron is not None
     zone = ZoneInfo(spec.schedule.tz)
@@ -320,7 +344,62 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
                 at_ms=now,
             )
         ]
+    if isinstance(cmd, BackfillJob):
+        return _backfill(state, cmd)
     raise AssertionError(f"unknown command {cmd!r}")
+
+
+def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str = "slots") -> None:
+    """Refuse a backfill the job cannot take: a paused or one-time job, too many slots,
+    a slot that is not one of the schedule's, or one not yet passed (at or after the
+    job's ``next_run_at``: the scheduler triggers those itself). ``TransitionError`` for
+    the job's state, ``ValidationError(field)`` for the slots."""
+    if state.spec.schedule.run_at_ms is not None:
+        raise TransitionError(f"job {state.job_id} is a one-time job; backfill needs a cron schedule "
+                              "(trigger it by hand instead)")
+    if state.status is not JobStatus.ACTIVE:
+        raise TransitionError(f"job {state.job_id} is {state.status.value}; resume it before a backfill")
+    if not slots_ms:
+        raise ValidationError(field, "names no slot")
+    if len(slots_ms) > BACKFILL_SLOTS_MAX:
+        raise ValidationError(field, f"names {len(slots_ms)} slots; at most {BACKFILL_SLOTS_MAX} per backfill")
+    if len(set(slots_ms)) != len(slots_ms):
+        raise ValidationError(field, "names a slot twice")
+    assert state.spec.schedule.cron is not None
+    cron = CronSchedule(state.spec.schedule.cron, state.spec.schedule.tz)
+    for i, slot in enumerate(slots_ms):
+        if cron.next_after(slot - 1) != slot:
+            raise ValidationError(f"{field}[{i}]", f"{slot} is not a slot of the schedule "
+                                                   f"{state.spec.schedule.cron!r} ({state.spec.schedule.tz})")
+        if state.next_run_at_ms is not None and slot >= state.next_run_at_ms:
+            raise ValidationError(f"{field}[{i}]", f"{slot} is not a past slot: the schedule is at "
+                                                   f"{state.next_run_at_ms} and triggers it itself")
+
+
+def _backfill(state: JobState, cmd: BackfillJob) -> list[JobEvent]:
+    check_backfill_slots(state, cmd.slots_ms)
+    spec = state.spec
+    return [
+        RunTriggered(
+            run_id=slot_run_id(state.job_id, slot), job_id=state.job_id, tenant=state.tenant, spec=spec,
+            slot_ms=slot, not_before_ms=slot + jitter_offset_ms(state.job_id, slot, spec.jitter_s),
+            manual=False, at_ms=cmd.at_ms, backfill=True,
+        )
+        for slot in sorted(cmd.slots_ms)
+    ]
+
+
+def slots_between(spec: JobSpec, from_ms: int, to_ms: int, limit: int) -> list[int]:
+    """The schedule's slots in [from_ms, to_ms], oldest first; at most ``limit + 1`` of them
+    (so a caller sees that the range holds more than ``limit``)."""
+    if spec.schedule.run_at_ms is not None:
+        return [spec.schedule.run_at_ms] if from_ms <= spec.schedule.run_at_ms <= to_ms else []
+    out: list[int] = []
+    slot = first_slot_after(spec, from_ms - 1)
+    while slot is not None and slot <= to_ms and len(out) <= limit:
+        out.append(slot)
+        slot = _next_slot(spec, slot)
+    return out
 
 
 def _updated(state: JobState, spec: JobSpec, now: int) -> JobUpdated:
@@ -355,17 +434,24 @@ def _patched(state: JobState, cmd: PatchJob, pools: frozenset[str]) -> JobSpec:
 def _skip_range(
     state: JobState, from_ms: int, until_ms: int, reason: str, now: int, cfg: SchedulerConfig
 ) -> list[JobEvent]:
+    return skip_range(state.job_id, state.tenant, state.spec, from_ms, until_ms, reason, now, cfg)
+
+
+def skip_range(
+    job_id: str, tenant: str, spec: JobSpec, from_ms: int, until_ms: int, reason: str, now: int,
+    cfg: SchedulerConfig | None = None,
+) -> list[JobEvent]:
     """One skipped-range record for every slot in [from_ms, until_ms] (none if the range
     holds no slot). The walk that counts them stops at ``skip_count_max``: the range
     still covers every slot up to its last one, found by a reverse step."""
-    spec = state.spec
+    cfg = cfg or SchedulerConfig()
     first = from_ms if spec.schedule.run_at_ms is not None else first_slot_after(spec, from_ms - 1)
     if first is None or first > until_ms:
         return []
     if spec.schedule.run_at_ms is not None:
         last, count = first, 1
     else:
-        before = _last_slot_at_or_before(spec, until_ms, 1)
+        before = last_slots_at_or_before(spec, until_ms, 1)
         last = before[0] if before else first
         if last < first:  # the reverse walk can miss a repeated hour (DST fall-back): walk forward
             last = first
@@ -377,7 +463,7 @@ def _skip_range(
             if nxt is None or nxt > last:
                 break
             count, slot = count + 1, nxt
-    return [RunSkipped(slot_run_id(state.job_id, last), state.job_id, state.tenant, spec, last, reason, now,
+    return [RunSkipped(slot_run_id(job_id, last), job_id, tenant, spec, last, reason, now,
                        count=count, from_ms=first if first != last else None)]
 
 
@@ -415,7 +501,7 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         # after an outage that would be up to grace/interval extra runs per job at once,
         # all due now, ahead of every slot that is due now.)
         keep_n = {CatchUp.SKIP: 0, CatchUp.ONCE: 1, CatchUp.ALL: cfg.catch_up_all_max}[spec.catch_up]
-        latest = sorted(_last_slot_at_or_before(spec, now_ms, keep_n)) if keep_n else []
+        latest = sorted(last_slots_at_or_before(spec, now_ms, keep_n)) if keep_n else []
         latest = [s for s in latest if s >= first]
         skip_until = (latest[0] - 1) if latest else now_ms
         reason = f"catch-up policy {spec.catch_up.value}"

@@ -25,6 +25,9 @@ class OverlapPolicy(StrEnum):
     ALLOW = "allow"  # runs may overlap (the default)
     FORBID = "forbid"  # the slot is skipped, recorded "overlap"
     REPLACE = "replace"  # the active run is cancelled ("replaced by ..."), the slot runs
+    # at most one later slot waits (not released) and starts when the active run ends;
+    # any further slot is skipped, recorded "overlap: ..." (the API's camelCase value)
+    BUFFER_ONE = "bufferOne"
 
 
 class TargetType(StrEnum):

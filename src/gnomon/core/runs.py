@@ -10,7 +10,14 @@ Lifecycle (guarded by ``_ALLOWED``)::
         |                                                     +--(attempts exhausted)--> FAILED (dead letter)
         +--(cancel, from any non-terminal state)--> CANCELLED
     SKIPPED is born terminal (a slot that will not run, with a reason), or reached by a
-    run withdrawn before it ever started (paused, deleted, schedule changed).
+    run withdrawn before it ever started (paused, deleted, schedule changed). A backfill
+    reopens it (SKIPPED -> SCHEDULED, ``note`` says so): the one way out of a terminal
+    state besides the replay of a dead letter.
+
+``overlap: bufferOne``: at its start a scheduled run whose job has an active run waits
+(stays SCHEDULED, *buffered*, re-checked every ``redispatch_after_ms``) if no other run
+of the job is buffered, and is skipped ("overlap: ...") if one is; once no run of the job
+is active the buffered run is released.
 
 Pre-staging: a run is released (READY) ``stage_ahead_ms`` before its slot and granted to
 a worker at once; the grant carries ``not_before_ms`` and the worker starts it at that
@@ -25,13 +32,21 @@ completions that carry another token are rejected and their sender is told to st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gnomon.core.cron import CronSchedule
 from gnomon.core.errors import TransitionError
-from gnomon.core.jobs import JobState, JobStatus, RunSkipped, RunTriggered
-from gnomon.core.model import JobSpec, OverlapPolicy
+from gnomon.core.jobs import (
+    JobState,
+    JobStatus,
+    RunSkipped,
+    RunTriggered,
+    last_slots_at_or_before,
+    skip_range,
+)
+from gnomon.core.model import JobSpec, OverlapPolicy, slot_run_id
 from gnomon.core.priorities import DEFAULT_WEIGHTS, check_weights
 from gnomon.core.retry import BackoffStrategy
 
@@ -54,7 +69,8 @@ class RunStatus(StrEnum):
 _TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED})
 
 _ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.SCHEDULED: frozenset({RunStatus.READY, RunStatus.CANCELLED, RunStatus.SKIPPED}),
+    # SCHEDULED -> SCHEDULED: a buffered run (overlap: bufferOne) waits on
+    RunStatus.SCHEDULED: frozenset({RunStatus.SCHEDULED, RunStatus.READY, RunStatus.CANCELLED, RunStatus.SKIPPED}),
     RunStatus.READY: frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.SKIPPED}),
     RunStatus.RUNNING: frozenset(
         {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.RETRY_WAIT, RunStatus.FAILED, RunStatus.CANCELLED,
@@ -64,7 +80,7 @@ _ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.SUCCEEDED: frozenset(),
     RunStatus.FAILED: frozenset({RunStatus.READY}),  # only by an explicit replay of a dead letter
     RunStatus.CANCELLED: frozenset(),
-    RunStatus.SKIPPED: frozenset(),
+    RunStatus.SKIPPED: frozenset({RunStatus.SCHEDULED}),  # only by a backfill (RunReopened)
 }
 
 
@@ -129,6 +145,20 @@ class RunState:
     # to slot_ms; skipped_count of them (at least). None / 1: this slot alone.
     skipped_from_ms: int | None = None
     skipped_count: int = 1
+    # overlap: bufferOne: a SCHEDULED run waiting for the job's active run ends; checked
+    # again at this time (None: not buffered)
+    recheck_at_ms: int | None = None
+    backfill: bool = False  # created or reopened by a backfill
+    reopens: int = 0  # times a backfill reopened this run after it was skipped
+    # how the run came to be or what it waited for, kept when it finishes (``reason`` is
+    # then the outcome): "backfilled", "reopened by backfill (was skipped: ...)",
+    # "overlap: buffered behind ... (bufferOne)"
+    note: str | None = None
+
+    @property
+    def buffered(self) -> bool:
+        """Waiting for an active run of its job to end (``overlap: bufferOne``)."""
+        return self.status is RunStatus.SCHEDULED and self.recheck_at_ms is not None
 
     @property
     def staged(self) -> bool:
@@ -164,6 +194,8 @@ class RunState:
         """When time alone next changes this run (the processor's timer index key)."""
         cfg = cfg or _DEFAULT_CFG
         if self.status is RunStatus.SCHEDULED:
+            if self.recheck_at_ms is not None:
+                return self.recheck_at_ms
             if self.spec.overlap is not OverlapPolicy.ALLOW and not self.manual:
                 return self.not_before_ms  # released at its start: the overlap check needs the present
             return self.not_before_ms - cfg.stage_ahead_ms
@@ -300,6 +332,32 @@ class RunCreated:
     skipped_reason: str | None = None  # set: born SKIPPED
     skipped_from_ms: int | None = None  # a skipped range: its first slot
     skipped_count: int = 1
+    backfill: bool = False
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class RunReopened:
+    """A backfill reopens a run recorded skipped: SCHEDULED again, released at once
+    (its slot has passed), ``note`` keeping what it was skipped for. A skipped range
+    gives up its range: the processor records the rest of it again
+    (``reopened_range_rest``)."""
+
+    run_id: str
+    note: str
+    at_ms: int
+    spec: JobSpec | None = None  # the job's definition now (the backfill's)
+
+
+@dataclass(frozen=True)
+class RunBuffered:
+    """``overlap: bufferOne``: the run waits at its start for ``active`` to end; checked
+    again at ``recheck_at_ms``."""
+
+    run_id: str
+    active_run_id: str
+    recheck_at_ms: int
+    at_ms: int
 
 
 @dataclass(frozen=True)
@@ -415,7 +473,7 @@ class RunReplayed:
 
 
 RunEvent = (
-    RunCreated | RunReleased | RunWithdrawn | RunReplayed | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
+    RunCreated | RunReopened | RunBuffered | RunReleased | RunWithdrawn | RunReplayed | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
     | RunCancelled | GrantRevoked | AttemptStartReported
 )
 
@@ -448,6 +506,8 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
     now = cmd.at_ms if now_ms is None else now_ms
     if isinstance(cmd, RunTriggered | RunSkipped):
         if state is not None:
+            if isinstance(cmd, RunTriggered) and cmd.backfill and not cmd.manual:
+                return _reopen(state, cmd, now)
             return []  # insert-if-absent: a replayed trigger makes no second run
         return [
             RunCreated(
@@ -458,6 +518,8 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
                 skipped_reason=cmd.reason if isinstance(cmd, RunSkipped) else None,
                 skipped_from_ms=cmd.from_ms if isinstance(cmd, RunSkipped) else None,
                 skipped_count=cmd.count if isinstance(cmd, RunSkipped) else 1,
+                backfill=isinstance(cmd, RunTriggered) and cmd.backfill,
+                note="backfilled" if isinstance(cmd, RunTriggered) and cmd.backfill else None,
             )
         ]
     if state is None:
@@ -522,6 +584,46 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
     raise AssertionError(f"unknown command {cmd!r}")
 
 
+def _reopen(state: RunState, cmd: RunTriggered, now: int) -> list[RunEvent]:
+    """A backfill of an existing run: reopen it if it was skipped; any other run (ran,
+    running, waiting, failed, cancelled) is left as it is: a slot never runs twice."""
+    if state.status is not RunStatus.SKIPPED or state.manual:
+        return []
+    if state.tenant != cmd.tenant or state.job_id != cmd.job_id:
+        raise TransitionError(f"backfill of run {state.run_id} refused: it belongs to another job or tenant")
+    _guard(state, RunStatus.SCHEDULED)
+    was = state.reason or "no reason recorded"
+    if state.skipped_from_ms is not None:
+        was += f"; its range from {state.skipped_from_ms} keeps the earlier slots skipped"
+    return [RunReopened(state.run_id, f"reopened by backfill (was skipped: {was})", now, cmd.spec)]
+
+
+def reopened_range_rest(before: RunState, now_ms: int, has_run: Callable[[str], bool]) -> RunSkipped | None:
+    """``before``: a skipped range record [skipped_from_ms .. slot_ms] that a backfill just
+    reopened at its last slot. The rest of the range stays skipped: a new range record
+    named by the latest earlier slot of the range that has no run of its own (``has_run``
+    tells; a slot backfilled earlier has one), or None if there is no such slot."""
+    if before.status is not RunStatus.SKIPPED or before.skipped_from_ms is None or before.spec.schedule.cron is None:
+        return None
+    lo = before.skipped_from_ms
+    until = before.slot_ms - 1
+    while until >= lo:
+        found = last_slots_at_or_before(before.spec, until, 1)
+        if not found or found[0] < lo:
+            return None
+        if not has_run(slot_run_id(before.job_id, found[0])):
+            break
+        until = found[0] - 1
+    else:
+        return None
+    events = skip_range(before.job_id, before.tenant, before.spec, lo, until, before.reason or "skipped", now_ms)
+    if not events:
+        return None
+    (rest,) = events
+    assert isinstance(rest, RunSkipped)
+    return rest
+
+
 def _check_tenant(state: RunState, cmd: CancelRun | ReplayRun) -> None:
     """A user's command acts only on its own tenant's runs; one written before commands
     carried a tenant (tenant "") acts on none."""
@@ -571,7 +673,7 @@ UNCHECKED = _Unchecked()
 
 def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
                  job: JobState | _Unchecked | None = UNCHECKED, read_up_to_ms: int | None = None,
-                 active: RunState | None = None) -> list[RunEvent]:
+                 active: RunState | None = None, buffered: RunState | None = None) -> list[RunEvent]:
     """What the passage of time does to a run (called when ``timer_ms() <= now``).
 
     At its slot a scheduled run looks at its job as it is *now* (``job``, None = deleted):
@@ -583,7 +685,11 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
     ``active``: another run of the same job that is released and not finished (the
     processor looks it up for jobs with an overlap policy). With ``overlap: forbid`` the
     slot is then withdrawn, recorded skipped "overlap: ..."; with ``replace`` it is
-    released and the processor cancels ``active`` (``replacement_cancel``).
+    released and the processor cancels ``active`` (``replacement_cancel``); with
+    ``bufferOne`` it waits (``RunBuffered``, checked again ``redispatch_after_ms`` later)
+    unless ``buffered`` (another scheduled run of the job, already waiting) is set, in
+    which case it is withdrawn "overlap: ...". A buffered run is released once no run of
+    its job is active.
 
     ``read_up_to_ms``: how far (in record time) the processor has read this partition's
     input. A lease or deadline is judged lapsed only against min(now, read_up_to_ms), so a
@@ -604,6 +710,8 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
         if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.FORBID:
             return [RunWithdrawn(state.run_id, f"overlap: {active.run_id} is still {active.status.value}", now_ms)]
+        if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.BUFFER_ONE:
+            return [_buffer_one(state, active, buffered, now_ms, cfg)]
         return [RunReleased(state.run_id, state.attempt + 1, now_ms, job.spec)]
     if state.status in (RunStatus.SCHEDULED, RunStatus.RETRY_WAIT, RunStatus.READY):
         # first release, release after backoff, or re-dispatch of an unclaimed run
@@ -617,6 +725,16 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         outcome = None if state.lease_until_ms <= judged else Outcome.TIMED_OUT
         return [_end_attempt(state, outcome, reason, now_ms, None, None)]
     return []
+
+
+def _buffer_one(state: RunState, active: RunState, buffered: RunState | None, now_ms: int,
+                cfg: RunConfig) -> RunEvent:
+    """``overlap: bufferOne`` with ``active`` still running: wait, unless another run
+    already waits (then this slot is skipped)."""
+    if buffered is not None and buffered.run_id != state.run_id and not state.buffered:
+        return RunWithdrawn(state.run_id, f"overlap: {active.run_id} is still {active.status.value} and "
+                                          f"{buffered.run_id} already waits for it (bufferOne)", now_ms)
+    return RunBuffered(state.run_id, active.run_id, now_ms + cfg.redispatch_after_ms, now_ms)
 
 
 def replacement_cancel(released: RunState, active: RunState, now_ms: int) -> CancelRun | None:
@@ -651,11 +769,20 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
             slot_ms=event.slot_ms, not_before_ms=event.not_before_ms, manual=event.manual,
             status=RunStatus.SKIPPED if event.skipped_reason else RunStatus.SCHEDULED,
             created_at_ms=event.at_ms, updated_at_ms=event.at_ms,
-            reason=event.skipped_reason,
+            reason=event.skipped_reason, backfill=event.backfill, note=event.note,
             finished_at_ms=event.at_ms if event.skipped_reason else None,
             skipped_from_ms=event.skipped_from_ms, skipped_count=event.skipped_count,
         )
     assert state is not None, f"{type(event).__name__} for a missing run"
+    if isinstance(event, RunReopened):
+        _guard(state, RunStatus.SCHEDULED)
+        return replace(state, status=RunStatus.SCHEDULED, spec=event.spec or state.spec, reason=None,
+                       note=event.note, backfill=True, reopens=state.reopens + 1, finished_at_ms=None,
+                       skipped_from_ms=None, skipped_count=1, recheck_at_ms=None, updated_at_ms=event.at_ms)
+    if isinstance(event, RunBuffered):
+        _guard(state, RunStatus.SCHEDULED)
+        note = f"overlap: buffered behind {event.active_run_id} (bufferOne)"
+        return replace(state, recheck_at_ms=event.recheck_at_ms, reason=note, note=note, updated_at_ms=event.at_ms)
     if isinstance(event, ClaimRejected | StaleRejected):
         return state  # rejections change nothing; the processor tells the worker
     if isinstance(event, RunReplayed):
@@ -665,6 +792,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         _guard(state, RunStatus.SKIPPED)
         assert state.never_started, f"run {state.run_id} withdrawn after it started"
         return replace(state, status=RunStatus.SKIPPED, reason=event.reason, finished_at_ms=event.at_ms,
+                       recheck_at_ms=None,
                        attempt=state.attempt - 1 if state.staged else state.attempt,  # a dropped grant is no attempt
                        lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, GrantRevoked):
@@ -680,7 +808,8 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
                        lease_until_ms=event.lease_until_ms, updated_at_ms=event.at_ms)
     if isinstance(event, RunReleased):
         _guard(state, RunStatus.READY)
-        return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, dispatched_at_ms=event.at_ms, next_attempt_at_ms=None,
+        return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, dispatched_at_ms=event.at_ms,
+                       next_attempt_at_ms=None, recheck_at_ms=None,
                        worker_id=None, lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, AttemptGranted):
         _guard(state, RunStatus.RUNNING)
@@ -710,7 +839,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         # a grant dropped before its slot is no attempt; after the slot the worker may have
         # started it (its report still in flight), so it counts
         dropped = state.staged and event.at_ms < state.not_before_ms
-        return replace(state, status=RunStatus.CANCELLED, reason=event.reason, lease_until_ms=None,
+        return replace(state, status=RunStatus.CANCELLED, reason=event.reason, lease_until_ms=None, recheck_at_ms=None,
                        attempt=state.attempt - 1 if dropped else state.attempt,
                        deadline_ms=None, finished_at_ms=event.at_ms, updated_at_ms=event.at_ms)
     raise AssertionError(f"unknown event {event!r}")

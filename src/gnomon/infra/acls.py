@@ -27,14 +27,17 @@ TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
 
 # role -> topics (Topology attribute names) it consumes / produces to.
 TOPIC_READS: Mapping[str, tuple[str, ...]] = {
-    "processor": ("job_commands", "run_events", "jobs", "runs", "workers"),
+    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants"),
+    "api": ("tenants", "tenant_usage"),  # limits and usage, for admission pre-checks (streams/tenant_feed.py)
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
     "connect": ("run_history",),  # connectors/history-runs-file-sink.properties
 }
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
-    "api": ("job_commands", "run_events"),  # commands; run commands (cancel, replay)
-    "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison"),
+    # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
+    "api": ("job_commands", "run_events", "tenants"),
+    "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
+                  "tenant_usage"),
     "worker": ("run_events", "run_logs", "workers"),
 }
 # Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).
@@ -46,10 +49,12 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
     "processor": (
         ("gnomon-processor", LITERAL, "READ"),  # the processors' group (streams/runtime.py)
         ("gnomon-adverts", LITERAL, "READ"),  # worker adverts, assigned (streams/adverts.py)
+        ("gnomon-tenants", LITERAL, "READ"),  # tenant limits, assigned (streams/tenant_feed.py)
         ("gnomon-standby", LITERAL, "READ"),  # standby copies (streams/standby.py)
         ("gnomon-restore", LITERAL, "READ"),  # changelog restore (streams/runtime.py)
         ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (streams/history_mark.py)
     ),
+    "api": (("gnomon-tenants", LITERAL, "READ"),),  # tenant limits and usage, assigned (streams/tenant_feed.py)
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>

@@ -35,11 +35,15 @@ from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.priorities import WeightedPicker
+from gnomon.core.quota import QuotaBook
+from gnomon.core.tenants import TenantBook
 from gnomon.core.workers import WorkerDirectory
 from gnomon.streams.adverts import AdvertFeed
 from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.standby import StandbySet
 from gnomon.streams.task import Output, PartitionTask
+from gnomon.streams.tenant_feed import TenantFeed
+from gnomon.streams.usage import UsagePublisher
 from gnomon.streams.waiting import assign_waiting
 from gnomon.topology import Topology, load_topology
 
@@ -100,6 +104,11 @@ class Processor:
         self.producer = self._new_producer()
         self.directory = WorkerDirectory()
         self.adverts: AdvertFeed | None = None
+        # tenants' limits (gnomon.tenants) and this instance's counts against them (ADR 0008)
+        self.tenants = TenantBook()
+        self.quota = QuotaBook(self.tenants, self.topo.partitions)
+        self.tenant_feed: TenantFeed | None = None
+        self.usage = UsagePublisher(self.topo, self.quota)
         self.history: HistoryWatermark | None = None
         self.standbys: StandbySet | None = None
         self._saturated = False  # the last batch was full: input is waiting
@@ -137,6 +146,8 @@ class Processor:
         with kafka_role(ROLE):
             self.adverts = AdvertFeed(self.cfg.bootstrap, self.topo.workers, self.directory, self.clock)
             self.history = HistoryWatermark(self.cfg.bootstrap, self.topo.runs, self.clock)
+            self.tenant_feed = TenantFeed(self.cfg.bootstrap, self.topo, self.tenants, None, self.clock, role=ROLE)
+        self.tenant_feed.load(30)
         self.adverts.poll()
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
@@ -182,6 +193,8 @@ class Processor:
             self.adverts.close()
         if self.history is not None:
             self.history.close()
+        if self.tenant_feed is not None:
+            self.tenant_feed.close()
 
     # ---- rebalance -----------------------------------------------------------------------
 
@@ -225,6 +238,8 @@ class Processor:
         """Give up an owned partition. Clean (revoked, stopping, after a commit): its store
         stays warm as a standby, or is checkpointed to disk. Otherwise it is dropped."""
         task = self.tasks.pop(partition, None)
+        self.quota.close(partition)
+        self.usage.forget(partition)
         if task is None:
             return
         if checkpoint and not self._clean:
@@ -274,13 +289,15 @@ class Processor:
         if ckpt is not None and not {self.topo.jobs, self.topo.runs} <= set(ckpt):
             ckpt = None
         task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
-                             directory=self.directory)
+                             directory=self.directory, quota=self.quota)
         if ckpt is None:
             return task, None, None
         return task, {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}, int(ckpt.get(_WRITTEN_AT, 0))
 
     def _restore(self, partition: int, *, trust_checkpoint: bool = True) -> PartitionTask:
         started = time.monotonic()
+        self.quota.close(partition)  # counted again from the restored state, below
+        self.usage.forget(partition)
         promoted = self.standbys.promote(partition) if self.standbys is not None and trust_checkpoint else None
         if promoted is not None:
             task, ckpt = promoted
@@ -312,7 +329,9 @@ class Processor:
                         apply(key, value)
                     except GnomonError as exc:
                         log.error("changelog %s[%d] key %s undecodable, skipped: %s", topic, partition, key, exc)
-        log.info("partition %d restored: %d records in %.2fs (%s)", partition, n, time.monotonic() - started, source)
+        counted = task.load_counts()
+        log.info("partition %d restored: %d records in %.2fs (%s); %d tenant counting entries", partition, n,
+                 time.monotonic() - started, source, counted)
         return task
 
     # ---- one step --------------------------------------------------------------------------
@@ -344,6 +363,8 @@ class Processor:
             outputs.extend(self._apply(msg, now))
         if self.adverts is not None:
             self.adverts.poll()
+        if self.tenant_feed is not None:
+            self.tenant_feed.poll()
         if due_tick:
             self._last_tick_ms = now
             for worker in self.directory.lost(now):
@@ -358,6 +379,7 @@ class Processor:
                                          assign_waiting=False))
             # waiting runs take free slots across all partitions, in the weighted mix
             outputs.extend(assign_waiting(list(self.tasks.values()), now, self._pickers))
+            outputs.extend(self.usage.changes(sorted(self.tasks), now))
         if outputs or offsets:
             self._commit(outputs, offsets)
         self._clean = True

@@ -12,9 +12,14 @@ State layout in the partition's ordered key-value store (RocksDB):
     rw/<pool>\0<lane><prio>/<due_ms:013>/<run_id> -> b"" READY runs waiting for a worker with
                                              room: punctual before catch-up, by priority, by due time
     jr/<job_id>\0<run_id>           -> b""   runs of a job that have not started (edits reach them)
-    ja/<job_id>\0<run_id>           -> b""   active runs of a job with an overlap policy
+    ja/<job_id>\0<run_id>           -> b""   active runs of a job with an overlap policy, and its
+                                             buffered one (overlap: bufferOne)
     ws/<worker_id>\0<run_id>        -> b""   attempts staged on a worker (moved if it is lost)
     rp/<purge_at_ms:013>/<run_id>   -> b""   finished runs, by when they may leave state (purge)
+    tq/<tenant>\0<pool>\0<run_id>  -> b""   runs granted to a worker: hold the tenant's quota
+    tb/<tenant>\0<run_id>           -> b""   one-off runs not started: the tenant's backlog
+    tj/<tenant>\0<job_id>           -> b""   the tenant's jobs
+                                             (the last three are counted: core.quota, ADR 0008)
 
 A tick reads only the index prefixes up to "now": its cost grows with what is due,
 not with what exists.
@@ -40,9 +45,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gnomon import codec
+from gnomon.core import admission as A
 from gnomon.core import jobs as J
+from gnomon.core import quota as Q
 from gnomon.core import runs as R
-from gnomon.core.errors import TransitionError, ValidationError
+from gnomon.core.errors import GnomonError, TransitionError, ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
 from gnomon.core.priorities import WeightedPicker
@@ -108,6 +115,15 @@ def _purge_key(ms: int, run_id: str) -> bytes:
     return b"rp/%013d/" % ms + run_id.encode()
 
 
+_COUNTED = frozenset(f.value.encode() for f in Q.Family)
+COUNTED_ENTRIES_MAX = 100_000_000  # a partition's counting entries read when it is opened
+
+
+def _counted_job(job: J.JobState | None) -> bool:
+    """A job that counts against its tenant's ``jobs_max``: registered, not deleted."""
+    return job is not None and job.status is not J.JobStatus.DELETED
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
@@ -145,6 +161,8 @@ class TaskStats:
     tick_runs_examined: int = 0
     purged: int = 0  # finished runs that left state (tombstoned)
     replays_refused: int = 0  # triggers for slots already decided (maybe purged), refused
+    quota_waits: int = 0  # grants held back because the run's tenant was at its quota
+    admissions_refused: int = 0  # commands over a tenant limit
 
 
 class PartitionTask:
@@ -157,6 +175,7 @@ class PartitionTask:
         run_cfg: R.RunConfig | None = None,
         due_max: int = 5000,
         directory: WorkerDirectory | None = None,
+        quota: Q.QuotaBook | None = None,
     ) -> None:
         self.partition = partition
         self.kv = kv
@@ -166,6 +185,11 @@ class PartitionTask:
         self.due_max = due_max
         # Where runs are staged. None: the legacy pull path (DispatchRun hints + Claim).
         self.directory = directory
+        # Tenant limits and counts shared by the partitions of this processor instance;
+        # None: no limits (the counting index entries are written all the same).
+        self.quota = quota
+        self.quota_waits_per_tick_max = 2_000  # waiting runs held back by quota, tried per tick
+        self._quota_waits_this_tick = 0
         self.stats = TaskStats()
         self.cache_max = 100_000  # decoded states kept per partition (each map)
         self.assign_misses_per_tick_max = 200  # waiting runs tried without room, per pool per tick
@@ -206,9 +230,47 @@ class PartitionTask:
             cache.clear()  # bounded; cheap to refill
         cache[key] = value
 
+    def _put_index(self, key: bytes) -> None:
+        if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition) \
+                and self.kv.get(key) is None:
+            self.quota.entry(self.partition, key, +1)
+        self.kv.put(key, b"")
+
+    def _del_index(self, key: bytes) -> None:
+        if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition) \
+                and self.kv.get(key) is not None:
+            self.quota.entry(self.partition, key, -1)
+        self.kv.delete(key)
+
+    def load_counts(self) -> int:
+        """Count this partition's counting entries into the quota book (after a restore,
+        which writes state without counting); from then on every write is counted."""
+        if self.quota is None:
+            return 0
+        self.quota.open(self.partition)
+        n = 0
+        for family in Q.Family:
+            prefix = family.value.encode()
+            for key, _ in self.kv.scan(prefix, _prefix_end(prefix), COUNTED_ENTRIES_MAX):
+                self.quota.entry(self.partition, key, +1)
+                n += 1
+        return n
+
     def _store_job(self, job_id: str, old: J.JobState | None, new: J.JobState | None, out: list[Output]) -> None:
         if old is not None and old.next_run_at_ms is not None and old.status is J.JobStatus.ACTIVE:
             self.kv.delete(_due_key(old.next_run_at_ms, job_id))
+        was, now = _counted_job(old), _counted_job(new)
+        if was and not now:
+            assert old is not None
+            self._del_index(Q.job_key(old.tenant, job_id))
+        elif now and not was:
+            assert new is not None
+            self._put_index(Q.job_key(new.tenant, job_id))
+        pending_was, pending_now = Q.pending_one_time_key(old), Q.pending_one_time_key(new)
+        if pending_was is not None and pending_was != pending_now:
+            self._del_index(pending_was)
+        if pending_now is not None and pending_now != pending_was:
+            self._put_index(pending_now)
         if new is None:
             self.kv.delete(_job_key(job_id))
             self._jobs_cache.pop(job_id, None)
@@ -236,23 +298,26 @@ class PartitionTask:
             keys.add(_job_runs_prefix(run.job_id) + run.run_id.encode())
         if run.staged and run.worker_id is not None:
             keys.add(_staged_prefix(run.worker_id) + run.run_id.encode())
-        if run.spec.overlap is not OverlapPolicy.ALLOW and R.is_active(run):
+        if run.spec.overlap is not OverlapPolicy.ALLOW and (R.is_active(run) or run.buffered):
             keys.add(_active_prefix(run.job_id) + run.run_id.encode())
         purge_at = run.purge_at_ms(self.run_cfg)
         if purge_at is not None:
             keys.add(_purge_key(purge_at, run.run_id))
+        for counted in (Q.granted_key(run), Q.backlog_key(run)):
+            if counted is not None:
+                keys.add(counted)
         return keys
 
     def _store_run(self, old: R.RunState | None, new: R.RunState, out: list[Output]) -> None:
         old_keys = self._index_keys(old)
         new_keys = self._index_keys(new)
         for k in old_keys - new_keys:
-            self.kv.delete(k)
+            self._del_index(k)
         raw = codec.encode(new, self.topo.runs)
         self.kv.put(_run_key(new.run_id), raw)
         self._cache(self._runs_cache, new.run_id, new)
         for k in new_keys - old_keys:
-            self.kv.put(k, b"")
+            self._put_index(k)
         out.append(Output(self.topo.runs, new.run_id, new, self.partition, raw))
         if new.status.terminal and (old is None or old.status is not new.status):
             # the history stream (not compacted, never tombstoned): what exports read
@@ -278,6 +343,11 @@ class PartitionTask:
             self.kv.put(_job_key(job_id), raw)
             if job.next_run_at_ms is not None and job.status is J.JobStatus.ACTIVE:
                 self.kv.put(_due_key(job.next_run_at_ms, job_id), b"")
+            if _counted_job(job):
+                self._put_index(Q.job_key(job.tenant, job_id))
+            pending = Q.pending_one_time_key(job)
+            if pending is not None:
+                self._put_index(pending)
             n += 1
         for run_id, raw in runs.items():
             if raw is None:
@@ -285,7 +355,7 @@ class PartitionTask:
             run: R.RunState = codec.decode(raw)
             self.kv.put(_run_key(run_id), raw)
             for k in self._index_keys(run):
-                self.kv.put(k, b"")
+                self._put_index(k)
             n += 1
         return n
 
@@ -299,7 +369,7 @@ class PartitionTask:
 
     def _forget_run(self, run: R.RunState) -> None:
         for k in self._index_keys(run):
-            self.kv.delete(k)
+            self._del_index(k)
         self.kv.delete(_run_key(run.run_id))
         self._runs_cache.pop(run.run_id, None)
 
@@ -310,6 +380,11 @@ class PartitionTask:
         own time), read from topic ``source`` (None: given in process, as tests do).
         Raises GnomonError (TransitionError...) if refused."""
         self.stats.commands += 1
+        if source is not None and isinstance(cmd, J.RunTriggered) and cmd.backfill:
+            # a backfill is decided from a BackfillJob (gnomon.job-commands) and applied in
+            # place: one read from a log is a replay or a forgery, and would reopen a skipped run
+            raise TransitionError(f"RunTriggered {cmd.run_id} refused: a backfill trigger is never read from "
+                                  f"a topic (send a BackfillJob to {self.topo.job_commands})")
         if source == self.topo.run_events and isinstance(cmd, R.CancelRun | R.ReplayRun):
             # workers may write gnomon.run-events; only the API writes gnomon.job-commands
             raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: cancel and replay are accepted "
@@ -324,6 +399,13 @@ class PartitionTask:
                     f"manual trigger of {cmd.job_id} (key {cmd.idempotency_key!r}) was requested "
                     f"{(now - cmd.at_ms) // 1000} s ago, beyond the idempotency-key retention of "
                     f"{self.run_cfg.manual_key_retention_ms // 1000} s; refused (its run may be purged)")
+            if isinstance(cmd, J.BackfillJob) and now - cmd.at_ms >= self.run_cfg.retention_ms:
+                # the API left out the slots history had; a run it could not see then may be
+                # purged by now (retention_ms after it ended), and would be run again
+                self.stats.replays_refused += 1
+                raise TransitionError(
+                    f"backfill of {cmd.job_id} was requested {(now - cmd.at_ms) // 1000} s ago, beyond the run "
+                    f"retention of {self.run_cfg.retention_ms // 1000} s; refused (send it again)")
             return self._handle_job(cmd, now)
         if isinstance(cmd, J.RunTriggered | J.RunSkipped) and self.run(cmd.run_id) is None:
             refused = self._decided_slot(cmd, cmd.at_ms if now_ms is None else now_ms)
@@ -353,7 +435,40 @@ class PartitionTask:
         state = self.job(cmd.job_id)
         # a patch is validated against the pools of this topology, like the API does
         events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
-        return self._apply_job_events(cmd.job_id, state, events, now_ms)
+        new_trigger = self._admit(cmd, state, events, now_ms)
+        out = self._apply_job_events(cmd.job_id, state, events, now_ms)
+        if new_trigger and self.quota is not None:
+            self.quota.trigger_accepted(self.partition, cmd.tenant, now_ms)
+        return out
+
+    def _admit(self, cmd: J.JobCommand, state: J.JobState | None, events: list[J.JobEvent], now_ms: int) -> bool:
+        """Refuse (LimitExceeded) a command over its tenant's limits, before anything is
+        written; True if it is a manual trigger that creates a run (it counts toward the
+        trigger rate)."""
+        if self.quota is None or not events:
+            return False
+        limits = self.quota.effective_limits(cmd.tenant)
+        backlog = self.quota.count(Q.Family.BACKLOG, cmd.tenant)
+        try:
+            for ev in events:
+                if isinstance(ev, J.JobRegistered):
+                    jobs = self.quota.count(Q.Family.JOBS, cmd.tenant)
+                    A.check_registration(limits, ev.spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
+                elif isinstance(ev, J.JobUpdated) and state is not None and ev.spec.schedule != state.spec.schedule:
+                    A.check_schedule(limits, ev.spec, now_ms)
+                    if ev.spec.schedule.is_one_time:
+                        A.check_backlog(limits, backlog)
+                elif isinstance(ev, J.RunTriggered) and ev.manual:
+                    if self.run(ev.run_id) is not None:
+                        return False  # the same idempotency key again: nothing new
+                    n, oldest = self.quota.triggers(cmd.tenant, now_ms)
+                    A.check_trigger(limits, backlog=backlog, triggers_last_min=n, oldest_trigger_ms=oldest,
+                                    now_ms=now_ms)
+                    return True
+        except GnomonError:
+            self.stats.admissions_refused += 1
+            raise
+        return False
 
     def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],
                           now_ms: int) -> list[Output]:
@@ -417,12 +532,17 @@ class PartitionTask:
             new = R.evolve(new, ev)
             out.extend(self._messages_for(new, ev))
         assert new is not None
+        # a skipped range reopened at its last slot by a backfill: the rest stays skipped
+        rest = None
+        if state is not None and any(isinstance(ev, R.RunReopened) for ev in events):
+            rest = R.reopened_range_rest(state, now_ms, lambda run_id: self.run(run_id) is not None)
         # a run due for staging now is staged now, not at the next tick
         active: R.RunState | None = None
         if new.status is R.RunStatus.SCHEDULED and (new.timer_ms(self.run_cfg) or 0) <= now_ms:
             job = self.job(new.job_id)
             active = self._active_sibling(new, job)
-            for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active):
+            buffered = self._buffered_sibling(new, job) if active is not None else None
+            for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active, buffered=buffered):
                 new = R.evolve(new, ev)
                 out.extend(self._messages_for(new, ev))
         if new.status is R.RunStatus.READY and self.directory is not None:
@@ -430,6 +550,8 @@ class PartitionTask:
         if new != state:
             self._store_run(state, new, out)
         out.extend(self._replace_active(new.run_id, active, now_ms))
+        if rest is not None:
+            out.extend(self._handle_run(rest, now_ms))
         return out
 
     def _active_sibling(self, run: R.RunState, job: J.JobState | None) -> R.RunState | None:
@@ -445,6 +567,19 @@ class PartitionTask:
                 return other
         return None
 
+    def _buffered_sibling(self, run: R.RunState, job: J.JobState | None) -> R.RunState | None:
+        """``overlap: bufferOne``: another run of the job that already waits for the active
+        one to end (buffered runs are in the ``ja/`` index too), or None."""
+        if run.status is not R.RunStatus.SCHEDULED or run.manual or job is None:
+            return None
+        if job.spec.overlap is not OverlapPolicy.BUFFER_ONE:
+            return None
+        for run_id in self._run_ids_under(_active_prefix(run.job_id)):
+            other = self.run(run_id)
+            if run_id != run.run_id and other is not None and other.buffered:
+                return other
+        return None
+
     def _replace_active(self, released_id: str, active: R.RunState | None, now_ms: int) -> list[Output]:
         """``overlap: replace``: once the new slot's run is released, cancel the active one."""
         if active is None:
@@ -456,16 +591,27 @@ class PartitionTask:
         return [] if cancel is None else self._handle_run(cancel, now_ms)
 
     def _assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> R.RunState:
-        """Grant a READY run to a live worker with a free slot, if the pool has one."""
+        """Grant a READY run to a live worker with a free slot, if the pool has one and
+        the run's tenant is under its quota (else the run says it waits for quota)."""
+        return self._try_assign(run, now_ms, out)[0]
+
+    def _try_assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> tuple[R.RunState, str]:
+        """(the run after, "granted" | "quota" | "room")."""
         assert self.directory is not None
+        if self.quota is not None:
+            decision = self.quota.may_grant(run.tenant, run.spec.pool)
+            if not decision.allowed:
+                self.stats.quota_waits += 1
+                return Q.mark_waiting(run, decision, now_ms), "quota"
         worker = self.directory.pick(run.spec.pool, now_ms, run.not_before_ms, run.tenant)
         if worker is None:
             self.stats.assign_misses += 1
-            return run
+            return run, "room"
+        run = Q.clear_waiting(run)
         for ev in R.decide(run, R.ClaimRun(run.run_id, worker, now_ms), self.run_cfg, now_ms):
             run = R.evolve(run, ev)
             out.extend(self._messages_for(run, ev))
-        return run
+        return run, "granted"
 
     def _messages_for(self, run: R.RunState, ev: R.RunEvent) -> list[Output]:
         inbox = self.topo.worker_inbox
@@ -526,6 +672,7 @@ class PartitionTask:
         every ledger record this partition committed before that time is in history (the
         projector has read past it); None: unknown, purge nothing."""
         out: list[Output] = []
+        self._quota_waits_this_tick = 0
         # 1. Jobs due now (next_run_at from the misfire edge on), their near slots only;
         # 2. the catch-up backlog (older), paced by a record budget, near slots only;
         # 3. the rest of the lookahead.
@@ -555,8 +702,9 @@ class PartitionTask:
                 continue
             job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
             active = self._active_sibling(run, job)
+            buffered = self._buffered_sibling(run, job) if active is not None else None
             out.extend(self._apply_run_events(
-                run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active), now_ms))
+                run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active, buffered), now_ms))
             out.extend(self._replace_active(run.run_id, active, now_ms))
         if assign_waiting:  # (a processor with several partitions does it across them)
             out.extend(self._assign_waiting(now_ms))
@@ -587,10 +735,10 @@ class PartitionTask:
         """An index entry its run does not derive (any more): e.g. computed with other
         settings (retention, lease) before a restart. Replace it with the run's own
         entries, so the run keeps its timer and its purge."""
-        self.kv.delete(key)
+        self._del_index(key)
         if run is not None:
             for k in self._index_keys(run):
-                self.kv.put(k, b"")
+                self._put_index(k)
 
     def _near_cfg(self) -> J.SchedulerConfig:
         if self._near is None or self._near[0] is not self.sched_cfg:
@@ -628,17 +776,22 @@ class PartitionTask:
                  for i, rank in enumerate(_PRIO_RANK.values())}
         return WaitingCursor(self, len(_waiting_prefix(pool)), tiers)
 
-    def assign_waiting_run(self, key: bytes, prefix_len: int, now_ms: int, out: list[Output]) -> bool:
-        """Try to grant the waiting run of index entry ``key``; False: no room for it."""
+    def assign_waiting_run(self, key: bytes, prefix_len: int, now_ms: int, out: list[Output]) -> str:
+        """Try to grant the waiting run of index entry ``key``: "granted"; "room" (no
+        worker with room: a miss); "quota" (its tenant is at quota: the run says so);
+        "stale" (the entry is no run's, dropped)."""
         run = self.run(key[prefix_len + _WAITING_FIXED:].decode())
         if run is None or run.status is not R.RunStatus.READY:
             self.kv.delete(key)  # stale entry: never expected, but never loop on it
-            return True
-        new = self._assign(run, now_ms, out)
-        if new is run:
-            return False
-        self._store_run(run, new, out)
-        return True
+            return "stale"
+        new, result = self._try_assign(run, now_ms, out)
+        if new is not run:
+            self._store_run(run, new, out)
+        if result == "quota":
+            # another tenant's run may have room: not a miss, but bounded on its own
+            self._quota_waits_this_tick += 1
+            return "quota" if self._quota_waits_this_tick <= self.quota_waits_per_tick_max else "room"
+        return result
 
 
 class WaitingCursor:
@@ -665,8 +818,12 @@ class WaitingCursor:
         """Tiers with a run still to try this tick."""
         return set(self._heads)
 
-    def step(self, tier: int, now_ms: int, out: list[Output]) -> bool:
-        """Try the next run of ``tier``; False: it found no room (a miss)."""
+    def head(self, tier: int) -> R.RunState | None:
+        """The run the next ``step(tier)`` tries (None: its index entry is stale)."""
+        return self.task.run(self._heads[tier][self._prefix_len + _WAITING_FIXED:].decode())
+
+    def step(self, tier: int, now_ms: int, out: list[Output]) -> str:
+        """Try the next run of ``tier`` (``PartitionTask.assign_waiting_run``'s result)."""
         key = self._heads[tier]
         self._advance(tier)
         return self.task.assign_waiting_run(key, self._prefix_len, now_ms, out)

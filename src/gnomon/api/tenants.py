@@ -1,0 +1,332 @@
+"""Tenants in the API: admin endpoints for limits, a tenant's own view, admission pre-checks.
+
+``TenantService`` holds the API's copy of ``gnomon.tenants`` (a ``TenantBook``) and of
+``gnomon.tenant-usage`` (a ``UsageBook``), both filled by a ``TenantFeed``
+(``streams/tenant_feed.py``; ``poll`` from a background thread, see ``TenantPoller``),
+and writes limit records for the admin endpoints. The job handlers call its ``check_*``
+methods before sending a command (``core.admission`` with the tenant's limits, the
+processors' usage counts and, for manual triggers, a sliding window of the triggers this
+API instance accepted): a refusal is a ``LimitExceeded``, answered 429 with Retry-After
+or 422 (``problems.limit_problem``). The processor applies the same rules again; these
+checks only give the client an early, precise answer, from counts that may lag by a poll.
+
+Routes (``install``):
+
+* ``GET /v1/tenants``, ``GET|PUT|DELETE /v1/tenants/{tenant}``: the admin role only
+  (a token entry ending in ``:admin``, see ``api/auth.py``), 403 for other tokens.
+  ``{tenant}`` ``*`` is the defaults record. PUT merges the given camelCase limits into
+  the tenant's current ones (its own record, else the defaults); DELETE tombstones the
+  record, returning the tenant to the defaults.
+* ``GET /v1/tenant``: the caller's own limits and usage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Request, Security
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPBearer
+
+from gnomon import codec
+from gnomon.api import schemas
+from gnomon.api.auth import Authenticator, Principal
+from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.api.openapi import problem_responses, request_body
+from gnomon.api.problems import Forbidden
+from gnomon.core import admission
+from gnomon.core.clock import Clock, SystemClock, ms_to_iso
+from gnomon.core.errors import EventLogError, ValidationError
+from gnomon.core.model import JobSpec
+from gnomon.core.tenants import (
+    DEFAULTS_KEY,
+    LIMIT_BOUNDS,
+    TenantBook,
+    TenantLimits,
+    check_tenant_name,
+)
+from gnomon.core.usage import UsageBook
+
+__all__ = ["LIMIT_FIELDS", "TenantPoller", "TenantService", "TriggerWindow", "install", "limit_responses"]
+
+log = logging.getLogger("gnomon.api")
+
+# API field (camelCase) -> TenantLimits field
+LIMIT_FIELDS: dict[str, str] = {
+    "concurrencyMax": "concurrency_max",
+    "jobsMax": "jobs_max",
+    "intervalMinS": "interval_min_s",
+    "backlogMax": "backlog_max",
+    "triggersPerMinMax": "triggers_per_min_max",
+}
+_API_NAME = {snake: camel for camel, snake in LIMIT_FIELDS.items()}
+assert set(LIMIT_FIELDS.values()) == set(LIMIT_BOUNDS), "LIMIT_FIELDS must cover core.tenants.LIMIT_BOUNDS"
+TRIGGER_WINDOW_MS = 60_000
+POLL_INTERVAL_S = 0.5
+
+
+class TriggerWindow:
+    """Each tenant's manual triggers accepted by this API instance in the last minute.
+    A tenant's entries never exceed its ``triggers_per_min_max`` (a trigger is recorded
+    only once admitted), and tenants come from tokens, so memory is bounded."""
+
+    def __init__(self, window_ms: int = TRIGGER_WINDOW_MS) -> None:
+        self.window_ms = window_ms
+        self._by_tenant: dict[str, deque[int]] = {}
+
+    def _recent(self, tenant: str, now_ms: int) -> deque[int]:
+        times = self._by_tenant.get(tenant)
+        if times is None:
+            return deque()
+        while times and times[0] <= now_ms - self.window_ms:
+            times.popleft()
+        if not times:
+            del self._by_tenant[tenant]
+        return times
+
+    def count(self, tenant: str, now_ms: int) -> int:
+        return len(self._recent(tenant, now_ms))
+
+    def oldest(self, tenant: str, now_ms: int) -> int | None:
+        times = self._recent(tenant, now_ms)
+        return times[0] if times else None
+
+    def record(self, tenant: str, now_ms: int) -> None:
+        self._by_tenant.setdefault(tenant, deque()).append(now_ms)
+
+
+class TenantService:
+    """The API's tenants: books, the limit writer, admission pre-checks. Thread-safe (one
+    lock around the books and the window; handlers run in the thread pool)."""
+
+    def __init__(self, book: TenantBook | None = None, usage: UsageBook | None = None, *,
+                 writer: Any = None, topic: str = "gnomon.tenants", feed: Any = None,
+                 window: TriggerWindow | None = None) -> None:
+        """``writer``: ``send(topic, key, value_or_None)`` acknowledged by Kafka (a
+        ``SyncProducer``); None: limits cannot be changed (503). ``feed``: a
+        ``TenantFeed`` (or anything with ``poll()``) that fills ``book`` and ``usage``."""
+        self.book = book or TenantBook()
+        self.usage = usage or UsageBook()
+        self.writer = writer
+        self.topic = topic
+        self.feed = feed
+        self.window = window or TriggerWindow()
+        self.lock = threading.Lock()
+
+    def poll(self) -> int:
+        """Apply what the feed has (non-blocking); how many records."""
+        if self.feed is None:
+            return 0
+        with self.lock:
+            return int(self.feed.poll())
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def limits(self, tenant: str) -> TenantLimits:
+        with self.lock:
+            return self.book.limits(tenant)
+
+    def view(self, tenant: str) -> dict[str, Any]:
+        with self.lock:
+            return self._view(tenant)
+
+    def _view(self, tenant: str) -> dict[str, Any]:
+        limits = self.book.limits(tenant)
+        totals = self.usage.totals(tenant)
+        return {
+            "tenant": tenant,
+            "configured": self.book.configured(tenant),
+            "limits": limits_json(limits),
+            "updatedAt": ms_to_iso(limits.updated_at_ms) if limits.updated_at_ms else None,
+            "usage": {"jobs": totals["jobs"], "backlog": totals["backlog"], "running": totals["running"],
+                      "triggersLastMin": totals["triggers_last_min"],
+                      "countedAt": ms_to_iso(totals["at_ms"]) if totals["at_ms"] else None},
+        }
+
+    def list_view(self) -> dict[str, Any]:
+        with self.lock:
+            names = {t.tenant for t in self.book.all()} | set(self.usage.tenants())
+            names.discard(DEFAULTS_KEY)
+            return {"defaults": limits_json(self.book.defaults()),
+                    "items": [self._view(t) for t in sorted(names)]}
+
+    # ---- admin writes ------------------------------------------------------------------
+
+    def put(self, tenant: str, body: Any, now_ms: int) -> dict[str, Any]:
+        """Merge ``body`` (camelCase limits, any subset) into the tenant's current limits,
+        write the record, and return the new view."""
+        check_tenant_name(tenant)
+        changes = parse_limits_body(body)
+        with self.lock:
+            current = self.book.limits(tenant)
+            if not self.book.configured(tenant) and len(self.book.all()) >= self.book.tenants_max:
+                raise ValidationError("tenant", f"more than {self.book.tenants_max} tenants configured")
+        try:
+            new = TenantLimits(tenant, **{**current.limits(), **changes}, updated_at_ms=now_ms)
+        except ValidationError as exc:
+            raise ValidationError(_API_NAME.get(exc.field, exc.field), exc.message) from None
+        self._write(tenant, codec.encode(new, self.topic))
+        with self.lock:
+            self.book.apply(tenant, new)  # read-your-writes here; the feed applies the same record again
+            return self._view(tenant)
+
+    def reset(self, tenant: str) -> dict[str, Any]:
+        """Tombstone the tenant's record (back to the defaults; ``*``: to the built-in
+        defaults) and return the new view."""
+        check_tenant_name(tenant)
+        self._write(tenant, None)
+        with self.lock:
+            self.book.apply(tenant, None)
+            return self._view(tenant)
+
+    def _write(self, tenant: str, value: bytes | None) -> None:
+        if self.writer is None:
+            raise EventLogError(f"this API instance cannot write {self.topic}")
+        self.writer.send(self.topic, tenant, value)
+
+    # ---- admission pre-checks (core.admission) -----------------------------------------
+
+    def check_registration(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
+        with self.lock:
+            limits, totals = self.book.limits(tenant), self.usage.totals(tenant)
+        admission.check_registration(limits, spec, jobs=totals["jobs"], backlog=totals["backlog"], now_ms=now_ms)
+
+    def check_schedule(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
+        admission.check_schedule(self.limits(tenant), spec, now_ms)
+
+    def admit_trigger(self, tenant: str, now_ms: int) -> None:
+        """Check a manual trigger and, if admitted, count it in the window at once (so two
+        concurrent requests cannot both take the last one). The count is the larger of
+        this instance's window and the processors' ``triggers_last_min`` (which includes
+        every API instance's triggers, a poll late). A trigger whose send then fails stays
+        counted: it may have been written."""
+        with self.lock:
+            limits, totals = self.book.limits(tenant), self.usage.totals(tenant)
+            local = self.window.count(tenant, now_ms)
+            admission.check_trigger(limits, backlog=totals["backlog"],
+                                    triggers_last_min=max(local, totals["triggers_last_min"]),
+                                    oldest_trigger_ms=self.window.oldest(tenant, now_ms), now_ms=now_ms)
+            self.window.record(tenant, now_ms)
+
+
+def limits_json(limits: TenantLimits) -> dict[str, int]:
+    return {camel: getattr(limits, snake) for camel, snake in LIMIT_FIELDS.items()}
+
+
+def parse_limits_body(body: Any) -> dict[str, int]:
+    """A PUT body -> {TenantLimits field: value} (bounds are checked by TenantLimits)."""
+    if not isinstance(body, dict):
+        raise ValidationError("body", "must be a JSON object of limits, e.g. {\"jobsMax\": 100}")
+    out: dict[str, int] = {}
+    for name, value in body.items():
+        if name not in LIMIT_FIELDS:
+            raise ValidationError(name, f"unknown field; allowed: {', '.join(LIMIT_FIELDS)}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            low, high = LIMIT_BOUNDS[LIMIT_FIELDS[name]]
+            raise ValidationError(name, f"must be a whole number from {low} to {high}, got {value!r}")
+        out[LIMIT_FIELDS[name]] = value
+    return out
+
+
+class TenantPoller:
+    """Polls a ``TenantService``'s feed every ``interval_s`` on a daemon thread."""
+
+    def __init__(self, service: TenantService, interval_s: float = POLL_INTERVAL_S) -> None:
+        self.service = service
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gnomon-tenant-feed", daemon=True)
+
+    def start(self) -> TenantPoller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.service.poll()
+            except Exception:  # keep polling: limits are soft state, a bad moment must not stop it
+                log.exception("polling tenant limits failed")
+
+
+# ---- routes ----------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False, scheme_name="bearerAuth", description="an API token")
+_STRING = {"schema": {"type": "string"}}
+
+
+def limit_responses() -> dict[int | str, dict[str, Any]]:
+    """``responses=`` entry for a 429 of a tenant limit (add to a job route's)."""
+    return {429: {"model": schemas.Problem, "description": "a tenant limit (named in 'limit') refuses it "
+                  "for now; retry after Retry-After seconds",
+                  "headers": {"Retry-After": {"description": "seconds", **_STRING}}}}
+
+
+def _admin_problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {**problem_responses(*statuses),
+            403: {"model": schemas.Problem, "description": "the token does not have the admin role"}}
+
+
+def principal_of(request: Request, _: Any = Security(_bearer)) -> Principal:
+    """The caller (the Security dependency only documents the scheme, as in api/app.py)."""
+    auth: Authenticator = request.app.state.auth
+    return auth.principal_for(request.headers.get("authorization"))
+
+
+def admin_of(who: Principal = Depends(principal_of)) -> Principal:
+    if not who.admin:
+        raise Forbidden("this endpoint needs a token with the admin role")
+    return who
+
+
+# Module level: FastAPI resolves these (string) annotations in the module's namespace.
+Caller = Annotated[Principal, Depends(principal_of)]
+Admin = Annotated[Principal, Depends(admin_of)]
+# Documented only; check_tenant_name checks it with the core's field name and message.
+TenantName = Annotated[str, Path(description="a tenant, or '*' for the defaults", json_schema_extra={
+    "pattern": r"^(\*|[A-Za-z0-9._-]{1,128})$"})]
+
+
+def install(app: FastAPI, service: TenantService, clock: Clock | None = None) -> None:
+    """Register the tenant routes on ``app`` (whose ``state.auth`` is the Authenticator)."""
+    now: Callable[[], int] = (clock or SystemClock()).now_ms
+    app.state.tenants = service
+
+    @app.get("/v1/tenant", summary="This tenant's limits and usage", response_model=None,
+             responses={200: {"model": schemas.Tenant}, **problem_responses(401)})
+    def get_own_tenant(who: Caller) -> dict[str, Any]:
+        return service.view(who.tenant)
+
+    @app.get("/v1/tenants", summary="Every configured tenant, and the defaults (admin)", response_model=None,
+             responses={200: {"model": schemas.TenantList}, **_admin_problems(401)})
+    def list_tenants(_: Admin) -> dict[str, Any]:
+        return service.list_view()
+
+    @app.get("/v1/tenants/{tenant}", summary="A tenant's limits and usage (admin; '*': the defaults)",
+             response_model=None, responses={200: {"model": schemas.Tenant}, **_admin_problems(401, 422)})
+    def get_tenant(tenant: TenantName, _: Admin) -> dict[str, Any]:
+        check_tenant_name(tenant)
+        return service.view(tenant)
+
+    @app.put("/v1/tenants/{tenant}", summary="Set a tenant's limits (admin; '*': the defaults)",
+             description="Limits left out keep their current value (the tenant's own, else the defaults). "
+             "Takes effect within a poll on every API and processor instance.",
+             response_model=None, responses={200: {"model": schemas.Tenant}, **_admin_problems(401, 413, 422, 503)},
+             openapi_extra=request_body(schemas.TenantLimitsInput, example={"jobsMax": 500, "backlogMax": 100}))
+    async def put_tenant(tenant: TenantName, request: Request, _: Admin) -> dict[str, Any]:
+        body = parse_json(await read_bounded(request, BODY_MAX_BYTES))
+        return await run_in_threadpool(service.put, tenant, body, now())
+
+    @app.delete("/v1/tenants/{tenant}", summary="Return a tenant to the defaults (admin)",
+                response_model=None, responses={200: {"model": schemas.Tenant}, **_admin_problems(401, 422, 503)})
+    def reset_tenant(tenant: TenantName, _: Admin) -> dict[str, Any]:
+        return service.reset(tenant)

@@ -1,0 +1,79 @@
+"""Admission: whether a tenant's limits (``core.tenants``) let a command in.
+
+Pure functions over the limits and the counts the caller has (the processor's, from its
+state: ``core.quota``; the API's, from history, to answer with an HTTP status before the
+processor decides). Each refusal is a ``LimitExceeded`` naming the limit:
+
+* a registration over ``jobs_max``, or a cron schedule firing more often than
+  ``interval_min_s``: refused, waiting does not help (422);
+* a manual trigger or a one-time job over ``backlog_max``, or a trigger over
+  ``triggers_per_min_max``: refused with a Retry-After (429).
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+from gnomon.core.cron import CronSchedule
+from gnomon.core.errors import LimitExceeded
+from gnomon.core.model import JobSpec
+from gnomon.core.tenants import TenantLimits
+
+INTERVAL_SAMPLE_FIRES = 64  # fire times examined for a schedule's shortest gap
+BACKLOG_RETRY_AFTER_S = 10
+
+
+@lru_cache(maxsize=4096)
+def _shortest_gap_s(expr: str, tz: str, from_ms: int) -> float:
+    fires = CronSchedule(expr, tz).next_n(from_ms, INTERVAL_SAMPLE_FIRES)
+    gaps = [b - a for a, b in itertools.pairwise(fires)]
+    return min(gaps) / 1000 if gaps else float("inf")
+
+
+def shortest_interval_s(spec: JobSpec, now_ms: int) -> float:
+    """The shortest gap between two of the schedule's next fire times (over the next
+    ``INTERVAL_SAMPLE_FIRES`` fires, sampled from the start of the current day so that
+    the answer is stable within it); infinity for a one-time job."""
+    if spec.schedule.cron is None:
+        return float("inf")
+    day_ms = now_ms - now_ms % 86_400_000
+    return _shortest_gap_s(spec.schedule.cron, spec.schedule.tz, day_ms)
+
+
+def check_schedule(limits: TenantLimits, spec: JobSpec, now_ms: int) -> None:
+    """A cron schedule must not fire more often than the tenant's ``interval_min_s``."""
+    gap = shortest_interval_s(spec, now_ms)
+    if gap < limits.interval_min_s:
+        raise LimitExceeded("interval_min_s", f"the schedule fires every {gap:g} s at its most frequent; "
+                            f"tenant {limits.tenant} may schedule no more often than every "
+                            f"{limits.interval_min_s} s", field="schedule")
+
+
+def check_registration(limits: TenantLimits, spec: JobSpec, *, jobs: int, backlog: int, now_ms: int) -> None:
+    """A new job: ``jobs`` the tenant already has, ``backlog`` its queued one-off runs."""
+    if jobs >= limits.jobs_max:
+        raise LimitExceeded("jobs_max", f"tenant {limits.tenant} has {jobs} jobs, its limit is "
+                            f"{limits.jobs_max}; delete some or ask an admin to raise jobs_max")
+    check_schedule(limits, spec, now_ms)
+    if spec.schedule.is_one_time:
+        check_backlog(limits, backlog)
+
+
+def check_backlog(limits: TenantLimits, backlog: int) -> None:
+    if backlog >= limits.backlog_max:
+        raise LimitExceeded("backlog_max", f"tenant {limits.tenant} has {backlog} one-off runs queued, "
+                            f"its limit is {limits.backlog_max}; retry when some have started",
+                            retry_after_s=BACKLOG_RETRY_AFTER_S)
+
+
+def check_trigger(limits: TenantLimits, *, backlog: int, triggers_last_min: int, oldest_trigger_ms: int | None,
+                  now_ms: int) -> None:
+    """A manual trigger: ``triggers_last_min`` accepted in the minute before ``now_ms``,
+    the oldest of them at ``oldest_trigger_ms`` (it leaves the window first)."""
+    if triggers_last_min >= limits.triggers_per_min_max:
+        wait_ms = 60_000 if oldest_trigger_ms is None else max(0, oldest_trigger_ms + 60_000 - now_ms)
+        raise LimitExceeded("triggers_per_min_max", f"tenant {limits.tenant} made {triggers_last_min} manual "
+                            f"triggers in the last minute, its limit is {limits.triggers_per_min_max}",
+                            retry_after_s=max(1, -(-wait_ms // 1000)))
+    check_backlog(limits, backlog)
