@@ -1,6 +1,6 @@
 """Weighted priorities under contention, and each tenant's share of the pool, on the real stack.
 
-    .venv/bin/python bench/fairness.py [--jobs 3000] [--slots 40] [--hold-s 1] [--tenants 2]
+    .venv/bin/python bench/fairness.py [--jobs 3000] [--slots 40] [--hold-s 1] [--tenants 2] [--quota N]
 
 Starts one processor on the running broker (`gnomon infra up` first), registers ``--jobs``
 one-time jobs, a third per priority, spread evenly over ``--tenants`` tenants, all due in
@@ -26,10 +26,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from gnomon import codec
 from gnomon.config import load
 from gnomon.core.jobs import RegisterJob
 from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.runs import RunState
+from gnomon.core.tenants import TenantLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
 from chaoslib import Scenario
@@ -54,6 +56,8 @@ def main() -> None:
     ap.add_argument("--hold-s", type=float, default=1.0)
     ap.add_argument("--tenants", type=int, default=2)
     ap.add_argument("--first", type=int, default=1000, help="starts the mix is measured over")
+    ap.add_argument("--quota", type=int, default=0,
+                    help="concurrency quota of the first tenant (0: none), set on gnomon.tenants")
     args = ap.parse_args()
     s = load()
     from gnomon.infra import manager
@@ -72,6 +76,11 @@ def main() -> None:
         payload = f'{{"s": {args.hold_s}}}'
     tier_of: dict[str, str] = {}
     try:
+        if args.quota:
+            limits = TenantLimits(tenants[0], concurrency_max=args.quota, updated_at_ms=int(time.time() * 1000))
+            sc.producer.produce(sc.topo.tenants, key=tenants[0].encode(), value=codec.encode(limits, sc.topo.tenants))
+            sc.flush()
+            print(f"tenant {tenants[0]}: concurrency quota {args.quota}", file=sys.stderr)
         sc.processor("p1")
         slot = (int(time.time()) + 5) * 1000
         for i in range(args.jobs):

@@ -374,3 +374,12 @@ def test_a_processor_feed_reads_limits_only(monkeypatch: pytest.MonkeyPatch) -> 
     feed = tenant_feed.TenantFeed("b:1", load_topology(), TenantBook(), None, FakeClock(NOW))
     assert [tp.topic for tp in made[0].assigned] == [TENANTS]
     assert feed.load(1) == 0  # empty topic: nothing to wait for
+
+
+def test_usage_not_refreshed_for_three_minutes_is_left_out() -> None:
+    book = UsageBook()
+    book.apply("a/0", TenantUsage("a", 0, 5, 1, 2, 0, at_ms=1_000))
+    book.apply("a/1", TenantUsage("a", 1, 7, 0, 1, 0, at_ms=170_000))
+    assert book.totals("a")["jobs"] == 12  # no time given: everything
+    assert book.totals("a", now_ms=182_000)["jobs"] == 7  # partition 0 not counted for 180 s
+    assert book.totals("a", now_ms=182_000)["at_ms"] == 170_000

@@ -192,7 +192,7 @@ class TenantService:
 
     def check_registration(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
         with self.lock:
-            limits, totals = self.book.limits(tenant), self.usage.totals(tenant)
+            limits, totals = self.book.limits(tenant), self.usage.totals(tenant, now_ms)
         admission.check_registration(limits, spec, jobs=totals["jobs"], backlog=totals["backlog"], now_ms=now_ms)
 
     def check_schedule(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
@@ -205,7 +205,7 @@ class TenantService:
         every API instance's triggers, a poll late). A trigger whose send then fails stays
         counted: it may have been written."""
         with self.lock:
-            limits, totals = self.book.limits(tenant), self.usage.totals(tenant)
+            limits, totals = self.book.limits(tenant), self.usage.totals(tenant, now_ms)
             local = self.window.count(tenant, now_ms)
             admission.check_trigger(limits, backlog=totals["backlog"],
                                     triggers_last_min=max(local, totals["triggers_last_min"]),

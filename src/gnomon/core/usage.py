@@ -47,7 +47,8 @@ def parse_usage_key(key: str) -> tuple[str, int]:
 class UsageBook:
     """Every (tenant, partition)'s latest usage, summed per tenant on demand."""
 
-    def __init__(self) -> None:
+    def __init__(self, stale_after_ms: int = 180_000) -> None:
+        self.stale_after_ms = stale_after_ms  # three of the processors' one-minute refreshes
         self._by_tenant: dict[str, dict[int, TenantUsage]] = {}
 
     def apply(self, key: str, usage: TenantUsage | None) -> None:
@@ -66,12 +67,16 @@ class UsageBook:
                                          f"its value ({usage.key!r})")
         self._by_tenant.setdefault(tenant, {})[partition] = usage
 
-    def totals(self, tenant: str) -> dict[str, int]:
+    def totals(self, tenant: str, now_ms: int | None = None) -> dict[str, int]:
         """The tenant's counts summed over partitions (zeros for an unknown tenant), and
-        ``at_ms``: the oldest partition count they include (0 if none)."""
-        parts = self._by_tenant.get(tenant, {})
-        out = {name: sum(getattr(u, name) for u in parts.values()) for name in COUNTS}
-        out["at_ms"] = min((u.at_ms for u in parts.values()), default=0)
+        ``at_ms``: the oldest partition count they include (0 if none). With ``now_ms``,
+        records older than ``stale_after_ms`` are left out: processors write every
+        partition's counts again each minute, so an older one is of a partition nobody has
+        counted since (its new owner has not written yet, or it has nothing left there)."""
+        parts = [u for u in self._by_tenant.get(tenant, {}).values()
+                 if now_ms is None or now_ms - u.at_ms <= self.stale_after_ms]
+        out = {name: sum(getattr(u, name) for u in parts) for name in COUNTS}
+        out["at_ms"] = min((u.at_ms for u in parts), default=0)
         return out
 
     def tenants(self) -> list[str]:
