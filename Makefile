@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "gnomon: $(PY) not found; install Python 3.11+"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[server,dev]'
 	@touch $(STAMP)
 
 setup: $(STAMP) ## install gnomon and its dev tools into .venv/ (so .venv/bin/gnomon works)

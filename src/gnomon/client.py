@@ -21,6 +21,7 @@ from gnomon.config import Settings, load
 from gnomon.core.clock import SystemClock, iso_to_ms
 from gnomon.core.errors import GnomonError, ValidationError
 from gnomon.core.validation import parse_job_spec, validate_idempotency_key
+from gnomon.tokens import dev_token
 
 
 class ApiError(GnomonError):
@@ -45,8 +46,6 @@ def default_token(settings: Settings) -> str:
     token = os.environ.get("GNOMON_TOKEN")
     if token:
         return token
-    from gnomon.api.auth import dev_token
-
     return dev_token(settings)
 
 

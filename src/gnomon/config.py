@@ -10,8 +10,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gnomon._data import TOPOLOGY, data_path
+
 
 def _repo_root() -> Path:
+    """The checkout gnomon runs from (its ``.gnomon/`` is the default state dir), or the
+    current directory for an installed gnomon (set ``GNOMON_STATE_DIR`` there)."""
     here = Path(__file__).resolve()
     for parent in here.parents:
         if (parent / "streams" / "topology.toml").exists():
@@ -53,10 +57,10 @@ class Settings:
     credentials_path: Path | None = field(
         default_factory=lambda: Path(p) if (p := os.environ.get("GNOMON_CREDENTIALS_DIR")) else None
     )
+    # The topology packaged with gnomon (gnomon/_data/topology.toml: in a checkout a
+    # symlink to streams/topology.toml), or $GNOMON_TOPOLOGY.
     topology_path: Path = field(
-        default_factory=lambda: Path(
-            os.environ.get("GNOMON_TOPOLOGY", str(REPO_ROOT / "streams" / "topology.toml"))
-        )
+        default_factory=lambda: Path(p) if (p := os.environ.get("GNOMON_TOPOLOGY")) else data_path(TOPOLOGY)
     )
 
     @property

@@ -21,7 +21,7 @@ from gnomon.adapters.kafka import consumer_config, producer_config
 from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.codec import DecodeError
 from gnomon.config import load
-from gnomon.core.jobs import JobState
+from gnomon.core.jobs import DeleteJob, JobState, RegisterJob
 from gnomon.core.runs import RunState
 from gnomon.topology import load_topology
 
@@ -96,6 +96,7 @@ class Scenario:
     lookahead_s: int = 10
     processor_args: tuple[str, ...] = ()  # extra `gnomon processor` options for every processor
     worker_tenants: tuple[str, ...] = ("chaos",)  # the tenants every worker serves (`--tenant`)
+    registered: dict[str, str] = field(default_factory=dict)  # job id -> tenant, of the jobs sent
 
     def __post_init__(self) -> None:
         self.settings = load()
@@ -131,6 +132,18 @@ class Scenario:
             del self.procs[name]
 
     def stop_all(self) -> None:
+        """Stop every process, then delete the scenario's jobs: the next processor to start
+        applies the deletes first, so a per-second job of this scenario never fills the
+        workers of a later one (the chaos tests share tenant and pool)."""
+        self._stop_procs()
+        now = int(time.time() * 1000)
+        for job_id, tenant in self.registered.items():
+            self.producer.produce(self.topo.job_commands, key=job_id.encode(),
+                                  value=codec.encode(DeleteJob(job_id, tenant, now)))
+        self.registered.clear()
+        self.flush()
+
+    def _stop_procs(self) -> None:
         for p in list(self.procs.values()):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGCONT)
@@ -152,6 +165,8 @@ class Scenario:
         gc.collect()
 
     def send(self, command: Any) -> None:
+        if isinstance(command, RegisterJob):
+            self.registered[command.job_id] = command.tenant
         self.producer.produce(self.topo.job_commands, key=command.job_id.encode(), value=codec.encode(command))
         self.producer.poll(0)
 

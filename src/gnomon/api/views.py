@@ -1,7 +1,12 @@
-"""JSON shapes of jobs and runs as the API returns them."""
+"""JSON shapes of jobs and runs as the API returns them, and their rendering to bytes
+for the hot read path (``RunViews``, ``page_json``), byte for byte what FastAPI's
+``JSONResponse`` would send for the same dict."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from gnomon.core.clock import ms_to_iso
@@ -68,3 +73,47 @@ def run_view(run: RunState) -> dict[str, Any]:
 def log_view(line: LogLine) -> dict[str, Any]:
     return {"attempt": line.attempt, "seq": line.seq, "stream": line.stream.value, "at": _iso(line.at_ms),
             "line": line.line}
+
+
+def dumps(value: Any) -> bytes:
+    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+
+
+def page_json(items: Sequence[bytes], cursor: str | None) -> bytes:
+    """``{"items": [...], "cursor": ...}`` from items already rendered by ``dumps``."""
+    return b'{"items":[' + b",".join(items) + b'],"cursor":' + dumps(cursor) + b"}"
+
+
+class RunViews:
+    """``dumps(run_view(run))`` per run state object, remembered for the last
+    ``max_entries`` states rendered (oldest first out).
+
+    Keyed by the object itself (identity): states are frozen, and the history stores
+    hand out the same object for the same stored row (the Cassandra store's decode
+    cache; the in-memory store's dicts), so a run listed again unchanged costs a dict
+    lookup, and a changed run is a new object, rendered afresh. The entry holds the
+    state, so its id cannot be reused while it is cached. Thread-safe."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._d: dict[int, tuple[RunState, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def json(self, run: RunState) -> bytes:
+        hit = self._d.get(id(run))
+        if hit is not None and hit[0] is run:
+            return hit[1]
+        data = dumps(run_view(run))
+        if self.max_entries > 0:
+            with self._lock:
+                while len(self._d) >= self.max_entries:
+                    del self._d[next(iter(self._d))]
+                self._d[id(run)] = (run, data)
+        return data
+
+    def page(self, runs: Sequence[RunState], cursor: str | None) -> bytes:
+        return page_json([self.json(r) for r in runs], cursor)

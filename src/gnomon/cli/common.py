@@ -21,6 +21,10 @@ err_console = Console(stderr=True)
 EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_FAILURE = 1  # something else went wrong
 
+# Imported only by the processor, the API, the projector and `gnomon infra`: installed by
+# gnomon[server], absent from a worker-only install (gnomon[worker]).
+SERVER_ONLY_MODULES = frozenset({"cassandra", "fastapi", "pydantic", "rocksdict", "starlette", "uvicorn"})
+
 
 # Characters a terminal acts on instead of showing: C0/C1 controls (ESC starts escape
 # sequences that recolour, move the cursor, set the title or hyperlinks), DEL, line
@@ -46,6 +50,19 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def require_server_extra(command: str, *modules: str) -> None:
+    """Refuse to start ``command`` (exit 2, naming the extra) when one of the server-only
+    ``modules`` is not installed. They are imported late (rocksdict when a partition is
+    assigned, the Cassandra driver when connecting), so without this check a worker-only
+    install would start a processor that joins the group and then fails."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"`gnomon {command}` needs gnomon's server extra: pip install 'gnomon[server]' "
+             f"({', '.join(missing)} not installed)", EXIT_USAGE)
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn gnomon's errors into one readable line and an exit code (2 = bad input)."""
@@ -61,6 +78,10 @@ def user_errors() -> Iterator[None]:
         fail(f"{exc} (is `gnomon api` or `gnomon dev` running?)")
     except GnomonError as exc:
         fail(str(exc))
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in SERVER_ONLY_MODULES:
+            raise
+        fail(f"this command needs gnomon's server extra: pip install 'gnomon[server]' ({exc})", EXIT_USAGE)
 
 
 def print_json(data: Any) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gnomon.cli.common import command, print_json
+from gnomon.cli.common import command, print_json, require_server_extra
 from gnomon.config import load
 
 app = typer.Typer(help="Fetch, start and stop Kafka and Cassandra (no Docker needed).", no_args_is_help=True)
@@ -19,6 +19,7 @@ def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft
     from gnomon.core.errors import ValidationError
     from gnomon.infra import manager
 
+    require_server_extra("infra up", "cassandra")
     if kafka_nodes not in (1, 3):
         raise ValidationError("--kafka-nodes", "must be 1 (development) or 3 (fault tests)")
     manager.up(load(), kafka_nodes=kafka_nodes)

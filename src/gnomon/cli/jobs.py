@@ -251,7 +251,7 @@ def token_hash(
     `ps` and shell history) for GNOMON_API_TOKENS='sha256:<hash>:<tenant>'."""
     import sys
 
-    from gnomon.api.auth import hash_token
+    from gnomon.tokens import hash_token
 
     token = sys.stdin.readline() if not sys.stdin.isatty() else typer.prompt("token", hide_input=True)
     if not token.strip():

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from gnomon.cli.common import command, console, fail
+from gnomon.cli.common import command, console, fail, require_server_extra
 from gnomon.config import REPO_ROOT, load
 
 
@@ -56,6 +56,8 @@ def processor(
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
     import socket
+
+    require_server_extra("processor", "rocksdict")
 
     from gnomon.core.jobs import SchedulerConfig
     from gnomon.core.priorities import parse_weights
@@ -106,6 +108,8 @@ def worker(
     _logging(verbose)
     if app:
         mod_name, _, attr = app.partition(":")
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # like uvicorn: `--app mymod:worker` from the module's directory
         try:
             w = getattr(importlib.import_module(mod_name), attr or "worker")
         except (ImportError, AttributeError) as exc:
@@ -136,6 +140,7 @@ def worker(
 @command
 def projector(verbose: bool = False) -> None:
     """Project run events, jobs and logs into Cassandra history."""
+    require_server_extra("projector", "cassandra")
     from gnomon.history.projector import HistoryProjector
 
     _logging(verbose)
@@ -150,14 +155,22 @@ def api(
     port: Annotated[int | None, typer.Option(help="default 8787 (GNOMON_API_PORT)")] = None,
     host: str = "127.0.0.1",
     dev: Annotated[bool, typer.Option("--dev", help="allow the dev token when GNOMON_API_TOKENS is unset")] = False,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=64, help="API processes sharing the port, each with its own Kafka producer and Cassandra "
+                            "session (default $GNOMON_API_WORKERS or 1)")] = None,
+    access_log: Annotated[bool, typer.Option(help="log every request (one line each)")] = True,
 ) -> None:
     """Serve the REST API (OpenAPI at /openapi.json)."""
-    import uvicorn
-
-    from gnomon.api.wiring import build_app
+    require_server_extra("api", "fastapi", "uvicorn")
+    from gnomon.api.auth import load_principals
+    from gnomon.api.wiring import api_workers, serve
 
     s = load()
-    uvicorn.run(build_app(s, dev=dev or None), host=host, port=port or s.api_port, log_level="info")
+    if dev:  # the worker processes build their own app: they read dev mode from the environment
+        os.environ["GNOMON_DEV"] = "1"
+    load_principals(s)  # no tokens: refuse here, once, before any worker starts
+    serve(host=host, port=port or s.api_port, workers=api_workers() if workers is None else workers,
+          access_log=access_log)
 
 
 @command
@@ -165,7 +178,8 @@ def dev(
     no_infra: Annotated[bool, typer.Option("--no-infra", help="assume Kafka and Cassandra are up")] = False,
 ) -> None:
     """Start infra, a processor, a worker, the projector and the API; Ctrl-C stops them all."""
-    from gnomon.api.auth import dev_admin_token, dev_token
+    require_server_extra("dev", "rocksdict", "cassandra", "fastapi", "uvicorn")
+    from gnomon.tokens import dev_admin_token, dev_token
 
     s = load()
     if not no_infra:

@@ -30,17 +30,20 @@ from typing import Any
 
 from fastavro import parse_schema
 
+from gnomon._data import AVRO, data_path
+
 Schema = Any  # a JSON-like Avro schema: str | list | dict
 
 _NAMED = ("record", "enum", "fixed", "error")
 
 
 def default_schema_dir() -> Path:
-    """``$GNOMON_AVRO_DIR`` or ``<repo>/schemas/avro`` (next to ``src/``)."""
+    """``$GNOMON_AVRO_DIR``, or the registry packaged with gnomon (``gnomon/_data/avro``:
+    in a checkout a symlink to ``schemas/avro``, in a wheel a copy of it)."""
     env = os.environ.get("GNOMON_AVRO_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "schemas" / "avro"
+    return data_path(AVRO)
 
 
 def file_sha256(path: Path) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from gnomon.core.errors import ValidationError
@@ -26,6 +26,7 @@ Key = tuple[Any, ...]
 # fetch(after, n): at most n rows strictly after ``after`` (None: from the start), in
 # listing order, each as (clustering key, item).
 Fetch = Callable[[Key | None, int], Sequence[tuple[Key, T]]]
+AsyncFetch = Callable[[Key | None, int], Awaitable[Sequence[tuple[Key, T]]]]
 
 # Listing tags and the types of their key components.
 JOBS = "j"  # (job_id,)
@@ -82,10 +83,46 @@ def page(
     scan_max: int = 5000,
 ) -> tuple[list[T], str | None]:
     """One page of a listing: its items and the cursor of the next page (None: no more)."""
+    steps = pager(kind, limit, cursor, keep, scan_max)
+    try:
+        want = next(steps)
+        while True:
+            want = steps.send(fetch(*want))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def apage(
+    kind: str,
+    fetch: AsyncFetch[T],
+    limit: int,
+    cursor: str | None,
+    keep: Callable[[T], bool] | None = None,
+    scan_max: int = 5000,
+) -> tuple[list[T], str | None]:
+    """``page`` with an async ``fetch``: the same pages, cursors and scan budget."""
+    steps = pager(kind, limit, cursor, keep, scan_max)
+    try:
+        want = next(steps)
+        while True:
+            want = steps.send(await fetch(*want))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def pager(
+    kind: str,
+    limit: int,
+    cursor: str | None,
+    keep: Callable[[T], bool] | None = None,
+    scan_max: int = 5000,
+) -> Generator[tuple[Key | None, int], Sequence[tuple[Key, T]], tuple[list[T], str | None]]:
+    """The paging algorithm, free of I/O: yields each fetch it needs as ``(after, n)``, is
+    sent the rows, and returns (items, next cursor). ``page`` and ``apage`` drive it."""
     check_limit(limit)
     after = decode_cursor(kind, cursor)
     if keep is None:
-        rows = fetch(after, limit + 1)
+        rows = yield (after, limit + 1)
         items = [item for _, item in rows[:limit]]
         more = len(rows) > limit
         return items, (encode_cursor(kind, rows[limit - 1][0]) if more else None)
@@ -94,7 +131,7 @@ def page(
     last = after
     while True:
         n = min(max(limit + 1, SCAN_CHUNK_MIN), scan_max - scanned)
-        rows = fetch(last, n + 1)  # one more than the budget allows: is there more?
+        rows = yield (last, n + 1)  # one more than the budget allows: is there more?
         for key, item in rows:
             if scanned == scan_max:  # budget spent and rows remain: resume after the last one looked at
                 assert last is not None

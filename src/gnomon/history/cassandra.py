@@ -18,15 +18,22 @@
   ``runs_by_id``, drops stale rows from the page and deletes them with the write time of
   the newer state (so a FAILED state written meanwhile survives).
 * Every driver exception becomes ``HistoryStoreError`` with a one-line message.
+* Reads for the API's hot path (``get_job_async``, ``list_runs_async``) use the driver's
+  ``execute_async`` and resolve an asyncio future from the driver's I/O thread, so an
+  event loop never blocks on Cassandra and no thread-pool thread waits for it.
+* Decoded states are cached by their blob (``decode_cache_max`` entries, oldest first
+  out): a row read again with the same bytes is the same object, decoded once. The
+  cache is keyed by content, so it can never serve a stale state.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +45,7 @@ from gnomon.history import _paging as P
 from gnomon.history.base import STATUS_SCAN_MAX, HistoryBatch, parse_status
 from gnomon.ports import Page
 
-__all__ = ["CassandraHistoryStore", "connect", "translate_errors"]
+__all__ = ["CassandraHistoryStore", "DecodeCache", "connect", "execute_on_loop", "translate_errors"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +67,7 @@ def _driver_errors() -> tuple[type[BaseException], ...]:
     return (DriverException, NoHostAvailable, ConnectionException, OSError)
 
 
-@contextmanager
+@contextlib.contextmanager
 def translate_errors(op: str) -> Iterator[None]:
     """Turn cassandra-driver (and socket) exceptions into ``HistoryStoreError``."""
     try:
@@ -159,6 +166,77 @@ def _decode(blob: bytes | None, cls: type, where: str) -> Any:
     return obj
 
 
+class DecodeCache:
+    """Decoded states by their encoded bytes, at most ``max_entries`` (the oldest entry
+    goes first). Keyed by content: a hit is exactly what decoding would return, shared
+    (states are frozen). Thread-safe."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._d: dict[bytes, Any] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def decode(self, blob: bytes | None, cls: type, where: str) -> Any:
+        if blob is None or self.max_entries <= 0:
+            return _decode(blob, cls, where)
+        key = bytes(blob)
+        obj = self._d.get(key)
+        if obj is not None and isinstance(obj, cls):
+            return obj
+        obj = _decode(key, cls, where)
+        with self._lock:
+            while len(self._d) >= self.max_entries:
+                del self._d[next(iter(self._d))]
+            self._d[key] = obj
+        return obj
+
+
+def _settle(fut: asyncio.Future[list[Any]], rows: list[Any] | None, exc: BaseException | None) -> None:
+    """Resolve ``fut`` (on its loop); a future already cancelled (the client left) is left alone."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(rows if rows is not None else [])
+
+
+def execute_on_loop(session: Any, stmt: Any, params: Sequence[Any],
+                    loop: asyncio.AbstractEventLoop) -> asyncio.Future[list[Any]]:
+    """``session.execute_async`` as an asyncio future of all the rows (every page).
+
+    The driver calls back on its I/O thread; the future is resolved on ``loop`` with
+    ``call_soon_threadsafe``. Raises at once what ``execute_async`` raises at once (e.g.
+    ``NoHostAvailable``); driver errors after that are the future's exception."""
+    fut: asyncio.Future[list[Any]] = loop.create_future()
+    rows: list[Any] = []
+    rf = session.execute_async(stmt, params)
+
+    def post(result: list[Any] | None, exc: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for this any more
+            loop.call_soon_threadsafe(_settle, fut, result, exc)
+
+    def on_page(page: Any) -> None:
+        try:
+            rows.extend(page)
+            if rf.has_more_pages:
+                rf.start_fetching_next_page()  # calls on_page (or on_error) again
+                return
+        except Exception as exc:
+            post(None, exc)
+            return
+        post(rows, None)
+
+    def on_error(exc: BaseException) -> None:
+        post(None, exc)
+
+    rf.add_callbacks(on_page, on_error)
+    return fut
+
+
 @dataclass(frozen=True)
 class _Statements:
     put_job_by_id: Any
@@ -231,6 +309,13 @@ class _Dead:
     state: RunState | None
 
 
+def _status_filter(wanted: RunStatus | None) -> Callable[[Any], bool] | None:
+    if wanted is None:
+        return None
+    value = wanted.value
+    return lambda row: bool(row.status == value)
+
+
 class CassandraHistoryStore:
     """HistoryStore on Cassandra. Thread-safe. Connects on first use (or ``connect()``);
     ``ensure_schema=True`` applies the ``schemas/cql`` migrations when connecting."""
@@ -247,6 +332,7 @@ class CassandraHistoryStore:
         concurrency: int = 32,
         connect_timeout_s: float = 5.0,
         request_timeout_s: float = 10.0,
+        decode_cache_max: int = 4096,
     ) -> None:
         from gnomon.history.migrate import check_keyspace_name
 
@@ -270,6 +356,7 @@ class CassandraHistoryStore:
         self._session: Any = None
         self._st: _Statements | None = None
         self._closed = False
+        self._states = DecodeCache(decode_cache_max)
 
     # ---- connection ----------------------------------------------------------------------
 
@@ -323,6 +410,19 @@ class CassandraHistoryStore:
         session, _ = self._ready()
         with translate_errors(op):
             return list(session.execute(stmt, params))
+
+    async def _aready(self) -> tuple[Any, _Statements]:
+        """``_ready`` without blocking the event loop: connecting (first use, or after
+        ``close``) happens on a worker thread."""
+        st = self._st
+        if st is not None:
+            return self._session, st
+        return await asyncio.to_thread(self._ready)
+
+    async def _arun(self, op: str, stmt: Any, params: Sequence[Any]) -> list[Any]:
+        session, _ = await self._aready()
+        with translate_errors(op):
+            return await execute_on_loop(session, stmt, params, asyncio.get_running_loop())
 
     def _run_all(self, op: str, stmts: Sequence[tuple[Any, Sequence[Any]]]) -> list[list[Any]]:
         """Execute with at most ``concurrency`` statements in flight; all rows, in order.
@@ -415,7 +515,13 @@ class CassandraHistoryStore:
     def get_job(self, job_id: str) -> JobState | None:
         _, st = self._ready()
         rows = self._run(f"get job {job_id}", st.get_job, (job_id,))
-        return _decode(rows[0].state, JobState, f"jobs_by_id {job_id}") if rows else None
+        return self._states.decode(rows[0].state, JobState, f"jobs_by_id {job_id}") if rows else None
+
+    async def get_job_async(self, job_id: str) -> JobState | None:
+        """``get_job`` for an event loop (never blocks it)."""
+        _, st = await self._aready()
+        rows = await self._arun(f"get job {job_id}", st.get_job, (job_id,))
+        return self._states.decode(rows[0].state, JobState, f"jobs_by_id {job_id}") if rows else None
 
     def list_jobs(self, tenant: str, limit: int, cursor: str | None) -> Page:
         _, st = self._ready()
@@ -439,22 +545,39 @@ class CassandraHistoryStore:
     def get_run(self, run_id: str) -> RunState | None:
         _, st = self._ready()
         rows = self._run(f"get run {run_id}", st.get_run, (run_id,))
-        return _decode(rows[0].state, RunState, f"runs_by_id {run_id}") if rows else None
+        return self._states.decode(rows[0].state, RunState, f"runs_by_id {run_id}") if rows else None
+
+    @staticmethod
+    def _runs_query(st: _Statements, job_id: str, after: P.Key | None, n: int) -> tuple[Any, tuple[Any, ...]]:
+        if after is None:
+            return st.list_runs_first, (job_id, n)
+        return st.list_runs_after, (job_id, after[0], after[1], n)
+
+    def _runs_page(self, rows: Sequence[Any], cursor: str | None) -> Page:
+        return Page([self._states.decode(r.state, RunState, f"runs_by_job {r.run_id}") for r in rows], cursor)
 
     def list_runs(self, job_id: str, status: str | None, limit: int, cursor: str | None) -> Page:
         wanted = parse_status(status)
         _, st = self._ready()
 
         def fetch(after: P.Key | None, n: int) -> list[tuple[P.Key, Any]]:
-            if after is None:
-                rows = self._run("list runs", st.list_runs_first, (job_id, n))
-            else:
-                rows = self._run("list runs", st.list_runs_after, (job_id, after[0], after[1], n))
+            rows = self._run("list runs", *self._runs_query(st, job_id, after, n))
             return [((r.slot_ms, r.run_id), r) for r in rows]
 
-        keep = None if wanted is None else (lambda r: r.status == wanted.value)
-        items, nxt = P.page(P.RUNS, fetch, limit, cursor, keep, self.status_scan_max)
-        return Page([_decode(r.state, RunState, f"runs_by_job {r.run_id}") for r in items], nxt)
+        items, nxt = P.page(P.RUNS, fetch, limit, cursor, _status_filter(wanted), self.status_scan_max)
+        return self._runs_page(items, nxt)
+
+    async def list_runs_async(self, job_id: str, status: str | None, limit: int, cursor: str | None) -> Page:
+        """``list_runs`` for an event loop (never blocks it): the same pages and cursors."""
+        wanted = parse_status(status)
+        _, st = await self._aready()
+
+        async def fetch(after: P.Key | None, n: int) -> list[tuple[P.Key, Any]]:
+            rows = await self._arun("list runs", *self._runs_query(st, job_id, after, n))
+            return [((r.slot_ms, r.run_id), r) for r in rows]
+
+        items, nxt = await P.apage(P.RUNS, fetch, limit, cursor, _status_filter(wanted), self.status_scan_max)
+        return self._runs_page(items, nxt)
 
     def list_dead_letters(self, tenant: str, limit: int, cursor: str | None) -> Page:
         _, st = self._ready()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnomon.config import REPO_ROOT
+from gnomon._data import CQL, data_path
 from gnomon.core.errors import HistoryStoreError, ValidationError
 
 __all__ = [
@@ -46,7 +46,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CQL_DIR = REPO_ROOT / "schemas" / "cql"
+# Packaged with gnomon (gnomon/_data/cql: in a checkout a symlink to schemas/cql).
+DEFAULT_CQL_DIR = data_path(CQL)
 DEV_REPLICATION = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
 _FILE_RE = re.compile(r"^V(\d+)__(\w+)\.cql$")
 _IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
