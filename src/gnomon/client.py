@@ -66,7 +66,7 @@ class Client:
                 body = resp.json()
             except ValueError:
                 body = {"detail": resp.text[:200]}
-            raise ApiError(resp.status_code, body)
+            raise ApiError(resp.status_code, body if isinstance(body, dict) else {"detail": str(body)[:200]})
         return resp.json() if resp.content else None
 
     # jobs

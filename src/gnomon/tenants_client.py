@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from gnomon.client import ApiError, ApiUnavailable
+from gnomon.client import Client
 from gnomon.config import Settings, load
 from gnomon.core.errors import ValidationError
 from gnomon.tokens import DEV_ADMIN_TOKEN_FILE
@@ -37,25 +35,14 @@ def admin_token(settings: Settings) -> str:
                           "GNOMON_API_TOKENS entry ends in ':admin' (or run `gnomon dev`)")
 
 
-class TenantsClient:
+class TenantsClient(Client):
+    """``Client``'s transport (errors as ``ApiError`` / ``ApiUnavailable``) with the admin token."""
+
     def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
-        settings = load()
-        self.url = (url or settings.api_url).rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
-                                  headers={"Authorization": f"Bearer {token or admin_token(settings)}"})
+        super().__init__(url, token or admin_token(load()), timeout_s)
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        try:
-            resp = self._http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise ApiUnavailable(f"cannot reach the gnomon API at {self.url}: {exc}") from None
-        if resp.status_code >= 400:
-            try:
-                body = resp.json()
-            except ValueError:
-                body = {"detail": resp.text[:200]}
-            raise ApiError(resp.status_code, body if isinstance(body, dict) else {"detail": str(body)[:200]})
-        out = resp.json()
+        out = super()._call(method, path, **kw)
         return out if isinstance(out, dict) else {}
 
     def list(self) -> dict[str, Any]:
@@ -76,6 +63,3 @@ class TenantsClient:
     def own(self) -> dict[str, Any]:
         """The token's own tenant (no admin role needed)."""
         return self._call("GET", "/v1/tenant")
-
-    def close(self) -> None:
-        self._http.close()

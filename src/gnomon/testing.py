@@ -92,6 +92,16 @@ class FakeMessage:
         return None
 
 
+class ListProducer:
+    """Kafka in a list, for API tests: (topic, key, decoded value or None for a tombstone)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any]] = []
+
+    def send(self, topic: str, key: str, value: bytes | None, **_: Any) -> None:
+        self.sent.append((topic, key, None if value is None else codec.decode(value, topic=topic)))
+
+
 @dataclass
 class InMemoryCluster:
     partitions: int = 4
@@ -110,6 +120,7 @@ class InMemoryCluster:
     history_lag_ms: int | None = 0
     # tenants' limits (quotas, admission); None: the built-in defaults
     tenants: TenantBook | None = None
+    worker_tenants: tuple[str, ...] = ()  # the tenants the fake workers serve (adverts); (): any
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -220,7 +231,8 @@ class InMemoryCluster:
             running = sum(1 for a in mine if a.started)
             long_running = sum(1 for a in mine if a.started and now - a.starts_at_ms >= 10_000)
             self.directory.observe(WorkerAdvert(wid, "default", self.worker_slots, running, len(mine) - running,
-                                                self.advert_interval_ms, now, long_running=long_running), now)
+                                                self.advert_interval_ms, now, long_running=long_running,
+                                                tenants=self.worker_tenants), now)
             self.directory.observe(WorkerAdvert(wid + "-batch", "batch", self.worker_slots, 0, 0,
                                                 self.advert_interval_ms, now), now)
 

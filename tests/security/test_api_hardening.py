@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gnomon import codec
 from gnomon.api.app import CommandSink, create_app, idempotent_job_id
 from gnomon.api.auth import Authenticator, dev_token, hash_token, load_tokens, parse_tokens
 from gnomon.api.body import BODY_MAX_BYTES, JSON_DEPTH_MAX, json_depth
 from gnomon.config import Settings
 from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
 
 JOB = {"name": "n", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
@@ -206,14 +206,6 @@ def test_keys_are_per_tenant(gnomon_api: Any, client: TestClient) -> None:
     mine = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}).json()["id"]
     theirs = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k", **gnomon_api.auth("other")})
     assert theirs.status_code == 201 and theirs.json()["id"] != mine
-
-
-class ListProducer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, Any]] = []
-
-    def send(self, topic: str, key: str, value: bytes) -> None:
-        self.sent.append((topic, key, codec.decode(value, topic=topic)))
 
 
 def _app(producer: Any, history: Any = None, **sink: Any) -> TestClient:

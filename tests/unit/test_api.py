@@ -10,7 +10,6 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from gnomon import codec
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator
 from gnomon.cli import jobs as cli_jobs
@@ -23,18 +22,11 @@ from gnomon.core.model import job_id_of
 from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
 AUTH = {"Authorization": "Bearer tok-a"}
-
-
-class ListProducer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, Any]] = []
-
-    def send(self, topic: str, key: str, value: bytes) -> None:
-        self.sent.append((topic, key, codec.decode(value, topic=topic)))
 
 
 @pytest.fixture

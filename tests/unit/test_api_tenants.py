@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gnomon import codec
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import (
     Authenticator,
@@ -31,6 +30,7 @@ from gnomon.core.tenants import DEFAULTS_KEY, TenantBook, TenantLimits
 from gnomon.core.usage import TenantUsage, UsageBook
 from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
@@ -38,16 +38,6 @@ ADMIN = {"Authorization": "Bearer tok-admin"}
 ACME = {"Authorization": "Bearer tok-a"}
 JOB_ID = "job_00000000000000aa"
 TENANTS = "gnomon.tenants"
-
-
-class ListProducer:
-    """Kafka in a list: (topic, key, decoded value or None for a tombstone)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, Any]] = []
-
-    def send(self, topic: str, key: str, value: bytes | None, timeout_s: float = 15.0) -> None:
-        self.sent.append((topic, key, None if value is None else codec.decode(value, topic=topic)))
 
 
 @dataclass

@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnomon import codec
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator
 from gnomon.api.backfill import add_backfill_route, plan_backfill
@@ -31,7 +30,7 @@ from gnomon.core.model import (
 )
 from gnomon.core.runs import RunStatus
 from gnomon.history.memory import InMemoryHistoryStore
-from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
+from gnomon.testing import FakeWorkerPolicy, InMemoryCluster, ListProducer
 from gnomon.topology import load_topology
 
 MIN = 60_000
@@ -191,14 +190,6 @@ def test_a_backfill_never_makes_a_second_run_of_a_slot(status: RunStatus, reopen
 
 NOW = T0 + 30 * MIN + 500
 AUTH = {"Authorization": "Bearer tok-a"}
-
-
-class ListProducer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, Any]] = []
-
-    def send(self, topic: str, key: str, value: bytes, **_: Any) -> None:
-        self.sent.append((topic, key, codec.decode(value, topic=topic)))
 
 
 @pytest.fixture

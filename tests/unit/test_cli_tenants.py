@@ -9,7 +9,6 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from gnomon import codec
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator, Principal
 from gnomon.api.tenants import TenantService
@@ -21,17 +20,10 @@ from gnomon.core.tenants import TenantBook, TenantLimits
 from gnomon.core.usage import TenantUsage, UsageBook
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.tenants_client import ADMIN_TOKEN_ENV, TenantsClient, admin_token
+from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
 
 TENANTS = "gnomon.tenants"
-
-
-class ListProducer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, Any]] = []
-
-    def send(self, topic: str, key: str, value: bytes | None, timeout_s: float = 15.0) -> None:
-        self.sent.append((topic, key, None if value is None else codec.decode(value, topic=topic)))
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.priorities import WeightedPicker, parse_weights
-from gnomon.core.workers import WorkerAdvert
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
 
 weights_st = st.tuples(*(st.integers(1, 100),) * 3)
@@ -91,28 +90,13 @@ def test_cli_refuses_bad_weights_with_exit_2() -> None:
     assert result.exit_code == 2 and "--priority-weights" in result.output
 
 
-class _ServingOneTenant(InMemoryCluster):
-    """Fake workers that serve tenant ``t`` only (their adverts say so)."""
-
-    def _advertise(self, now: int) -> None:
-        if self.directory is None or now - self._last_advert_ms < self.advert_interval_ms:
-            return
-        self._last_advert_ms = now
-        for i in range(self.workers):
-            wid = f"w{i}"
-            mine = [a for (w, _), a in self.attempts.items() if w == wid]
-            running = sum(1 for a in mine if a.started)
-            self.directory.observe(WorkerAdvert(wid, "default", self.worker_slots, running, len(mine) - running,
-                                                self.advert_interval_ms, now, tenants=("t",)), now)
-
-
 def test_runs_no_worker_serves_take_no_picks_from_their_tier() -> None:
     """Ahead of the backlog in every tier wait 300 runs of a tenant no worker serves. The
     mix still holds, every run of the served tenant starts, and theirs none. (Before:
     each pick of a tier that landed on them was lost, so normal started far under its
     share and runs behind them never started.)"""
     cfg = R.RunConfig(priority_weights=(70, 20, 10))
-    c = _ServingOneTenant(partitions=8, workers=2, worker_slots=5, run_cfg=cfg,
+    c = InMemoryCluster(partitions=8, workers=2, worker_slots=5, run_cfg=cfg, worker_tenants=("t",),
                           policy=FakeWorkerPolicy(duration_ms=(1_000, 1_000)))
     slot = c.clock.now_ms() + 40_000
     cmd = Target(TargetType.COMMAND, argv=("true",))

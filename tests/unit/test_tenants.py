@@ -25,6 +25,7 @@ from gnomon.core.validation import parse_job_spec
 from gnomon.infra import acls
 from gnomon.infra.topics import topic_specs
 from gnomon.streams.tenant_feed import apply_record
+from gnomon.testing import FakeMessage
 from gnomon.topology import load_topology
 
 NOW = 1_800_000_000_000
@@ -266,29 +267,6 @@ def test_acls_of_the_tenant_topics() -> None:
 # ---- TenantFeed over a fake consumer ---------------------------------------------------------
 
 
-class FakeMsg:
-    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
-        self._t, self._p, self._o, self._k, self._v = topic, partition, offset, key, value
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def key(self) -> bytes | None:
-        return self._k
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def error(self) -> None:
-        return None
-
-
 class FakeConsumer:
     """One partition per topic; ``logs[topic]`` the records, served a few per consume."""
 
@@ -319,12 +297,12 @@ class FakeConsumer:
 
         return [TopicPartition(tp.topic, tp.partition, self.pos[tp.topic]) for tp in tps]
 
-    def consume(self, n: int, timeout: float) -> list[FakeMsg]:
+    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
         out = []
         for topic, at in self.pos.items():
             for i in range(at, min(at + 2, len(self.logs[topic]))):
                 k, v = self.logs[topic][i]
-                out.append(FakeMsg(topic, 0, i, k, v))
+                out.append(FakeMessage(topic, 0, i, k, v))
             self.pos[topic] = min(at + 2, len(self.logs[topic]))
         return out
 
