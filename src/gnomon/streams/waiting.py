@@ -17,7 +17,7 @@ or its workers are full) are passed over for the rest of the tick without counti
 misses: otherwise a few hundred runs of a tenant nobody serves, at the head of a
 partition's queue, would take every pick of their tier there, each tick, and the runs
 behind them would never start (measured: 122 normal runs left waiting with 100 free
-slots, and normal 5 points under its share, tests/e2e/test_priority_mix.py).
+slots, and normal 5 points under its share, tests/e2e/test_0_priority_mix.py).
 """
 
 from __future__ import annotations
