@@ -67,7 +67,20 @@ def run_view(run: RunState) -> dict[str, Any]:
         "backfill": run.backfill,
         "reopens": run.reopens,
         "note": run.note,  # kept when it finishes, unlike reason (then the outcome)
+        # the latest ended attempt's output: a handler's return value, a command's last lines
+        "output": _output(run.output),
     }
+
+
+def _output(text: str | None) -> Any:
+    """Recorded output as a JSON value; text that is not JSON (a worker that did not use
+    the SDK) is shown as a string rather than failing the page."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def log_view(line: LogLine) -> dict[str, Any]:

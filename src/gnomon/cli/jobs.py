@@ -187,7 +187,8 @@ def runs_get(run_id: str, json_: JsonOpt = False) -> None:
         print_json(run)
         return
     for k, v in run.items():
-        _field(k, v)
+        # output is JSON: objects and arrays print as JSON; a command's last lines as text
+        _field(k, json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list) else v)
 
 
 @runs_app.command("logs")

@@ -66,6 +66,10 @@ class RunStatus(StrEnum):
         return self in _TERMINAL
 
 
+# An attempt's output (CompleteAttempt.output) is JSON text of at most this many UTF-8
+# bytes: it travels in run-events and in every RunState record of the run ledger.
+OUTPUT_MAX_BYTES = 16 * 1024
+
 _TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED})
 
 _ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
@@ -154,6 +158,7 @@ class RunState:
     # then the outcome): "backfilled", "reopened by backfill (was skipped: ...)",
     # "overlap: buffered behind ... (bufferOne)"
     note: str | None = None
+    output: str | None = None  # the latest ended attempt's output, JSON text (CompleteAttempt.output)
 
     @property
     def buffered(self) -> bool:
@@ -240,6 +245,9 @@ class CompleteAttempt:
     exit_code: int | None = None
     error: str | None = None
     started_at_ms: int | None = None  # the attempt's start (worker clock), for one never reported started
+    # what the attempt produced, JSON text of at most OUTPUT_MAX_BYTES: a handler's return
+    # value, a command's last lines of output; None: nothing
+    output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -455,6 +463,7 @@ class AttemptEnded:
     exit_code: int | None = None
     error: str | None = None
     retry_at_ms: int | None = None  # set: RETRY_WAIT; None and not ok: FAILED
+    output: str | None = None  # JSON text (CompleteAttempt.output)
 
 
 @dataclass(frozen=True)
@@ -487,14 +496,17 @@ def _guard(state: RunState, to: RunStatus) -> None:
 
 
 def _end_attempt(
-    state: RunState, outcome: Outcome | None, reason: str, now: int, exit_code: int | None, error: str | None
+    state: RunState, outcome: Outcome | None, reason: str, now: int, exit_code: int | None, error: str | None,
+    output: str | None = None,
 ) -> AttemptEnded:
+    if output is not None and len(output.encode()) > OUTPUT_MAX_BYTES:
+        output = None  # a worker enforces the cap; one that did not loses its output, not the run
     if outcome is Outcome.SUCCEEDED:
-        return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error)
+        return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, output=output)
     strategy = BackoffStrategy(state.spec.retry)
     spent = state.attempt - state.attempts_before_replay
     retry_at = now + strategy.delay_ms(state.run_id, spent) if strategy.should_retry(spent) else None
-    return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, retry_at)
+    return AttemptEnded(state.run_id, state.token, outcome, reason, now, exit_code, error, retry_at, output)
 
 
 def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None,
@@ -564,7 +576,7 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
                                          max(now + cfg.lease_ms, state.lease_until_ms or 0), now)]
         if isinstance(cmd, Heartbeat):
             return [LeaseExtended(cmd.run_id, cmd.token, now + cfg.lease_ms, now)]
-        ended = _end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error)
+        ended = _end_attempt(state, cmd.outcome, cmd.outcome.value, now, cmd.exit_code, cmd.error, cmd.output)
         if state.attempt_started_at_ms is None and cmd.started_at_ms is not None:
             # a short attempt: its start and its end arrive in one record
             return [AttemptStartReported(cmd.run_id, cmd.token, cmd.started_at_ms, state.lease_until_ms or now, now),
@@ -832,7 +844,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         _guard(state, to)
         return replace(state, status=to, lease_until_ms=None, deadline_ms=None,
                        next_attempt_at_ms=event.retry_at_ms, exit_code=event.exit_code, error=event.error,
-                       reason=event.reason,
+                       reason=event.reason, output=event.output,
                        finished_at_ms=event.at_ms if to.terminal else None, updated_at_ms=event.at_ms)
     if isinstance(event, RunCancelled):
         _guard(state, RunStatus.CANCELLED)

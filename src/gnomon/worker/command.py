@@ -14,13 +14,21 @@ import secrets
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import IO
 
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
-from gnomon.worker.attempt import LINE_MAX_CHARS, AttemptContext, AttemptResult
+from gnomon.worker.attempt import (
+    LINE_MAX_CHARS,
+    TAIL_LINES_MAX,
+    AttemptContext,
+    AttemptResult,
+    tail_output,
+)
 from gnomon.worker.sandbox import (
     BwrapSandbox,
     Cgroups,
@@ -128,14 +136,15 @@ class SandboxedCommandExecutor:
         # since they may be larger than the pipe's buffer
         threading.Thread(target=_write_and_close, args=(env_w, env_bytes), daemon=True).start()
         # kill_tree after a normal exit too: it reaps what a setsid child left in the cgroups
-        code, why = supervise(proc, ctx, req.limits.output_max_bytes, kill=lambda: kill_tree(proc.pid, cgroups),
-                              kill_after_exit=cgroups is not None, redact=redact)
+        ended = supervise(proc, ctx, req.limits.output_max_bytes, kill=lambda: kill_tree(proc.pid, cgroups),
+                          kill_after_exit=cgroups is not None, redact=redact)
+        code, why = ended.code, ended.why
         if cgroups is not None:
             ctx.log(LogStream.SYSTEM, f"peak processes {cgroups.peak_pids()} of {req.limits.pids_max} allowed")
         if code == 125 and not why:
             ctx.log(LogStream.SYSTEM, "the sandbox could not join its cgroups")
             return AttemptResult(Outcome.FAILED, code, "sandbox setup failed (cgroups)")
-        return outcome_of(code, why, ctx, req.limits.output_max_bytes, "sandbox killed")
+        return outcome_of(ended, ctx, req.limits.output_max_bytes, "sandbox killed")
 
 
 def _write_and_close(fd: int, data: bytes) -> None:
@@ -149,17 +158,35 @@ def _write_and_close(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
+@dataclass
+class Supervised:
+    """How a supervised child ended: its exit code, why it was killed ("" if it was not)
+    and its last lines of standard output (redacted), for the result summary."""
+
+    code: int
+    why: str
+    tail: list[str]
+
+
 def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_bytes: int,
               kill: Callable[[], None], kill_after_exit: bool = False,
-              redact: Callable[[str], str] = lambda line: line) -> tuple[int, str]:
+              redact: Callable[[str], str] = lambda line: line) -> Supervised:
     """Pump the child's output into the run's log (secret values redacted) until it
-    exits, or kill it at the timeout, on ``ctx.stop`` or past the output cap.
-    Returns (exit code, why killed)."""
+    exits, or kill it at the timeout, on ``ctx.stop`` or past the output cap."""
     meter = OutputMeter(output_max_bytes)
     assert proc.stdout is not None and proc.stderr is not None
-    pumps = [threading.Thread(target=pump_lines, args=(s, lambda line, k=k: ctx.log(k, redact(line)), meter),
-                              daemon=True)
-             for s, k in ((proc.stdout, LogStream.STDOUT), (proc.stderr, LogStream.STDERR))]
+    tail: deque[str] = deque(maxlen=TAIL_LINES_MAX)
+
+    def out(line: str) -> None:
+        line = redact(line)
+        tail.append(line)
+        ctx.log(LogStream.STDOUT, line)
+
+    def err(line: str) -> None:
+        ctx.log(LogStream.STDERR, redact(line))
+
+    pumps = [threading.Thread(target=pump_lines, args=(s, sink, meter), daemon=True)
+             for s, sink in ((proc.stdout, out), (proc.stderr, err))]
     for t in pumps:
         t.start()
     deadline = time.monotonic() + ctx.timeout_s
@@ -182,11 +209,17 @@ def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_byt
         t.join(timeout=2)
     proc.stdout.close()
     proc.stderr.close()
-    return code, why or ("output" if meter.exceeded.is_set() else "")
+    return Supervised(code, why or ("output" if meter.exceeded.is_set() else ""), list(tail))
 
 
-def outcome_of(code: int, why: str, ctx: AttemptContext, output_max_bytes: int, killed: str) -> AttemptResult:
-    """The attempt's result, with one SYSTEM line in its log saying how it ended."""
+def outcome_of(ended: Supervised, ctx: AttemptContext, output_max_bytes: int, killed: str) -> AttemptResult:
+    """The attempt's result, with one SYSTEM line in its log saying how it ended; its
+    output is the last lines the child printed (``tail_output``)."""
+    result = _outcome(ended.code, ended.why, ctx, output_max_bytes, killed)
+    return replace(result, output=tail_output(ended.tail))
+
+
+def _outcome(code: int, why: str, ctx: AttemptContext, output_max_bytes: int, killed: str) -> AttemptResult:
     if why == "timeout":
         ctx.log(LogStream.SYSTEM, f"timed out after {ctx.timeout_s:g}s; {killed}")
         return AttemptResult(Outcome.TIMED_OUT, code, f"timed out after {ctx.timeout_s:g}s")

@@ -126,9 +126,10 @@ class ContainerExecutor:
         except OSError as exc:
             return AttemptResult(Outcome.FAILED, 127, f"cannot start podman: {exc}")
         # removing the container kills everything in it; `podman run` then returns
-        code, why = supervise(proc, ctx, self.limits.output_max_bytes, kill=lambda: self.runner.remove(name),
-                              redact=redact)
+        ended = supervise(proc, ctx, self.limits.output_max_bytes, kill=lambda: self.runner.remove(name),
+                          redact=redact)
+        code, why = ended.code, ended.why
         if code == 125 and not why:
             ctx.log(LogStream.SYSTEM, "podman could not start the container (is the image loaded on this host?)")
             return AttemptResult(Outcome.FAILED, code, "podman could not start the container (image missing?)")
-        return outcome_of(code, why, ctx, self.limits.output_max_bytes, "container removed")
+        return outcome_of(ended, ctx, self.limits.output_max_bytes, "container removed")

@@ -383,7 +383,7 @@ class Worker:
                                                                 grant.attempt, seq, stream, line, self.clock.now_ms()))
 
         ctx = AttemptContext(grant.run_id, grant.job_id, grant.tenant, grant.attempt, payload, float(grant.spec.timeout_s),
-                             emit, secrets=grant.spec.secrets)
+                             emit, secrets=grant.spec.secrets, slot_ms=grant.slot_ms)
 
         def body() -> None:
             # The handler starts first; reporting is the loop's job (_report_started), so
@@ -416,6 +416,7 @@ class Worker:
         now = self.clock.now_ms()
         g = att.grant
         att.ctx.timeout_s = float(max(1.0, min(g.spec.timeout_s, (g.deadline_ms - now) / 1000)))
+        att.ctx.deadline_ms = now + int(att.ctx.timeout_s * 1000)
         att.last_heartbeat_ms = att.started_ms = now
         self._running[g.run_id] = att
         assert att.body is not None
@@ -452,7 +453,7 @@ class Worker:
             self.completed += 1
             self._send(self.topo.run_events, g.job_id, CompleteAttempt(
                 g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
-                att.started_ms), checked=True)
+                att.started_ms, result.output), checked=True)
 
     def _heartbeat(self) -> None:
         now = self.clock.now_ms()
