@@ -2,9 +2,11 @@
 into clean venvs outside the clone, and works there.
 
 * ``gnomon[worker]``: no FastAPI and no Cassandra driver; the codec reads the schemas
-  packaged in the wheel; ``gnomon worker --app usermod:worker`` runs a handler of a
-  module written outside the clone, for a job registered on the running stack (a
-  processor of this test, from the project's venv, stages the run on it).
+  packaged in the wheel; ``gnomon worker --app usermod:worker`` runs a plain and an
+  ``async def`` handler of a module written outside the clone, for jobs registered on
+  the running stack (a processor, a projector and an API of this test, from the
+  project's venv, stage the runs on it and serve their history), and the installed
+  ``gnomon runs get`` shows each handler's return value as the run's output.
 * ``gnomon[server]``: ``gnomon processor --help`` and ``import gnomon.api.app`` work.
 
 The venvs install the wheel's dependencies from the package index (pip's cache makes a
@@ -40,7 +42,8 @@ from gnomon.topology import load_topology
 pytestmark = pytest.mark.integration
 
 PIP_TIMEOUT_S = 300
-RUN_TIMEOUT_S = 60
+RUN_TIMEOUT_S = 90
+API_PORT = int(os.environ.get("GNOMON_TEST_WHEEL_API_PORT", "18797"))
 # What goes into the wheel: the package (whose _data/ symlinks point into schemas/ and
 # streams/) and the project's metadata.
 SOURCES = ("pyproject.toml", "README.md", "src", "schemas", "streams")
@@ -133,8 +136,18 @@ worker = Worker(pool="default", tenants=[{tenant!r}])
 @worker.handler("touch")
 def touch(ctx):
     ctx.log("stdout", f"touching for {{ctx.run_id}}")
-    (OUT / "ran.json").write_text(__import__("json").dumps(
+    (OUT / "touch.json").write_text(__import__("json").dumps(
         {{"run_id": ctx.run_id, "tenant": ctx.tenant, "payload": ctx.payload}}))
+    return {{"rows": 3, "by": "sync", "attempt": ctx.attempt}}
+
+
+@worker.handler("later")
+async def later(ctx):
+    import asyncio
+    await asyncio.sleep(0.05)
+    (OUT / "later.json").write_text(__import__("json").dumps(
+        {{"run_id": ctx.run_id, "slot": ctx.slot.isoformat(), "deadline": ctx.deadline is not None}}))
+    return ["async", ctx.payload["from"]]
 '''
 
 CODEC_CHECK = '''\
@@ -204,40 +217,74 @@ def test_worker_extra_installs_and_runs_a_handler(
     logs = infra.state_dir / "test-logs" / tag
     logs.mkdir(parents=True, exist_ok=True)
     state = {"GNOMON_STATE_DIR": str(infra.state_dir)}  # its credentials/ hold the Kafka roles'
-    procs: list[subprocess.Popen[bytes]] = []
-    job_id = f"{tag}-job"
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    jobs = {"touch": f"{tag}-sync", "later": f"{tag}-async"}
+    token = f"{tag}-token"
+    api_url = f"http://127.0.0.1:{API_PORT}"
     try:
-        with open(logs / "processor.log", "ab") as plog:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "gnomon.cli.main", "processor", "--instance-id", f"{tag}-p"],
-                cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", "GNOMON_KAFKA_ROLE": "processor"},
-                stdout=plog, stderr=subprocess.STDOUT, start_new_session=True))
+        for name, args, role in (("processor", ["processor", "--instance-id", f"{tag}-p"], "processor"),
+                                 ("projector", ["projector"], "projector"),
+                                 ("api", ["api", "--port", str(API_PORT)], "api")):
+            with open(logs / f"{name}.log", "ab") as out_log:
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "gnomon.cli.main", *args], cwd=REPO_ROOT,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", "GNOMON_KAFKA_ROLE": role,
+                         "GNOMON_API_TOKENS": f"{token}:{tag}"},
+                    stdout=out_log, stderr=subprocess.STDOUT, start_new_session=True)
         with open(logs / "worker.log", "ab") as wlog:
-            procs.append(subprocess.Popen(
+            procs["worker"] = subprocess.Popen(
                 [str(bin_ / "gnomon"), "worker", "--app", "usermod:worker", "--worker-id", f"{tag}-w",
                  "--concurrency", "2"],
                 cwd=tmp_path, env=_clean_env(PYTHONPATH=str(app_dir), GNOMON_KAFKA_ROLE="worker", **state),
-                stdout=wlog, stderr=subprocess.STDOUT, start_new_session=True))
+                stdout=wlog, stderr=subprocess.STDOUT, start_new_session=True)
         now_ms = int(time.time() * 1000)
-        _send(infra, RegisterJob(job_id, tag, JobSpec(
-            name="wheel handler", schedule=Schedule(run_at_ms=now_ms + 3000),
-            target=Target(TargetType.HANDLER, handler="touch"), payload_json=json.dumps({"from": "wheel"}),
-            timeout_s=60, retry=RetryPolicy(max_attempts=3)), now_ms))
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not (out / "ran.json").exists():
-            for p, name in zip(procs, ("processor", "worker"), strict=True):
+        _send(infra, *(RegisterJob(job_id, tag, JobSpec(
+            name=f"wheel {handler}", schedule=Schedule(run_at_ms=now_ms + 3000),
+            target=Target(TargetType.HANDLER, handler=handler), payload_json=json.dumps({"from": "wheel"}),
+            timeout_s=60, retry=RetryPolicy(max_attempts=3)), now_ms) for handler, job_id in jobs.items()))
+        cli_env = {"GNOMON_API_URL": api_url, "GNOMON_TOKEN": token, **state}
+
+        def alive() -> None:
+            for name, p in procs.items():
                 if p.poll() is not None:
                     pytest.fail(f"{name} exited {p.returncode}:\n{(logs / f'{name}.log').read_text()[-3000:]}")
+
+        def run_as_shown(run_id: str) -> dict[str, object] | None:
+            """The run as the installed CLI shows it, once it has succeeded (None before)."""
+            shown = subprocess.run([str(bin_ / "gnomon"), "runs", "get", run_id, "--json"], cwd=tmp_path,
+                                   env=_clean_env(**cli_env), capture_output=True, text=True, timeout=60)
+            if shown.returncode != 0:
+                return None  # not in history yet (404), or the API still starting
+            run: dict[str, object] = json.loads(shown.stdout)
+            return run if run.get("status") == "succeeded" else None
+
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        ran: dict[str, dict[str, object]] = {}
+        shown: dict[str, dict[str, object]] = {}
+        while len(shown) < len(jobs):
+            alive()
+            for handler in jobs:
+                if handler not in ran and (out / f"{handler}.json").exists():
+                    ran[handler] = json.loads((out / f"{handler}.json").read_text())
+                if handler in ran and handler not in shown and (run := run_as_shown(str(ran[handler]["run_id"]))):
+                    shown[handler] = run
             if time.monotonic() > deadline:
-                pytest.fail(f"the handler did not run in {RUN_TIMEOUT_S} s; worker log:\n"
+                pytest.fail(f"ran {sorted(ran)}, shown {sorted(shown)} after {RUN_TIMEOUT_S} s; worker log:\n"
                             f"{(logs / 'worker.log').read_text()[-3000:]}")
-            time.sleep(0.3)
-        ran = json.loads((out / "ran.json").read_text())
-        assert ran["run_id"].startswith(job_id) and ran["tenant"] == tag and ran["payload"] == {"from": "wheel"}
+            time.sleep(0.5)
+        touch, later = ran["touch"], ran["later"]
+        assert str(touch["run_id"]).startswith(jobs["touch"]) and touch["tenant"] == tag
+        assert touch["payload"] == {"from": "wheel"}
+        assert str(later["run_id"]).startswith(jobs["later"]) and later["deadline"] is True
+        # the handlers' return values, recorded as the runs' output and read back through the API
+        assert shown["touch"]["output"] == {"rows": 3, "by": "sync", "attempt": 1}, shown["touch"]
+        assert shown["later"]["output"] == ["async", "wheel"], shown["later"]
+        plain = _run([str(bin_ / "gnomon"), "runs", "get", str(later["run_id"])], tmp_path, **cli_env).stdout
+        assert 'output: ["async", "wheel"]' in plain, plain
     finally:
-        for p in reversed(procs):
+        for p in reversed(list(procs.values())):
             _stop(p)
-        _send(infra, DeleteJob(job_id, tag, int(time.time() * 1000)))
+        _send(infra, *(DeleteJob(job_id, tag, int(time.time() * 1000)) for job_id in jobs.values()))
     assert "Traceback" not in (logs / "worker.log").read_text()
 
 
