@@ -252,3 +252,56 @@ def test_defaults_record_applies_to_unconfigured_tenants() -> None:
     c.run_for(40_000)
     assert peak["zed"] == 1
     assert book.limits("zed").concurrency_max == 1
+
+
+def test_published_trigger_counts_forget_triggers_older_than_the_window() -> None:
+    """Review finding: the published per-partition trigger count never dropped old
+    triggers, and the API takes the larger of its count and the published one, so a
+    tenant that once reached triggers_per_min_max was refused for good."""
+    book = Q.QuotaBook(TenantBook(), 1)
+    book.open(0)
+    t0 = 1_000_000
+    for i in range(5):
+        book.trigger_accepted(0, "acme", t0 + i)
+    assert book.partition_counts(0, t0 + 10)["acme"]["triggers_last_min"] == 5
+    assert book.partition_counts(0, t0 + Q.TRIGGER_WINDOW_MS + 2)["acme"]["triggers_last_min"] == 2
+    assert "acme" not in book.partition_counts(0, t0 + Q.TRIGGER_WINDOW_MS + 5)
+
+
+def test_moving_a_pending_one_time_job_is_not_refused_at_the_backlog_limit() -> None:
+    """Review finding: a one-time job not yet triggered is counted in the backlog; moving
+    it to another instant was checked as if it added a second entry, and refused."""
+    d = admission_cluster(backlog_max=2)
+    far = d.clock.now_ms() + 3_600_000
+    for i in range(2):
+        d.submit(J.RegisterJob(f"once{i}", "a", one_time(f"o{i}", far), d.clock.now_ms()))
+    d.drain()
+    d.submit(J.UpdateJob("once0", "a", one_time("o0", far + 60_000), d.clock.now_ms()))
+    d.drain()
+    assert refusals(d) == []
+    job = d.job_state("once0")
+    assert job is not None and job.spec.schedule.run_at_ms == far + 60_000
+    # a third one-off is still refused: the move did not free or take a backlog place
+    d.submit(J.RegisterJob("once2", "a", one_time("o2", far), d.clock.now_ms()))
+    d.drain()
+    assert d.job_state("once2") is None and [m[:12] for m in refusals(d)] == ["backlog_max:"]
+
+
+def test_a_manual_trigger_read_from_run_events_is_refused() -> None:
+    """Review finding: workers may write gnomon.run-events; a manual RunTriggered read
+    from there would create a run without admission (trigger rate, backlog)."""
+    from gnomon.core.errors import TransitionError
+    from gnomon.testing import partition_for
+
+    c = admission_cluster(triggers_per_min_max=1)
+    c.submit(J.RegisterJob("j", "a", JobSpec(name="x", schedule=Schedule(cron="0 0 1 1 *"), target=CMD),
+                           c.clock.now_ms()))
+    c.drain()
+    job = c.job_state("j")
+    assert job is not None
+    now = c.clock.now_ms()
+    forged = J.RunTriggered("j@manual:forged", "j", "a", job.spec, now, now, True, now)
+    task = c.tasks[partition_for("j", c.partitions)]
+    with pytest.raises(TransitionError, match="only as a TriggerJob"):
+        task.handle(forged, now, c.topo.run_events)
+    assert task.run("j@manual:forged") is None

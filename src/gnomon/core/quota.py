@@ -161,14 +161,17 @@ class QuotaBook:
     def count(self, family: Family, tenant: str, pool: str = "") -> int:
         return sum(c.get((family, tenant, pool), 0) for c in self._counts.values())
 
-    def partition_counts(self, partition: int) -> dict[str, dict[str, int]]:
+    def partition_counts(self, partition: int, now_ms: int) -> dict[str, dict[str, int]]:
         """tenant -> {"jobs", "backlog", "running", "triggers_last_min"} of one partition
-        (what the processor publishes on gnomon.tenant-usage)."""
+        at ``now_ms`` (what the processor publishes on gnomon.tenant-usage). Triggers
+        older than the window are dropped first: the API takes the larger of its own
+        count and the published one, so a stale window would refuse the tenant for good."""
         out: dict[str, dict[str, int]] = {}
         for (family, tenant, _), n in self._counts.get(partition, Counter()).items():
             row = out.setdefault(tenant, {"jobs": 0, "backlog": 0, "running": 0, "triggers_last_min": 0})
             row[{Family.JOBS: "jobs", Family.BACKLOG: "backlog", Family.GRANTED: "running"}[family]] += n
         for tenant, window in self._triggers.get(partition, {}).items():
+            _prune(window, now_ms)
             if window:
                 row = out.setdefault(tenant, {"jobs": 0, "backlog": 0, "running": 0, "triggers_last_min": 0})
                 row["triggers_last_min"] = len(window)
@@ -207,8 +210,7 @@ class QuotaBook:
             window = windows.get(tenant)
             if not window:
                 continue
-            while window and window[0] <= now_ms - TRIGGER_WINDOW_MS:
-                window.popleft()
+            _prune(window, now_ms)
             n += len(window)
             if window and (oldest is None or window[0] < oldest):
                 oldest = window[0]
@@ -222,6 +224,13 @@ class QuotaBook:
         window.append(now_ms)
         while len(window) > window_max:
             window.popleft()
+
+
+def _prune(window: deque[int], now_ms: int) -> None:
+    """Drop the triggers of ``window`` (accepted-at times, oldest first) that are a whole
+    ``TRIGGER_WINDOW_MS`` or more before ``now_ms``."""
+    while window and window[0] <= now_ms - TRIGGER_WINDOW_MS:
+        window.popleft()
 
 
 def mark_waiting(run: RunState, decision: QuotaDecision, now_ms: int) -> RunState:

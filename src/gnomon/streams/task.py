@@ -389,6 +389,11 @@ class PartitionTask:
             # workers may write gnomon.run-events; only the API writes gnomon.job-commands
             raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: cancel and replay are accepted "
                                   f"only from {self.topo.job_commands}, which the API alone may write")
+        if source == self.topo.run_events and isinstance(cmd, J.RunTriggered) and cmd.manual:
+            # a manual run is decided from a TriggerJob, which passes admission (trigger
+            # rate, backlog); one read from run-events (workers may write it) would not
+            raise TransitionError(f"RunTriggered {cmd.run_id} refused: a manual trigger is accepted only as a "
+                                  f"TriggerJob on {self.topo.job_commands}")
         if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
             raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
         if isinstance(cmd, J.JOB_COMMANDS):
@@ -456,7 +461,8 @@ class PartitionTask:
                     A.check_registration(limits, ev.spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
                 elif isinstance(ev, J.JobUpdated) and state is not None and ev.spec.schedule != state.spec.schedule:
                     A.check_schedule(limits, ev.spec, now_ms)
-                    if ev.spec.schedule.is_one_time:
+                    if ev.spec.schedule.is_one_time and Q.pending_one_time_key(state) is None:
+                        # (a pending one-time job moved to another instant is counted already)
                         A.check_backlog(limits, backlog)
                 elif isinstance(ev, J.RunTriggered) and ev.manual:
                     if self.run(ev.run_id) is not None:

@@ -43,7 +43,7 @@ class UsagePublisher:
         self._at_ms = now_ms
         out: list[Output] = []
         for p in partitions:
-            current = self.quota.partition_counts(p)
+            current = self.quota.partition_counts(p, now_ms)
             last = self._last.get(p, {})
             refresh = now_ms - self._refreshed_at.get(p, -(10**15)) >= self.refresh_ms
             if refresh:
