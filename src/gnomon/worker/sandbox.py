@@ -24,12 +24,13 @@ A command attempt runs as::
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,8 @@ MIB = 1024 * 1024
 SANDBOX_UID = 65534
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "gnomon"
+REMOVE_ATTEMPTS_MAX = 20  # rmdir of an attempt cgroup still EBUSY just after its last task exited
+REMOVE_PAUSE_S = 0.01
 PATH_IN_SANDBOX = "/usr/local/bin:/usr/bin:/bin"
 # host files a program expects to find; none of them holds a secret
 _ETC_FILES = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "localtime", "alternatives", "mime.types")
@@ -154,14 +157,24 @@ class Cgroups:
         except (OSError, ValueError, KeyError):
             return -1
 
-    def remove(self) -> None:
+    def remove(self, attempts_max: int = REMOVE_ATTEMPTS_MAX, pause_s: float = REMOVE_PAUSE_S,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+        """Remove the attempt's groups. Just after its last task exits a group can still
+        answer EBUSY for a moment (the kernel frees it asynchronously), so each rmdir is
+        tried ``attempts_max`` times, ``pause_s`` apart; one still busy is left to the
+        next worker start (``sweep_stale``)."""
         for d in self.dirs.values():
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # still busy: swept by the next worker start (sweep_stale)
-                log.warning("cannot remove cgroup %s: %s", d, exc.strerror)
+            for attempt in range(attempts_max):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or attempt == attempts_max - 1:
+                        log.warning("cannot remove cgroup %s: %s", d, exc.strerror)
+                        break
+                    sleep(pause_s)
 
     @classmethod
     def sweep_stale(cls) -> int:
