@@ -103,3 +103,61 @@ def test_token_hash_reads_stdin_and_prints_an_entry() -> None:
     entry = res.stdout.strip()
     assert entry == f"sha256:{hash_token('s3cret')}:acme" and "s3cret" not in res.stdout
     assert parse_tokens(entry) == {hash_token("s3cret"): "acme"}
+
+
+# ---- ids are printed whole, to be copied -------------------------------------------------
+
+LONG_JOB = "job_1fa935524c7e4b0f9d2a61c3e8b5d7aa"
+
+
+class ManyRunsClient:
+    """Answers with runs of a long job id, and counts the pages asked for."""
+
+    calls = 0
+
+    def list_runs(self, job_id: str, *_args: object) -> dict[str, object]:
+        ManyRunsClient.calls += 1
+        return {"items": [{"id": f"{job_id}@2026-12-01T10:0{i}:00Z", "status": "succeeded", "attempt": 1,
+                           "grantedAt": "2026-12-01T10:00:00Z", "startedAt": "2026-12-01T10:00:00.004Z",
+                           "startLagS": 0.004, "finishedAt": "2026-12-01T10:00:01Z", "exitCode": 0}
+                          for i in range(3)], "cursor": None}
+
+    def list_jobs(self, _limit: int) -> dict[str, object]:
+        return {"items": [{"id": LONG_JOB, "name": "nightly billing close", "status": "active",
+                           "schedule": "0 2 * * *", "nextRunAt": "2026-12-02T02:00:00Z"}], "cursor": None}
+
+    def dead_letters(self, *_args: object) -> dict[str, object]:
+        return {"items": [{"id": f"{LONG_JOB}@2026-12-01T10:00:00Z", "attempt": 3, "maxAttempts": 3,
+                           "finishedAt": "2026-12-01T10:05:00Z", "exitCode": 1, "error": "boom", "reason": None}],
+                "cursor": None}
+
+
+@pytest.mark.parametrize("args", [["runs", "list", LONG_JOB], ["jobs", "list"], ["dead-letters", "list"]])
+def test_ids_are_whole_on_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    from gnomon.cli import jobs as cli_jobs
+
+    monkeypatch.setattr(cli_jobs, "Client", ManyRunsClient)
+    res = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    ids = [f"{LONG_JOB}@2026-12-01T10:0{i}:00Z" for i in range(3)] if args[0] == "runs" else (
+        [LONG_JOB] if args[0] == "jobs" else [f"{LONG_JOB}@2026-12-01T10:00:00Z"])
+    for run_id in ids:
+        assert run_id in res.stdout, res.stdout  # on one line, uncut: it can be pasted
+
+
+def test_runs_list_watch_refreshes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gnomon.cli import jobs as cli_jobs
+
+    monkeypatch.setattr(cli_jobs, "Client", ManyRunsClient)
+    monkeypatch.setattr(cli_jobs.time, "sleep", lambda _s: None)
+    ManyRunsClient.calls = 0
+    res = runner.invoke(app, ["runs", "list", LONG_JOB, "--watch", "--rounds-max", "3"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert ManyRunsClient.calls == 3
+    assert f"runs of {LONG_JOB}" in res.stdout and f"{LONG_JOB}@2026-12-01T10:02:00Z" in res.stdout
+
+
+def test_runs_list_watch_refuses_json() -> None:
+    res = runner.invoke(app, ["runs", "list", "j", "--watch", "--json"])
+    assert res.exit_code == 2 and "--watch" in res.output

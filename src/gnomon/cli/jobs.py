@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -97,7 +99,10 @@ def list_(limit: int = 100, json_: JsonOpt = False) -> None:
     if json_:
         print_json(page)
         return
-    table = Table("id", "name", "status", "schedule", "next run (UTC)")
+    table = Table()
+    table.add_column("id", no_wrap=True, min_width=max((len(clean(j["id"])) for j in page["items"]), default=2))
+    for name in ("name", "status", "schedule", "next run (UTC)"):
+        table.add_column(name)
     for j in page["items"]:
         _row(table, j["id"], j["name"], j["status"], j.get("schedule") or j.get("runAt"), j.get("nextRunAt"))
     console.print(table)
@@ -164,18 +169,63 @@ def backfill(
 
 @runs_app.command("list")
 @command
-def runs_list(job_id: str, status: str | None = None, limit: int = 20, json_: JsonOpt = False) -> None:
-    """Runs of a job, newest first."""
-    page = Client().list_runs(job_id, status, limit)
-    if json_:
-        print_json(page)
+def runs_list(
+    job_id: str, status: str | None = None, limit: int = 20, json_: JsonOpt = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh until Ctrl-C")] = False,
+    interval_s: Annotated[float, typer.Option("--interval-s", min=0.5, help="seconds between refreshes")] = 2.0,
+    rounds_max: Annotated[int, typer.Option("--rounds-max", hidden=True, help="stop after N refreshes (tests)")] = 0,
+) -> None:
+    """Runs of a job, newest first. Run ids are printed whole (never cut), to paste into
+    ``gnomon runs logs`` and the other run commands."""
+    client = Client()
+    if not watch:
+        page = client.list_runs(job_id, status, limit)
+        if json_:
+            print_json(page)
+            return
+        console.print(_runs_table(page["items"], console.width))
         return
-    table = Table("run", "status", "attempt", "granted", "started", "lag s", "finished", "exit")
-    for r in page["items"]:
+    if json_:
+        raise ValidationError("--watch", "--watch shows a live table; leave out --json")
+    from rich.live import Live
+
+    rounds = 0
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            page = client.list_runs(job_id, status, limit)
+            live.update(_runs_table(page["items"], console.width,
+                                    title=f"runs of {clean(job_id)} (every {interval_s:g} s; Ctrl-C stops)"),
+                        refresh=True)
+            rounds += 1
+            if rounds_max and rounds >= rounds_max:
+                return
+            try:
+                time.sleep(interval_s)
+            except KeyboardInterrupt:
+                return
+
+
+WIDE_COLUMNS = 120  # narrower terminals show the run id, its status and start lag only
+
+
+def _runs_table(runs: list[dict[str, Any]], width: int, title: str | None = None) -> Table:
+    """Runs as a table whose run id column is never wrapped or cut (the id is meant to be
+    copied); on a narrow terminal only the status and the start lag stay beside it
+    (``gnomon runs get ID`` shows the rest)."""
+    wide = width >= WIDE_COLUMNS
+    table = Table(title=title, title_justify="left", box=None if not wide else box.HEAVY_HEAD,
+                  pad_edge=wide)
+    table.add_column("run", no_wrap=True, min_width=max((len(clean(r["id"])) for r in runs), default=3))
+    names = ("status", "attempt", "granted", "started", "lag s", "finished", "exit") if wide else ("status", "lag s")
+    for name in names:
+        table.add_column(name, no_wrap=not wide, overflow="fold")
+    for r in runs:
         lag = r.get("startLagS")
-        _row(table, r["id"], r["status"], r["attempt"], r.get("grantedAt"), r["startedAt"],
-             None if lag is None else f"{lag:.3f}", r["finishedAt"], r["exitCode"])
-    console.print(table)
+        cell = {"status": r["status"], "attempt": r["attempt"], "granted": r.get("grantedAt"),
+                "started": r["startedAt"], "lag s": None if lag is None else f"{lag:.3f}",
+                "finished": r["finishedAt"], "exit": r["exitCode"]}
+        _row(table, r["id"], *(cell[n] for n in names))
+    return table
 
 
 @runs_app.command("get")
@@ -234,7 +284,10 @@ def dead_list(limit: int = 50, cursor: Annotated[str | None, typer.Option(help="
     if json_:
         print_json(page)
         return
-    table = Table("run", "attempt", "finished", "exit", "error")
+    table = Table()
+    table.add_column("run", no_wrap=True, min_width=max((len(clean(r["id"])) for r in page["items"]), default=3))
+    for name in ("attempt", "finished", "exit", "error"):
+        table.add_column(name)
     for r in page["items"]:
         _row(table, r["id"], f"{r['attempt']}/{r['maxAttempts']}", r["finishedAt"], r["exitCode"],
              r["error"] or r["reason"])
