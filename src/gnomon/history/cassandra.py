@@ -33,7 +33,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,108 +43,18 @@ from gnomon.core.messages import LogLine, LogStream
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.history import _paging as P
 from gnomon.history.base import STATUS_SCAN_MAX, HistoryBatch, parse_status
+from gnomon.history.migrate import check_keyspace_name, migrate
+from gnomon.history.session import client_credentials, connect, translate_errors
+from gnomon.history.session import one_line as _one_line
 from gnomon.ports import Page
 
-__all__ = ["CassandraHistoryStore", "DecodeCache", "connect", "execute_on_loop", "translate_errors"]
+# connect, translate_errors and client_credentials live in gnomon.history.session (shared
+# with the migrator); re-exported here.
+__all__ = [
+    "CassandraHistoryStore", "DecodeCache", "client_credentials", "connect", "execute_on_loop", "translate_errors",
+]
 
 log = logging.getLogger(__name__)
-
-_MESSAGE_MAX = 300
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or "(no message)"
-    if len(text) > _MESSAGE_MAX:
-        text = text[: _MESSAGE_MAX - 3] + "..."
-    return f"{type(exc).__name__}: {text}"
-
-
-def _driver_errors() -> tuple[type[BaseException], ...]:
-    from cassandra import DriverException
-    from cassandra.cluster import NoHostAvailable
-    from cassandra.connection import ConnectionException
-
-    return (DriverException, NoHostAvailable, ConnectionException, OSError)
-
-
-@contextlib.contextmanager
-def translate_errors(op: str) -> Iterator[None]:
-    """Turn cassandra-driver (and socket) exceptions into ``HistoryStoreError``."""
-    try:
-        yield
-    except HistoryStoreError:
-        raise
-    except _driver_errors() as exc:
-        raise HistoryStoreError(f"cassandra {op}: {_one_line(exc)}") from exc
-
-
-USERNAME_ENV, PASSWORD_ENV = "GNOMON_CASSANDRA_USERNAME", "GNOMON_CASSANDRA_PASSWORD"
-_DEFAULT: Any = object()
-
-
-def client_credentials() -> tuple[str, str] | None:
-    """(username, password) for Cassandra: ``$GNOMON_CASSANDRA_USERNAME``/``_PASSWORD``, else
-    the role ``gnomon infra up`` created (``<credentials_dir>/cassandra.json``), else None
-    (a Cassandra without authentication). Never put into ``os.environ`` by gnomon."""
-    import os
-
-    username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
-    if username and password:
-        return username, password
-    from gnomon.config import load
-    from gnomon.infra import credentials
-
-    try:
-        cred = credentials.read(load().credentials_dir, credentials.CASSANDRA)
-    except credentials.CredentialError as exc:
-        raise HistoryStoreError(str(exc)) from exc
-    return (cred.username, cred.password) if cred else None
-
-
-def connect(
-    hosts: Sequence[str],
-    port: int = 9042,
-    *,
-    connect_timeout_s: float = 5.0,
-    request_timeout_s: float = 10.0,
-    auth: tuple[str, str] | None = _DEFAULT,
-) -> tuple[Any, Any]:
-    """A (Cluster, Session) with gnomon's settings; the caller shuts the cluster down.
-    ``auth`` (username, password) defaults to :func:`client_credentials`; None connects
-    without credentials. Raises ``HistoryStoreError``."""
-    from cassandra import ConsistencyLevel
-    from cassandra.auth import PlainTextAuthProvider
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-    from cassandra.policies import (
-        DCAwareRoundRobinPolicy,
-        ExponentialReconnectionPolicy,
-        TokenAwarePolicy,
-    )
-
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
-        consistency_level=ConsistencyLevel.LOCAL_QUORUM,
-        request_timeout=request_timeout_s,
-    )
-    where = ",".join(hosts) + f":{port}"
-    creds = client_credentials() if auth is _DEFAULT else auth
-    with translate_errors(f"connect to {where}"):
-        cluster = Cluster(
-            contact_points=list(hosts),
-            port=port,
-            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-            connect_timeout=connect_timeout_s,
-            control_connection_timeout=connect_timeout_s,
-            reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
-            auth_provider=PlainTextAuthProvider(*creds) if creds else None,
-        )
-        try:
-            session = cluster.connect()
-        except BaseException:
-            cluster.shutdown()
-            raise
-    return cluster, session
-
 
 def _encode(obj: Any) -> bytes:
     from gnomon.codec import encode
@@ -334,8 +244,6 @@ class CassandraHistoryStore:
         request_timeout_s: float = 10.0,
         decode_cache_max: int = 4096,
     ) -> None:
-        from gnomon.history.migrate import check_keyspace_name
-
         if isinstance(hosts, str):
             hosts = [h for h in hosts.split(",") if h]
         if not hosts:
@@ -377,8 +285,6 @@ class CassandraHistoryStore:
                                            request_timeout_s=self.request_timeout_s)
                 try:
                     if self.ensure_schema:
-                        from gnomon.history.migrate import migrate
-
                         migrate(session, self.keyspace, replication=self.replication)
                     with translate_errors(f"prepare statements in keyspace {self.keyspace}"):
                         try:

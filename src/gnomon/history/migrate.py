@@ -13,7 +13,7 @@ processes, is harmless.
 
     python -m gnomon.history.migrate [--keyspace gnomon] [--replication "{'class': ...}"]
 
-It logs in like every gnomon Cassandra client (``gnomon.history.cassandra.connect``):
+It logs in like every gnomon Cassandra client (``gnomon.history.session.connect``):
 ``$GNOMON_CASSANDRA_USERNAME``/``$GNOMON_CASSANDRA_PASSWORD``, else the role ``gnomon``
 from ``<credentials_dir>/cassandra.json`` (written by ``gnomon infra up``). That role may
 create keyspaces; a keyspace's creator gets every permission on it.
@@ -33,6 +33,7 @@ from typing import Any
 
 from gnomon._data import CQL, data_path
 from gnomon.core.errors import HistoryStoreError, ValidationError
+from gnomon.history.session import connect, translate_errors
 
 __all__ = [
     "DEFAULT_CQL_DIR",
@@ -170,8 +171,6 @@ def migrate(
     ``replication`` (a CQL map literal) overrides the files' replication for a keyspace
     that does not exist yet; an existing keyspace is never altered.
     Raises ``HistoryStoreError`` (driver errors translated, changed files refused)."""
-    from gnomon.history.cassandra import translate_errors
-
     check_keyspace_name(keyspace)
     migrations = load_migrations(cql_dir)
     with translate_errors(f"migrate keyspace {keyspace}"):
@@ -224,7 +223,6 @@ def _qualify(stmt: str, keyspace: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from gnomon.config import load
-    from gnomon.history.cassandra import connect
 
     parser = argparse.ArgumentParser(prog="python -m gnomon.history.migrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keyspace", default="gnomon")
