@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-pytest.register_assert_rewrite("gnomon.history.contract")
-
-from gnomon.codec import encode  # noqa: E402
-from gnomon.config import Settings  # noqa: E402
-from gnomon.core.errors import HistoryStoreError  # noqa: E402
-from gnomon.core.runs import RunStatus  # noqa: E402
-from gnomon.history.cassandra import CassandraHistoryStore, connect  # noqa: E402
-from gnomon.history.contract import (  # noqa: E402
+from gnomon.codec import encode
+from gnomon.config import Settings
+from gnomon.core.errors import HistoryStoreError
+from gnomon.core.runs import RunStatus
+from gnomon.history.cassandra import CassandraHistoryStore, connect
+from gnomon.history.migrate import DEFAULT_CQL_DIR, applied_versions, load_migrations, migrate
+from gnomon.history.projector import HistoryProjector
+from history_contract import (
     MINUTE,
     T0,
     HistoryStoreContract,
@@ -30,8 +30,6 @@ from gnomon.history.contract import (  # noqa: E402
     run,
     uid,
 )
-from gnomon.history.migrate import DEFAULT_CQL_DIR, applied_versions, load_migrations, migrate  # noqa: E402
-from gnomon.history.projector import HistoryProjector  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.register_assert_rewrite("gnomon.history.contract")
-
-from gnomon.codec import encode  # noqa: E402
-from gnomon.core.errors import HistoryStoreError  # noqa: E402
-from gnomon.core.runs import RunStatus  # noqa: E402
-from gnomon.history import _paging as P  # noqa: E402
-from gnomon.history.base import HistoryBatch  # noqa: E402
-from gnomon.history.contract import (  # noqa: E402
+from gnomon.codec import encode
+from gnomon.core.errors import HistoryStoreError
+from gnomon.core.runs import RunStatus
+from gnomon.history import _paging as P
+from gnomon.history.base import HistoryBatch
+from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.history.projector import HistoryProjector
+from gnomon.testing import FakeMessage
+from history_contract import (
     MINUTE,
     T0,
     HistoryStoreContract,
@@ -28,9 +29,6 @@ from gnomon.history.contract import (  # noqa: E402
     line,
     run,
 )
-from gnomon.history.memory import InMemoryHistoryStore  # noqa: E402
-from gnomon.history.projector import HistoryProjector  # noqa: E402
-from gnomon.testing import FakeMessage  # noqa: E402
 
 
 class TestInMemoryContract(HistoryStoreContract):

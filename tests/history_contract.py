@@ -3,8 +3,8 @@
 Subclass ``HistoryStoreContract`` in a test module and provide a ``make_store`` fixture:
 a factory ``make_store(status_scan_max=...) -> ProjectionStore``; all stores it returns
 must share the same data. Tests isolate themselves with fresh random ids, so one store
-(one keyspace) can serve the whole suite. Needs pytest; import it only from tests
-(after ``pytest.register_assert_rewrite("gnomon.history.contract")``).
+(one keyspace) can serve the whole suite. ``tests/conftest.py`` puts this directory on
+``sys.path`` and has pytest rewrite its asserts: ``from history_contract import ...``.
 """
 
 from __future__ import annotations
