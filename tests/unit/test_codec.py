@@ -25,7 +25,7 @@ from gnomon.codec import (
     subject_for_topic,
     topic_types,
 )
-from gnomon.core.errors import ValidationError
+from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.jobs import JobState, JobStatus, PatchJob, RegisterJob
 from gnomon.core.messages import DispatchRun, LogLine, LogStream, PoisonRecord
 from gnomon.core.model import JobSpec, Priority, Schedule, Target, TargetType
@@ -181,7 +181,7 @@ def test_encode_rejects_what_has_no_schema() -> None:
         encode(ClaimRun("r", None, 1))  # type: ignore[arg-type]
     with pytest.raises(EncodeError):
         encode(DispatchRun("r", "j", "t", 1, "default", "urgent", 1, 2))  # not a Priority symbol
-    assert issubclass(EncodeError, ValidationError)
+    assert issubclass(EncodeError, InternalError) and not issubclass(EncodeError, ValidationError)
 
 
 # ---- bad input -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from gnomon.core.errors import (
     Conflict,
     EventLogError,
     HistoryStoreError,
+    InternalError,
     LimitExceeded,
     NotFound,
     ValidationError,
@@ -146,6 +147,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
+
+    @app.exception_handler(InternalError)
+    async def _internal(request: Request, exc: InternalError) -> JSONResponse:
+        # gnomon's own bug (e.g. codec.EncodeError): logged; never a 4xx for the client.
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return problem(500, "internal", "Internal error", "the server failed; see its log")
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

@@ -12,7 +12,7 @@ from fastavro import schemaless_reader, schemaless_writer
 
 from gnomon.codec._convert import Converters
 from gnomon.codec.registry import Registry, SchemaVersion
-from gnomon.core.errors import ValidationError
+from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.jobs import (
     BackfillJob,
     DeleteJob,
@@ -55,11 +55,16 @@ class DecodeError(ValidationError):
         super().__init__("value", message)
 
 
-class EncodeError(ValidationError):
-    """The object has no schema (or none on the given topic), or does not fit it."""
+class EncodeError(InternalError):
+    """The object has no schema (or none on the given topic), or does not fit it.
+
+    An ``InternalError``, not a ``ValidationError``: what gnomon encodes it has built and
+    checked itself, so a value that does not fit is a bug (the API answers 500)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("value", message)
+        super().__init__(f"value: {message}")
+        self.field = "value"
+        self.message = message
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@
     ├── NotFound             no such job / run
     ├── Conflict             the request contradicts current state (e.g. tenant mismatch)
     ├── TransitionError      a lifecycle transition that the state machine forbids
+    ├── InternalError        a bug of gnomon's own (e.g. codec.EncodeError): API -> 500
     └── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)
         ├── EventLogError    Kafka produce/consume/transaction failures
         ├── StateStoreError  RocksDB failures
@@ -41,6 +42,11 @@ class Conflict(GnomonError):
 
 class TransitionError(GnomonError):
     pass
+
+
+class InternalError(GnomonError):
+    """gnomon broke its own rules (e.g. a value that does not fit its schema): never the
+    caller's fault, so the API answers 500, not 4xx."""
 
 
 class InfraError(GnomonError):
