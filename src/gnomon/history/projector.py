@@ -41,6 +41,7 @@ from gnomon.core.jobs import JobState
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.history.base import HistoryBatch, ProjectionStore
+from gnomon.retrying import Retry
 
 __all__ = ["GROUP_ID", "HistoryProjector", "ProjectorStats"]
 
@@ -159,16 +160,16 @@ class HistoryProjector:
             self.poll_timeout_s = poll_timeout_s
         self._stop = stop_event
         log.info("history projector: group %s, topics %s", self.group_id, ", ".join(self.topics.values()))
-        backoff = self.retry_backoff_s
+        failures = 0  # batches given up in a row
         try:
             while not stop_event.is_set():
                 try:
                     self.run_once(self.batch_max)
-                    backoff = self.retry_backoff_s
+                    failures = 0
                 except HistoryStoreError as exc:
                     log.error("history write failed, will replay the batch: %s", exc)
-                    stop_event.wait(backoff)
-                    backoff = min(backoff * 2, self.retry_backoff_max_s)
+                    failures += 1
+                    stop_event.wait(self._write_retry().delay_s(failures))
         finally:
             log.info("history projector stopping: %s", self.stats)
             self.close()
@@ -272,20 +273,22 @@ class HistoryProjector:
             assert isinstance(obj, LogLine)
             logs[(obj.run_id, obj.attempt, obj.seq)] = obj
 
+    def _write_retry(self) -> Retry:
+        """Store writes: ``write_attempts`` in all, while not stopping; the wait ends on stop."""
+        return Retry(self.write_attempts, self.retry_backoff_s, max(self.retry_backoff_s, self.retry_backoff_max_s),
+                     retriable=lambda exc: isinstance(exc, HistoryStoreError) and not self._stop.is_set(),
+                     sleep=self._stop.wait)
+
     def _write(self, batch: HistoryBatch, first: Mapping[tuple[str, int], int]) -> None:
-        backoff = self.retry_backoff_s
-        for attempt in range(1, self.write_attempts + 1):
-            try:
-                self.store.write_batch(batch)
-                return
-            except HistoryStoreError as exc:
-                if attempt == self.write_attempts or self._stop.is_set():
-                    self.stats.write_failures += 1
-                    self._rewind(first)
-                    raise
-                log.warning("history write attempt %d/%d failed: %s", attempt, self.write_attempts, exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.retry_backoff_max_s)
+        def retrying(attempt: int, exc: BaseException, _: float) -> None:
+            log.warning("history write attempt %d/%d failed: %s", attempt, self.write_attempts, exc)
+
+        try:
+            self._write_retry().call(lambda: self.store.write_batch(batch), on_retry=retrying)
+        except HistoryStoreError:
+            self.stats.write_failures += 1
+            self._rewind(first)
+            raise
 
     def _rewind(self, first: Mapping[tuple[str, int], int]) -> None:
         """Make the consumer read the failed batch again."""
