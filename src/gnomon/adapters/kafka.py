@@ -100,7 +100,14 @@ def producer_config(bootstrap: str, *, role: str | None = None, **extra: Any) ->
     return conf
 
 
-def consumer_config(bootstrap: str, group_id: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:
+def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, Any]:
+    """gnomon's consumer settings, then ``extra`` (librdkafka keys). The keyword ``role``
+    (str or None), taken out of ``extra``, picks the Kafka principal (:func:`security_config`).
+    (Not a keyword-only parameter: callers pass librdkafka keys as ``**{...}``, which a
+    typed ``role`` parameter would make every such call ill-typed.)"""
+    role = extra.pop("role", None)
+    if role is not None and not isinstance(role, str):
+        raise TypeError(f"role must be a str or None, not {type(role).__name__}")
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "group.id": group_id,

@@ -33,7 +33,7 @@ class MemoryKV:
 
     def scan(self, start: bytes, stop: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
         i = bisect.bisect_left(self._keys, start)
-        out = []
+        out: list[tuple[bytes, bytes]] = []
         while i < len(self._keys) and len(out) < limit:
             k = self._keys[i]
             if k >= stop:
@@ -75,7 +75,7 @@ class RocksKV:
             value = self._db.get(key)
         except Exception as exc:
             raise StateStoreError(f"RocksDB get failed: {exc}") from exc
-        return value  # type: ignore[no-any-return]
+        return value
 
     def put(self, key: bytes, value: bytes) -> None:
         try:

@@ -206,6 +206,8 @@ class Run(_Closed):
     note: str | None = Field(description="how the run came to be or what it waited for, kept when it finishes: "
                              "'backfilled', 'reopened by backfill (was skipped: ...)', "
                              "'overlap: buffered behind ... (bufferOne)'")
+    output: Any = Field(description="the latest ended attempt's output, any JSON value: a handler's return "
+                        "value, a command's last lines; null: none recorded")
 
 
 class LogLine(_Closed):
@@ -246,15 +248,19 @@ class TriggerAck(_Closed):
 
 
 def _limit(name: str, description: str) -> Any:
+    """The bounds of limit ``name`` (``LIMIT_BOUNDS``), as a pydantic ``Field``."""
     low, high = LIMIT_BOUNDS[name]
-    return Annotated[int, Field(ge=low, le=high, description=description)]
+    return Field(ge=low, le=high, description=description)
 
 
-ConcurrencyMax = _limit("concurrency_max", "runs granted to workers (staged or running) at once, per pool")
-JobsMax = _limit("jobs_max", "registered jobs")
-IntervalMinS = _limit("interval_min_s", "shortest gap between two fire times of a cron schedule, seconds")
-BacklogMax = _limit("backlog_max", "one-off runs (manual triggers, one-time jobs) queued and not started")
-TriggersPerMinMax = _limit("triggers_per_min_max", "manual triggers accepted per minute")
+ConcurrencyMax = Annotated[int, _limit("concurrency_max", "runs granted to workers (staged or running) at once, "
+                                       "per pool")]
+JobsMax = Annotated[int, _limit("jobs_max", "registered jobs")]
+IntervalMinS = Annotated[int, _limit("interval_min_s", "shortest gap between two fire times of a cron schedule, "
+                                     "seconds")]
+BacklogMax = Annotated[int, _limit("backlog_max", "one-off runs (manual triggers, one-time jobs) queued and not "
+                                   "started")]
+TriggersPerMinMax = Annotated[int, _limit("triggers_per_min_max", "manual triggers accepted per minute")]
 
 
 class TenantLimitsInput(_Closed):

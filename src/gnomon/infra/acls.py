@@ -152,8 +152,9 @@ def apply(client: Any, topo: Topology, roles: tuple[str, ...], timeout_s: float 
 
     wanted = set(grants(topo))
     principals = {f"User:{r}" for r in roles}
+    anything: Any = None  # a filter's None matches any name/principal/host (the stubs say str)
     any_filter = AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+        ResourceType.ANY, anything, ResourcePatternType.ANY, anything, anything,
         AclOperation.ANY, AclPermissionType.ANY,
     )
     existing = client.describe_acls(any_filter, request_timeout=timeout_s).result()
