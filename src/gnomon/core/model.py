@@ -111,6 +111,15 @@ def manual_run_id(job_id: str, idempotency_key: str) -> str:
     return f"{job_id}@manual:{idempotency_key}"
 
 
+def idempotent_job_id(tenant: str, key: str) -> str:
+    """The job id a registration with idempotency key ``key`` gets (REST
+    ``Idempotency-Key`` or ``gnomon.events``): the same for every retry, different per
+    tenant."""
+    import hashlib
+
+    return "job_" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:16]
+
+
 def job_id_of(run_id: str) -> str:
     job_id, sep, _ = run_id.partition("@")
     if not sep or not job_id:

@@ -1,0 +1,210 @@
+"""Job commands produced straight to Kafka, from a team's own service: the producer side
+of the job-event contract (docs/job-events.md).
+
+    from gnomon.events import JobEvents
+
+    with JobEvents(tenant="acme") as events:          # GNOMON_KAFKA_BOOTSTRAP, role "api"
+        job_id = events.register({"name": "nightly close", "schedule": "0 2 * * *",
+                                  "timezone": "Europe/Paris",
+                                  "target": {"type": "handler", "name": "close"}},
+                                 idempotency_key="billing-close")
+        events.pause(job_id)
+    # leaving the block waits until Kafka acknowledged every command (acks=all)
+
+Every command is validated here with the rules the REST API uses (``parse_job_spec``,
+``apply_patch``), so a bad definition fails at once with a ``ValidationError`` naming
+the field, and nothing is sent. Commands are produced asynchronously and batched (one
+idempotent producer, acks=all, lz4): ``flush()`` waits for the broker's acknowledgement
+and raises ``EventLogError`` if any command could not be written. Ordering holds per
+job: every command of a job is keyed by its job id, so they land on one partition in
+the order they were sent.
+
+What the processor does with a command is decided there: admission (the tenant's
+limits), version checks and the state machine apply exactly as to the API's commands.
+A refused command is recorded on the poison topic with the reason.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+from gnomon import codec
+from gnomon.core import jobs as J
+from gnomon.core.clock import Clock, SystemClock
+from gnomon.core.errors import EventLogError, ValidationError
+from gnomon.core.model import JobSpec, idempotent_job_id
+from gnomon.core.validation import (
+    DEFAULT_POOLS,
+    parse_job_spec,
+    reject_control_chars,
+    validate_idempotency_key,
+)
+from gnomon.topology import Topology, load_topology
+
+KAFKA_ROLE_DEFAULT = "api"  # only the API's principal may write the job-commands topic (docs/adr/0006)
+FLUSH_TIMEOUT_S = 30.0
+JOB_ID_MAX_CHARS = 200
+ERRORS_KEPT_MAX = 100  # delivery errors remembered until the next flush (the count is exact)
+
+
+class _Producer(Protocol):
+    """The part of confluent_kafka.Producer used here."""
+
+    def produce(self, topic: str, *, key: bytes, value: bytes, on_delivery: Any) -> None: ...
+    def poll(self, timeout: float) -> int: ...
+    def flush(self, timeout: float) -> int: ...
+
+
+@dataclass
+class Deliveries:
+    """What the broker said about the commands sent since the last flush."""
+
+    sent: int = 0
+    acknowledged: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class JobEvents:
+    """Produce job commands for one tenant. Not thread-safe: one per thread, or a lock."""
+
+    def __init__(self, tenant: str, bootstrap: str | None = None, *, role: str | None = KAFKA_ROLE_DEFAULT,
+                 producer: _Producer | None = None, topology: Topology | None = None, clock: Clock | None = None,
+                 pools: frozenset[str] | None = None, linger_ms: int = 20) -> None:
+        if not isinstance(tenant, str) or not tenant.strip():
+            raise ValidationError("tenant", "must be a non-empty string")
+        reject_control_chars(tenant, "tenant")
+        self.tenant = tenant
+        self.topo = topology or load_topology()
+        self.clock = clock or SystemClock()
+        self.pools = pools if pools is not None else frozenset(self.topo.pools) or DEFAULT_POOLS
+        if producer is None:
+            from confluent_kafka import Producer
+
+            from gnomon.adapters.kafka import producer_config
+            from gnomon.config import load
+
+            producer = Producer(producer_config(bootstrap or load().kafka_bootstrap, role=role,
+                                                **{"linger.ms": linger_ms, "batch.num.messages": 10_000}))
+        self._producer = producer
+        self.deliveries = Deliveries()
+
+    # ---- commands --------------------------------------------------------------------
+
+    def register(self, spec: Mapping[str, Any] | JobSpec, *, job_id: str | None = None,
+                 idempotency_key: str | None = None) -> str:
+        """Register a job (the REST API's JSON shape, or a ``JobSpec``); returns its id.
+        With ``idempotency_key`` the id is derived from the tenant and the key, as
+        ``POST /v1/jobs`` with ``Idempotency-Key`` does, so a retry registers nothing new."""
+        now = self.clock.now_ms()
+        if job_id is not None and idempotency_key is not None:
+            raise ValidationError("job_id", "give a job id or an idempotency key, not both")
+        if idempotency_key is not None:
+            job_id = idempotent_job_id(self.tenant, validate_idempotency_key(idempotency_key))
+        job_id = self._job_id(job_id if job_id is not None else "job_" + secrets.token_hex(8))
+        parsed = spec if isinstance(spec, JobSpec) else parse_job_spec(spec, now, pools=self.pools)
+        self._send(J.RegisterJob(job_id, self.tenant, parsed, now))
+        return job_id
+
+    def patch(self, job_id: str, changes: Mapping[str, Any], *, expected_version: int | None = None) -> None:
+        """Change some fields (the REST PATCH body); the processor merges them into the
+        job's current definition and, with ``expected_version``, refuses a stale edit."""
+        from gnomon.core.validation import apply_patch
+
+        if not isinstance(changes, Mapping) or not changes:
+            raise ValidationError("patch", "must be a non-empty JSON object")
+        # validated against a template spec for the field names and values; the merge
+        # itself happens in the processor on the job's current definition
+        apply_patch(_TEMPLATE, dict(changes), self.clock.now_ms(), pools=self.pools)
+        if expected_version is not None and (not isinstance(expected_version, int) or expected_version < 1):
+            raise ValidationError("expected_version", "must be a version number (1 or more)")
+        self._send(J.PatchJob(self._job_id(job_id), self.tenant, J.canonical_patch(dict(changes)),
+                              expected_version, self.clock.now_ms()))
+
+    def pause(self, job_id: str) -> None:
+        self._send(J.PauseJob(self._job_id(job_id), self.tenant, self.clock.now_ms()))
+
+    def resume(self, job_id: str) -> None:
+        self._send(J.ResumeJob(self._job_id(job_id), self.tenant, self.clock.now_ms()))
+
+    def delete(self, job_id: str) -> None:
+        self._send(J.DeleteJob(self._job_id(job_id), self.tenant, self.clock.now_ms()))
+
+    def trigger(self, job_id: str, idempotency_key: str) -> str:
+        """Run a job now; returns the run id (``{job_id}@manual:{key}``): the same key
+        again is the same run."""
+        from gnomon.core.model import manual_run_id
+
+        key = validate_idempotency_key(idempotency_key)
+        job_id = self._job_id(job_id)
+        self._send(J.TriggerJob(job_id, self.tenant, key, self.clock.now_ms()))
+        return manual_run_id(job_id, key)
+
+    # ---- delivery --------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> Deliveries:
+        """Wait until Kafka acknowledged every command sent so far. Raises
+        ``EventLogError`` naming how many were not written (and the first reasons)."""
+        left = self._producer.flush(timeout_s)
+        done, self.deliveries = self.deliveries, Deliveries()
+        if left:
+            raise EventLogError(f"{left} of {done.sent} job commands not acknowledged by Kafka within {timeout_s}s")
+        if done.failed:
+            raise EventLogError(f"{done.failed} of {done.sent} job commands not written: {'; '.join(done.errors[:3])}")
+        return done
+
+    def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        self.flush(timeout_s)
+
+    def __enter__(self) -> JobEvents:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # the caller's error first; deliveries are still attempted
+            self._producer.flush(FLUSH_TIMEOUT_S)
+
+    def _job_id(self, job_id: str) -> str:
+        if not isinstance(job_id, str) or not job_id or len(job_id) > JOB_ID_MAX_CHARS:
+            raise ValidationError("job_id", f"must be a non-empty string of at most {JOB_ID_MAX_CHARS} characters")
+        if "@" in job_id or "\0" in job_id or job_id != job_id.strip():
+            raise ValidationError("job_id", "must not contain '@', NUL or surrounding spaces")
+        reject_control_chars(job_id, "job_id")
+        return job_id
+
+    def _send(self, cmd: J.JobCommand) -> None:
+        value = codec.encode(cmd, self.topo.job_commands)
+        d = self.deliveries
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is None:
+                d.acknowledged += 1
+                return
+            d.failed += 1
+            if len(d.errors) < ERRORS_KEPT_MAX:
+                d.errors.append(f"{cmd.job_id}: {err}")
+
+        while True:
+            try:
+                self._producer.produce(self.topo.job_commands, key=cmd.job_id.encode(), value=value,
+                                       on_delivery=on_delivery)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.05)
+        d.sent += 1
+        self._producer.poll(0)
+
+
+def _template() -> JobSpec:
+    from gnomon.core.model import Schedule, Target, TargetType
+
+    return JobSpec(name="template", schedule=Schedule(cron="0 0 1 1 *"), target=Target(TargetType.HANDLER, handler="h"))
+
+
+_TEMPLATE = _template()

@@ -1,0 +1,46 @@
+"""A team's service registers and manages jobs by producing to Kafka with gnomon.events
+(no REST call): the processor applies them like the API's commands and the job runs."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from harness import Stack, wait_for
+
+from gnomon.client import ApiError
+from gnomon.config import load
+from gnomon.events import JobEvents
+
+pytestmark = pytest.mark.integration
+
+
+def _job(stack: Stack, job_id: str) -> dict[str, object] | None:
+    try:
+        return stack.client.get_job(job_id)
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_jobs_registered_over_kafka_run_and_obey_later_commands(stack: Stack) -> None:
+    key = "events-" + secrets.token_hex(4)
+    with JobEvents("acme", load().kafka_bootstrap) as events:
+        job_id = events.register({"name": key, "schedule": "*/2 * * * * *",
+                                  "target": {"type": "command", "argv": ["sh", "-c", "echo over kafka"]},
+                                  "timeoutS": 30, "retry": {"max": 1}}, idempotency_key=key)
+    wait_for(lambda: _job(stack, job_id), 30, f"job {job_id} in history")
+    ran = wait_for(lambda: stack.client.list_runs(job_id, status="succeeded", limit=5)["items"], 60,
+                   f"a succeeded run of {job_id}")
+    assert ran[0]["id"].startswith(job_id + "@")
+    logs = stack.client.get_logs(ran[0]["id"])["items"]
+    assert any(line["line"] == "over kafka" for line in logs), logs
+
+    with JobEvents("acme", load().kafka_bootstrap) as events:
+        events.pause(job_id)
+    wait_for(lambda: (_job(stack, job_id) or {}).get("status") == "paused", 30, f"{job_id} paused")
+    with JobEvents("acme", load().kafka_bootstrap) as events:
+        events.delete(job_id)
+    wait_for(lambda: _job(stack, job_id) is None or (_job(stack, job_id) or {}).get("status") == "deleted", 30,
+             f"{job_id} deleted")
