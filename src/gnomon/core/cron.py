@@ -15,6 +15,7 @@ out are UTC epoch milliseconds; the zone only shapes the wall clock.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +49,24 @@ def load_zone(name: str, field: str = "timezone") -> ZoneInfo:
         ) from None
 
 
+VALIDATED_MAX = 4096  # distinct (expression, zone) pairs whose check is remembered
+
+
+@functools.lru_cache(maxsize=VALIDATED_MAX)
+def _check_fires(text: str, tz: str, expr: str, field: str) -> None:
+    """Raise ValidationError unless ``text`` is a cron expression that fires in zone
+    ``tz``. Pure, so remembered: a bulk registration of many jobs with the same few
+    expressions checks each once (the check walks the calendar: about 0.5 ms)."""
+    zone = load_zone(tz, "timezone")
+    try:
+        it = CronSim(text, datetime(2026, 1, 1, tzinfo=zone))
+        next(it)
+    except CronSimError as exc:
+        raise ValidationError(field, f"invalid cron expression {expr!r}: {exc}") from None
+    except StopIteration:
+        raise ValidationError(field, f"cron expression {expr!r} never fires") from None
+
+
 @dataclass(frozen=True)
 class CronSchedule:
     """A validated cron expression in a zone. ``expr`` is normalised (macros expanded)."""
@@ -74,14 +93,7 @@ class CronSchedule:
                 field,
                 f"cron expression needs 5 fields (min hour dom month dow) or 6 with seconds first, got {n}",
             )
-        zone = load_zone(tz, "timezone")
-        try:
-            it = CronSim(text, datetime(2026, 1, 1, tzinfo=zone))
-            next(it)
-        except CronSimError as exc:
-            raise ValidationError(field, f"invalid cron expression {expr!r}: {exc}") from None
-        except StopIteration:
-            raise ValidationError(field, f"cron expression {expr!r} never fires") from None
+        _check_fires(text, tz, expr, field)
         return CronSchedule(expr=text, tz=tz)
 
     def iter_after(self, after_ms: int) -> Iterator[int]:

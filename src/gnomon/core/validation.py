@@ -94,10 +94,11 @@ def _num(value: Any, field: str, lo: float, hi: float) -> float:
 
 
 def _enum(value: Any, field: str, enum: type[Priority] | type[CatchUp] | type[OverlapPolicy]) -> Any:
-    allowed = [m.value for m in enum]
-    if value not in allowed:
+    member = enum._value2member_map_.get(value) if isinstance(value, str) else None
+    if member is None:
+        allowed = [m.value for m in enum]
         raise ValidationError(field, f"must be one of {', '.join(allowed)}, got {value!r}")
-    return enum(value)
+    return member
 
 
 def parse_target(data: Any, field: str = "target") -> Target:

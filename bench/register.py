@@ -1,0 +1,106 @@
+"""Bulk registration over Kafka with gnomon.events: how fast the broker acknowledges the
+commands, and how fast the processor applies them.
+
+    .venv/bin/python bench/register.py [--jobs 50000] [--no-processor]
+
+Starts Kafka + Cassandra if needed (gnomon infra up) and one processor of its own (unless
+--no-processor: then the running processors must own every partition), registers N jobs
+for tenant ``bench-reg`` through ``gnomon.events.JobEvents`` (cron jobs whose first slot
+is next new year, so nothing runs), and prints:
+
+* acked/s: N / the time from the first send until Kafka acknowledged all (acks=all);
+* applied/s: N / the time from the first send until the processor group's committed
+  offsets on the job-commands topic passed every command (a processor commits its input
+  offsets in the same transaction as the state the commands produced).
+
+Then it deletes the jobs the same way. Run it on a quiet stack: other commands on the
+topic count toward "applied". Prints a progress line every 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from gnomon.adapters.kafka import consumer_config
+from gnomon.config import load
+from gnomon.events import JobEvents
+from gnomon.streams.runtime import GROUP_ID
+from gnomon.topology import load_topology
+
+REPO = Path(__file__).resolve().parent.parent
+TENANT = "bench-reg"
+WAIT_MAX_S = 600
+
+
+def offsets(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
+    """(sum of end offsets, sum of the processor group's committed offsets) of ``topic``."""
+    c = Consumer(consumer_config(bootstrap, GROUP_ID, role="processor"))
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = sum(c.get_watermark_offsets(tp, 10)[1] for tp in tps)
+        committed = sum(max(0, tp.offset) for tp in c.committed(tps, 10))
+        return ends, committed
+    finally:
+        c.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=50_000)
+    ap.add_argument("--no-processor", action="store_true")
+    args = ap.parse_args()
+    settings = load()
+    subprocess.run([sys.executable, "-m", "gnomon.infra", "up"], check=True)
+    topo = load_topology()
+    proc: subprocess.Popen[bytes] | None = None
+    logs = settings.state_dir / "bench-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    if not args.no_processor:
+        with open(logs / "register-processor.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "processor", "--instance-id", "bench-reg"],
+                                    cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        time.sleep(5)  # the group settles (assignment, restore)
+        spec = {"name": "bulk", "schedule": "0 0 1 1 *", "target": {"type": "handler", "name": "noop"}}
+        ids: list[str] = []
+        with JobEvents(TENANT, settings.kafka_bootstrap) as events:
+            t0 = time.monotonic()
+            for i in range(args.jobs):
+                ids.append(events.register(spec, job_id=f"bench-reg-{i:08d}"))
+            done = events.flush(120)
+            acked_s = time.monotonic() - t0
+        print(f"acked: {done.acknowledged} registrations in {acked_s:.2f}s = {args.jobs / acked_s:,.0f}/s")
+        ends, committed = offsets(settings.kafka_bootstrap, topo.job_commands, topo.partitions)
+        last = time.monotonic()
+        while committed < ends:
+            if time.monotonic() - t0 > WAIT_MAX_S:
+                sys.exit(f"the processor did not apply them in {WAIT_MAX_S}s ({ends - committed} left)")
+            if time.monotonic() - last > 5:
+                last = time.monotonic()
+                print(f"  applying: {ends - committed:,} commands left", flush=True)
+            time.sleep(0.2)
+            _, committed = offsets(settings.kafka_bootstrap, topo.job_commands, topo.partitions)
+        applied_s = time.monotonic() - t0
+        print(f"applied: {args.jobs} registrations in {applied_s:.2f}s = {args.jobs / applied_s:,.0f}/s "
+              "(first send to the processor's commit)")
+        with JobEvents(TENANT, settings.kafka_bootstrap) as events:
+            for job_id in ids:
+                events.delete(job_id)
+        print(f"deleted {len(ids)} jobs")
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()
