@@ -55,7 +55,7 @@ class Retry:
         at most cap_s. Also for loops that retry for ever (a supervisor's backoff)."""
         if failures < 1:
             raise ValueError("failures must be >= 1")
-        return min(self.cap_s, self.base_s * 2 ** min(failures - 1, 60))
+        return min(self.cap_s, self.base_s * float(2 ** min(failures - 1, 60)))
 
     def call(self, fn: Callable[[], T],
              on_retry: Callable[[int, BaseException, float], None] | None = None) -> T:
