@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--tenants", type=int, default=2)
     ap.add_argument("--first", type=int, default=1000, help="starts the mix is measured over")
     ap.add_argument("--quota", type=int, default=0,
-                    help="concurrency quota of the first tenant (0: none), set on gnomon.tenants")
+                    help="concurrency quota of the first tenant (0: none), set on the tenants topic")
     args = ap.parse_args()
     s = load()
     from gnomon.infra import manager

@@ -18,6 +18,7 @@ from pathlib import Path
 from confluent_kafka import TopicPartition
 
 from gnomon.config import load
+from gnomon.topology import load_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
 from chaoslib import end_offsets, read_range
@@ -36,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     bootstrap, lo, hi = load().kafka_bootstrap, _ms(args.start), _ms(args.end)
     start = [TopicPartition(tp.topic, tp.partition, max(0, tp.offset - args.records))
-             for tp in end_offsets(bootstrap, "gnomon.runs")]
+             for tp in end_offsets(bootstrap, load_topology().runs)]
     runs = {r.run_id: r for r in read_range(bootstrap, start, timeout_s=600)
             if getattr(r, "job_id", "").startswith(args.tag)}
     window = [r for r in runs.values() if lo <= r.slot_ms < hi]

@@ -1,13 +1,88 @@
-"""Topic names and sizes, read from ``streams/topology.toml`` (the topology as data)."""
+"""The topology, read from ``streams/topology.toml`` (the topology as data): the one place
+topic names are written.
+
+:func:`parse_topology` is the only parser of that file. It gives a :class:`Topology`:
+
+* every topic's name by its *role* (``topo.job_commands``, ``topo.runs``, ...): each
+  ``[topics."<name>"]`` table says ``role = "<attribute>"``, and every role of
+  :data:`ROLES` must be declared exactly once;
+* every topic's Kafka spec (:class:`TopicSpec`, ``topo.topics``), the ``[dispatch]``
+  family expanded to one topic per pool x priority through ``name_format``;
+* what each processor consumes and produces (``[processors.<name>]``,
+  ``topo.processors``), checked against the declared topics;
+* ``[defaults]``: ``partitions`` (1 if not given), ``replication_factor`` and
+  ``min_insync_replicas`` (1).
+
+Other modules take names from a ``Topology`` (``load_topology()``), never spell them;
+``tests/unit/test_topology_names.py`` checks that.
+"""
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from gnomon.config import load
+
+# Topology attribute names, one per topic role (the dispatch family aside).
+ROLES: tuple[str, ...] = (
+    "job_commands", "run_events", "jobs", "runs", "run_history", "worker_inbox", "run_logs",
+    "dead_letters", "poison", "workers", "tenants", "tenant_usage",
+)
+# Keyed by job_id: one processor instance owns a job's schedule and its runs together.
+CO_PARTITIONED: tuple[str, ...] = ("job_commands", "run_events", "jobs", "runs")
+_TOPIC_KEYS = frozenset({"role", "key", "partitions", "cleanup_policy", "retention_ms", "config"})
+_DISPATCH_KEYS = frozenset({"pools", "priorities", "name_format", "partitions", "cleanup_policy", "retention_ms",
+                            "config"})
+_PROCESSOR_KEYS = frozenset({"consumes", "changelog", "consumes_also", "produces"})
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    cleanup_policy: str = "delete"
+    retention_ms: int | None = None
+    extra_config: dict[str, str] = field(default_factory=dict)
+    role: str | None = None  # its Topology attribute; None for a dispatch topic
+
+    def config(self, min_insync_replicas: int) -> dict[str, str]:
+        """Topic-level Kafka configs (strings, as the admin API wants them)."""
+        cfg = {
+            "cleanup.policy": self.cleanup_policy,
+            "min.insync.replicas": str(min_insync_replicas),
+        }
+        if self.retention_ms is not None:
+            cfg["retention.ms"] = str(self.retention_ms)
+        cfg.update(self.extra_config)
+        return cfg
+
+
+@dataclass(frozen=True)
+class ProcessorSpec:
+    """A ``[processors.<name>]`` table: topic names (declared in ``[topics]``)."""
+
+    name: str
+    consumes: tuple[str, ...] = ()
+    changelog: str | None = None
+    consumes_also: tuple[str, ...] = ()  # read whole, outside the consumer group
+    produces: tuple[str, ...] = ()
+
+    def reads(self) -> tuple[str, ...]:
+        return (*self.consumes, *([self.changelog] if self.changelog else []), *self.consumes_also)
+
+    def writes(self) -> tuple[str, ...]:
+        return (*self.produces, *([self.changelog] if self.changelog else []))
+
+
+def _packaged(role: str) -> Callable[[], str]:
+    """The default of a name field: that role's name in the packaged topology (for a
+    ``Topology(...)`` built by hand with other sizes, e.g. in tests)."""
+    return lambda: str(getattr(load_topology(), role))
 
 
 @dataclass(frozen=True)
@@ -16,18 +91,22 @@ class Topology:
     pools: tuple[str, ...]
     priorities: tuple[str, ...]
     dispatch_format: str
-    job_commands: str = "gnomon.job-commands"
-    run_events: str = "gnomon.run-events"
-    jobs: str = "gnomon.jobs"
-    runs: str = "gnomon.runs"
-    run_history: str = "gnomon.run-history"
-    worker_inbox: str = "gnomon.worker-inbox"
-    run_logs: str = "gnomon.run-logs"
-    dead_letters: str = "gnomon.dead-letters"
-    poison: str = "gnomon.poison"
-    workers: str = "gnomon.workers"
-    tenants: str = "gnomon.tenants"  # tenant limits (core.tenants), compacted, key tenant
-    tenant_usage: str = "gnomon.tenant-usage"  # per-partition usage (core.usage), key "<tenant>/<partition>"
+    job_commands: str = field(default_factory=_packaged("job_commands"))
+    run_events: str = field(default_factory=_packaged("run_events"))
+    jobs: str = field(default_factory=_packaged("jobs"))
+    runs: str = field(default_factory=_packaged("runs"))
+    run_history: str = field(default_factory=_packaged("run_history"))
+    worker_inbox: str = field(default_factory=_packaged("worker_inbox"))
+    run_logs: str = field(default_factory=_packaged("run_logs"))
+    dead_letters: str = field(default_factory=_packaged("dead_letters"))
+    poison: str = field(default_factory=_packaged("poison"))
+    workers: str = field(default_factory=_packaged("workers"))
+    tenants: str = field(default_factory=_packaged("tenants"))  # tenant limits (core.tenants), key tenant
+    tenant_usage: str = field(default_factory=_packaged("tenant_usage"))  # per-partition usage, "<tenant>/<p>"
+    topics: tuple[TopicSpec, ...] = ()  # every topic, dispatch ones included ((): not from a file)
+    processors: tuple[ProcessorSpec, ...] = ()
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
     def dispatch_topic(self, pool: str, priority: str) -> str:
         return self.dispatch_format.format(pool=pool, priority=priority)
@@ -35,20 +114,123 @@ class Topology:
     def dispatch_topics(self, pool: str) -> list[str]:
         return [self.dispatch_topic(pool, p) for p in self.priorities]
 
+    @property
+    def dispatch_prefix(self) -> str:
+        """What every dispatch topic's name starts with: ``name_format`` up to its first ``{``."""
+        return self.dispatch_format.split("{", 1)[0]
+
+    @property
+    def dispatch_family(self) -> str:
+        """The dispatch topics' common name (the prefix without its separator), which
+        names their one value subject ``<family>-value``."""
+        return self.dispatch_prefix.rstrip(".-_")
+
+    def roles(self) -> dict[str, str]:
+        """Role (attribute) -> topic name, for every role of :data:`ROLES`."""
+        return {role: str(getattr(self, role)) for role in ROLES}
+
+    def is_dispatch(self, topic: str) -> bool:
+        return topic.startswith(self.dispatch_prefix)
+
+
+def _str_list(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where} must be a list of strings")
+    return tuple(value)
+
+
+def _unknown_keys(table: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise ValueError(f"{where}: unknown keys {', '.join(extra)} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _spec(name: str, table: Mapping[str, Any], default_partitions: int, role: str | None) -> TopicSpec:
+    retention = table.get("retention_ms")
+    return TopicSpec(
+        name=name,
+        partitions=int(table.get("partitions", default_partitions)),
+        cleanup_policy=str(table.get("cleanup_policy", "delete")),
+        retention_ms=int(retention) if retention is not None else None,
+        extra_config={str(k): str(v) for k, v in table.get("config", {}).items()},
+        role=role,
+    )
+
+
+def parse_topology(data: Mapping[str, Any], source: str = "topology") -> Topology:
+    """The topology of an already-parsed topology document (pure). ``source`` names it in
+    errors. Raises ``ValueError`` for a document that breaks the rules above."""
+    defaults = data.get("defaults", {})
+    parts = int(defaults.get("partitions", 1))
+    specs: list[TopicSpec] = []
+    names: dict[str, str] = {}
+    for name, table in data.get("topics", {}).items():
+        where = f'{source}: [topics."{name}"]'
+        _unknown_keys(table, _TOPIC_KEYS, where)
+        role = table.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}; got {role!r}")
+        if role in names:
+            raise ValueError(f"{where}: role {role} is already {names[role]}")
+        names[role] = name
+        specs.append(_spec(name, table, parts, role))
+    missing = [r for r in ROLES if r not in names]
+    if missing:
+        raise ValueError(f"{source}: no topic has the role {', '.join(missing)}")
+    for role in CO_PARTITIONED:
+        spec = next(s for s in specs if s.role == role)
+        if spec.partitions != parts:
+            raise ValueError(f"{source}: {spec.name} must have {parts} partitions (co-partitioned by job_id)")
+    dispatch = data.get("dispatch")
+    if not isinstance(dispatch, Mapping) or "name_format" not in dispatch:
+        raise ValueError(f"{source}: [dispatch] with a name_format is required")
+    _unknown_keys(dispatch, _DISPATCH_KEYS, f"{source}: [dispatch]")
+    fmt = str(dispatch["name_format"])
+    pools = _str_list(dispatch.get("pools", []), f"{source}: [dispatch].pools")
+    priorities = _str_list(dispatch.get("priorities", []), f"{source}: [dispatch].priorities")
+    specs += [_spec(fmt.format(pool=pool, priority=p), dispatch, parts, None) for pool in pools for p in priorities]
+    all_names = [s.name for s in specs]
+    dupes = sorted({n for n in all_names if all_names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{source}: declares these topics twice: {', '.join(dupes)}")
+    declared = {s.name for s in specs if s.role is not None}
+    processors = []
+    for pname, table in data.get("processors", {}).items():
+        where = f"{source}: [processors.{pname}]"
+        _unknown_keys(table, _PROCESSOR_KEYS, where)
+        changelog = table.get("changelog")
+        proc = ProcessorSpec(
+            pname,
+            consumes=_str_list(table.get("consumes", []), f"{where}.consumes"),
+            changelog=None if changelog is None else str(changelog),
+            consumes_also=_str_list(table.get("consumes_also", []), f"{where}.consumes_also"),
+            produces=_str_list(table.get("produces", []), f"{where}.produces"),
+        )
+        unknown = sorted({t for t in (*proc.reads(), *proc.writes()) if t not in declared})
+        if unknown:
+            raise ValueError(f"{where}: names topics not declared in [topics]: {', '.join(unknown)}")
+        processors.append(proc)
+    replication = int(defaults.get("replication_factor", 1))
+    return Topology(
+        partitions=parts,
+        pools=pools,
+        priorities=priorities,
+        dispatch_format=fmt,
+        **names,
+        topics=tuple(specs),
+        processors=tuple(processors),
+        replication_factor=replication,
+        min_insync_replicas=int(defaults.get("min_insync_replicas", 1)),
+    )
+
+
+def read_topology(path: Path) -> Topology:
+    """The topology of the file at ``path``, read now (see :func:`load_topology`)."""
+    return parse_topology(tomllib.loads(path.read_text()), source=str(path))
+
 
 @lru_cache(maxsize=4)
 def load_topology(path: Path | None = None) -> Topology:
-    path = path or load().topology_path
-    data = tomllib.loads(path.read_text())
-    parts = int(data["defaults"]["partitions"])
-    for name in ("gnomon.job-commands", "gnomon.run-events", "gnomon.jobs", "gnomon.runs"):
-        spec = data["topics"][name]
-        if int(spec.get("partitions", parts)) != parts:
-            raise ValueError(f"{path}: {name} must have {parts} partitions (co-partitioned by job_id)")
-    d = data["dispatch"]
-    return Topology(
-        partitions=parts,
-        pools=tuple(d["pools"]),
-        priorities=tuple(d["priorities"]),
-        dispatch_format=d["name_format"],
-    )
+    """The topology of the file at ``path`` (default: the settings' ``topology_path``,
+    the packaged ``streams/topology.toml`` or ``$GNOMON_TOPOLOGY``), read once per path."""
+    return read_topology(path or load().topology_path)

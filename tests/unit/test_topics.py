@@ -1,45 +1,124 @@
-"""topic_specs and config_diff: the topology file as topics, and what to change (no Kafka)."""
+"""The topology file as a Topology (gnomon.topology, the one parser) and as topics
+(infra.topics.topic_specs), and config_diff: what to change (no Kafka)."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gnomon.config import REPO_ROOT
-from gnomon.infra.topics import (
-    TopicSpec,
-    config_diff,
-    min_insync_for,
-    parse_topology,
-    topic_specs,
-)
+from gnomon.infra import acls
+from gnomon.infra.topics import TopicSpec, config_diff, min_insync_for, topic_specs
+from gnomon.topology import CO_PARTITIONED, ROLES, Topology, load_topology, parse_topology
 
 TOPOLOGY = REPO_ROOT / "streams" / "topology.toml"
 
 
+def _doc(**over: Any) -> dict[str, Any]:
+    """A minimal valid topology document: one topic per role, one dispatch topic."""
+    doc: dict[str, Any] = {
+        "defaults": {"partitions": 4},
+        "topics": {f"t.{role}": {"role": role} for role in ROLES},
+        "dispatch": {"pools": ["p"], "priorities": ["hi"], "name_format": "t.dispatch.{pool}.{priority}"},
+    }
+    doc.update(over)
+    return doc
+
+
 def test_repo_topology_expands_dispatch_and_defaults() -> None:
     specs = {s.name: s for s in topic_specs(TOPOLOGY)}
-    assert specs["gnomon.runs"] == TopicSpec("gnomon.runs", 8, "compact", None,
-                                             {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
-                                              "delete.retention.ms": "3600000"})
-    assert specs["gnomon.job-commands"].retention_ms == 604800000
-    dispatch = sorted(n for n in specs if n.startswith("gnomon.dispatch."))
-    assert len(dispatch) == 6 and "gnomon.dispatch.batch.low" in dispatch
-    assert specs["gnomon.dispatch.default.high"].retention_ms == 86400000
+    topo = load_topology(TOPOLOGY)
+    assert specs[topo.runs] == TopicSpec(topo.runs, 8, "compact", None,
+                                         {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
+                                          "delete.retention.ms": "3600000"}, role="runs")
+    assert specs[topo.job_commands].retention_ms == 604800000
+    dispatch = sorted(n for n in specs if topo.is_dispatch(n))
+    assert len(dispatch) == 6 and topo.dispatch_topic("batch", "low") in dispatch
+    assert specs[topo.dispatch_topic("default", "high")].retention_ms == 86400000
+    assert specs[topo.dispatch_topic("default", "high")].role is None
 
 
-def test_partitions_default_and_override(tmp_path: Path) -> None:
+def test_every_role_is_a_declared_topic_and_the_names_come_from_the_file() -> None:
+    data = tomllib.loads(TOPOLOGY.read_text())
+    topo = load_topology(TOPOLOGY)
+    assert topo.roles() == {t["role"]: name for name, t in data["topics"].items()}
+    assert set(topo.roles()) == set(ROLES)
+    assert topo.dispatch_format == data["dispatch"]["name_format"]
+    assert topo.dispatch_prefix == data["dispatch"]["name_format"].split("{")[0]
+    assert topo.dispatch_family + "." == topo.dispatch_prefix
+    # a Topology built by hand (tests) gets the packaged names
+    assert Topology(1, ("default",), ("high",), topo.dispatch_format).runs == topo.runs
+
+
+def test_partitions_default_and_override() -> None:
+    doc = _doc()
+    doc["topics"]["t.jobs"].update(cleanup_policy="compact")
+    doc["topics"]["t.workers"].update(partitions=2, retention_ms=10)
+    topo = parse_topology(doc)
+    specs = {s.name: s for s in topo.topics}
+    assert specs["t.jobs"] == TopicSpec("t.jobs", 4, "compact", role="jobs")
+    assert specs["t.workers"] == TopicSpec("t.workers", 2, "delete", 10, role="workers")
+    assert specs["t.dispatch.p.hi"] == TopicSpec("t.dispatch.p.hi", 4)
+    assert (topo.partitions, topo.replication_factor, topo.min_insync_replicas) == (4, 1, 1)
+    no_defaults = parse_topology(_doc(defaults={}))
+    assert no_defaults.partitions == 1 and {s.partitions for s in no_defaults.topics} == {1}
+
+
+def test_file_is_read(tmp_path: Path) -> None:
     path = tmp_path / "t.toml"
-    path.write_text(
-        "[defaults]\npartitions = 4\n"
-        '[topics."a"]\ncleanup_policy = "compact"\n'
-        '[topics."b"]\npartitions = 2\nretention_ms = 10\n'
-    )
-    assert topic_specs(path) == [TopicSpec("a", 4, "compact"), TopicSpec("b", 2, "delete", 10)]
+    lines = ["[defaults]", "partitions = 3"]
+    for role in ROLES:
+        lines += [f'[topics."x.{role}"]', f'role = "{role}"']
+    lines += ["[dispatch]", 'pools = ["a"]', 'priorities = ["b"]', 'name_format = "x.d.{pool}.{priority}"']
+    path.write_text("\n".join(lines) + "\n")
+    specs = topic_specs(path)
+    assert len(specs) == len(ROLES) + 1 and {s.partitions for s in specs} == {3}
+    assert load_topology(path).runs == "x.runs"
 
 
-def test_config_and_duplicates() -> None:
+@pytest.mark.parametrize(("mutate", "match"), [
+    (lambda d: d["topics"].pop("t.runs"), "no topic has the role runs"),
+    (lambda d: d["topics"]["t.runs"].update(role="nope"), "role must be one of"),
+    (lambda d: d["topics"]["t.runs"].pop("role"), "role must be one of"),
+    (lambda d: d["topics"].update({"t.other": {"role": "runs"}}), "role runs is already t.runs"),
+    (lambda d: d["topics"]["t.runs"].update(partitions=2), "co-partitioned"),
+    (lambda d: d["topics"]["t.runs"].update(partition=2), "unknown keys partition"),
+    (lambda d: d.pop("dispatch"), "name_format"),
+    (lambda d: d["topics"].update({"t.dispatch.p.hi": {"role": "poison"}}) or d["topics"].pop("t.poison"),
+     "twice: t.dispatch.p.hi"),
+    (lambda d: d.update(processors={"x": {"consumes": ["t.nope"]}}), "not declared in .topics.: t.nope"),
+    (lambda d: d.update(processors={"x": {"consume": ["t.runs"]}}), "unknown keys consume"),
+    (lambda d: d.update(processors={"x": {"consumes": "t.runs"}}), "must be a list of strings"),
+])
+def test_bad_documents_are_refused(mutate: Any, match: str) -> None:
+    doc = _doc()
+    mutate(doc)
+    with pytest.raises(ValueError, match=match):
+        parse_topology(doc)
+
+
+def test_co_partitioned_roles_share_the_default_partition_count() -> None:
+    topo = load_topology(TOPOLOGY)
+    by_role = {s.role: s for s in topo.topics if s.role}
+    assert {by_role[r].partitions for r in CO_PARTITIONED} == {topo.partitions}
+
+
+def test_processors_section_matches_the_processor_acls() -> None:
+    """[processors.*] says what the processors read and write; the processor role's
+    Kafka ACLs grant exactly that (dispatch topics aside: a prefixed grant)."""
+    topo = load_topology(TOPOLOGY)
+    assert {p.name for p in topo.processors} == {"scheduler", "runs"}
+    names = topo.roles()
+    reads = {names[r] for r in acls.TOPIC_READS["processor"]}
+    writes = {names[r] for r in acls.TOPIC_WRITES["processor"]}
+    assert {t for p in topo.processors for t in p.reads()} == reads
+    assert {t for p in topo.processors for t in p.writes()} == writes
+
+
+def test_config() -> None:
     spec = TopicSpec("a", 1, "delete", 60000)
     assert spec.config(min_insync_for(3)) == {
         "cleanup.policy": "delete",
@@ -47,16 +126,6 @@ def test_config_and_duplicates() -> None:
         "retention.ms": "60000",
     }
     assert min_insync_for(1) == 1
-    doc = {
-        "topics": {"gnomon.dispatch.x.y": {}},
-        "dispatch": {
-            "pools": ["x"],
-            "priorities": ["y"],
-            "name_format": "gnomon.dispatch.{pool}.{priority}",
-        },
-    }
-    with pytest.raises(ValueError, match="twice"):
-        parse_topology(doc)
 
 
 def test_config_diff_only_declared_keys_that_differ() -> None:

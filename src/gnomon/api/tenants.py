@@ -50,6 +50,7 @@ from gnomon.core.tenants import (
     check_tenant_name,
 )
 from gnomon.core.usage import UsageBook
+from gnomon.topology import load_topology
 
 __all__ = ["LIMIT_FIELDS", "TenantPoller", "TenantService", "TriggerWindow", "install", "limit_responses"]
 
@@ -104,15 +105,16 @@ class TenantService:
     lock around the books and the window; handlers run in the thread pool)."""
 
     def __init__(self, book: TenantBook | None = None, usage: UsageBook | None = None, *,
-                 writer: Any = None, topic: str = "gnomon.tenants", feed: Any = None,
+                 writer: Any = None, topic: str | None = None, feed: Any = None,
                  window: TriggerWindow | None = None) -> None:
         """``writer``: ``send(topic, key, value_or_None)`` acknowledged by Kafka (a
-        ``SyncProducer``); None: limits cannot be changed (503). ``feed``: a
+        ``SyncProducer``); None: limits cannot be changed (503). ``topic``: where limits
+        are written (default: the topology's tenants topic). ``feed``: a
         ``TenantFeed`` (or anything with ``poll()``) that fills ``book`` and ``usage``."""
         self.book = book or TenantBook()
         self.usage = usage or UsageBook()
         self.writer = writer
-        self.topic = topic
+        self.topic = topic if topic is not None else load_topology().tenants
         self.feed = feed
         self.window = window or TriggerWindow()
         self.lock = threading.Lock()

@@ -41,6 +41,7 @@ from gnomon.core.runs import (
 from gnomon.core.tenants import TenantLimits
 from gnomon.core.usage import TenantUsage
 from gnomon.core.workers import WorkerAdvert
+from gnomon.topology import load_topology
 
 MAGIC = 0
 HEADER_LEN = 5
@@ -69,46 +70,51 @@ class EncodeError(InternalError):
 
 @dataclass(frozen=True)
 class TopicSchema:
-    topic: str  # exact name, or the family prefix "gnomon.dispatch" (gnomon.dispatch.*)
-    subject: str
+    topic: str  # exact name, or the dispatch family (Topology.dispatch_family: every dispatch topic)
     types: tuple[type, ...]  # the dataclasses that travel on it
     envelope: str | None  # the Avro record whose `body` is a union of `types`, if several
 
+    @property
+    def subject(self) -> str:
+        """Its value subject, Confluent's TopicNameStrategy: ``<topic>-value``."""
+        return f"{self.topic}-value"
 
-TOPICS: tuple[TopicSchema, ...] = (
-    TopicSchema("gnomon.job-commands", "gnomon.job-commands-value",
-                # CancelRun and ReplayRun come here from the API (the only writer of this
-                # topic); read from gnomon.run-events, which workers write, they are refused
-                (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob, CancelRun, ReplayRun,
-                 BackfillJob),
-                "gnomon.JobCommand"),
-    TopicSchema("gnomon.run-events", "gnomon.run-events-value",
-                (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
-                 AttemptStarted, ReturnGrant),
-                "gnomon.RunCommand"),
-    TopicSchema("gnomon.jobs", "gnomon.jobs-value", (JobState,), None),
-    TopicSchema("gnomon.runs", "gnomon.runs-value", (RunState,), None),
-    TopicSchema("gnomon.dead-letters", "gnomon.dead-letters-value", (RunState,), None),
-    TopicSchema("gnomon.run-history", "gnomon.run-history-value", (RunState,), None),
-    TopicSchema("gnomon.dispatch", "gnomon.dispatch-value", (DispatchRun,), None),
-    TopicSchema("gnomon.worker-inbox", "gnomon.worker-inbox-value", (Grant, Stop, LeaseAck), "gnomon.WorkerMessage"),
-    TopicSchema("gnomon.run-logs", "gnomon.run-logs-value", (LogLine,), None),
-    TopicSchema("gnomon.poison", "gnomon.poison-value", (PoisonRecord,), None),
-    TopicSchema("gnomon.workers", "gnomon.workers-value", (WorkerAdvert,), None),
-    TopicSchema("gnomon.tenants", "gnomon.tenants-value", (TenantLimits,), None),
-    TopicSchema("gnomon.tenant-usage", "gnomon.tenant-usage-value", (TenantUsage,), None),
+
+# What travels on each topic, by its topology role (names come from the topology).
+_VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
+    # CancelRun and ReplayRun come here from the API (the only writer of this topic); read
+    # from the run-events topic, which workers write, they are refused
+    ("job_commands", (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob, CancelRun,
+                      ReplayRun, BackfillJob), f"{NAMESPACE}.JobCommand"),
+    ("run_events", (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
+                    AttemptStarted, ReturnGrant), f"{NAMESPACE}.RunCommand"),
+    ("jobs", (JobState,), None),
+    ("runs", (RunState,), None),
+    ("dead_letters", (RunState,), None),
+    ("run_history", (RunState,), None),
+    ("dispatch", (DispatchRun,), None),  # the family of every dispatch topic
+    ("worker_inbox", (Grant, Stop, LeaseAck), f"{NAMESPACE}.WorkerMessage"),
+    ("run_logs", (LogLine,), None),
+    ("poison", (PoisonRecord,), None),
+    ("workers", (WorkerAdvert,), None),
+    ("tenants", (TenantLimits,), None),
+    ("tenant_usage", (TenantUsage,), None),
+)
+_TOPOLOGY = load_topology()
+TOPICS: tuple[TopicSchema, ...] = tuple(
+    TopicSchema(_TOPOLOGY.dispatch_family if role == "dispatch" else getattr(_TOPOLOGY, role), types, envelope)
+    for role, types, envelope in _VALUES
 )
 # Types that are not a topic's value but are registered (as references) and decodable.
 _EXTRA_TYPES: tuple[type, ...] = (JobSpec,)
 _BY_TOPIC = {t.topic: t for t in TOPICS}
 _BY_SUBJECT = {t.subject: t for t in TOPICS}
-_DISPATCH_PREFIX = "gnomon.dispatch."
 
 
 def topic_schema(topic: str) -> TopicSchema:
     """What travels on ``topic``. Raises ``KeyError`` for a topic without a value schema."""
-    if topic.startswith(_DISPATCH_PREFIX):
-        return _BY_TOPIC["gnomon.dispatch"]
+    if _TOPOLOGY.is_dispatch(topic):
+        return _BY_TOPIC[_TOPOLOGY.dispatch_family]
     try:
         return _BY_TOPIC[topic]
     except KeyError:
@@ -177,7 +183,7 @@ class Codec:
         self._writers: dict[tuple[str, type], _Writer] = {
             (t.topic, cls): self._writer(t, cls) for t in TOPICS if t.subject in self._to_avro for cls in t.types
         }
-        # A type's default topic is the first that lists it (RunState -> gnomon.runs).
+        # A type's default topic is the first that lists it (RunState -> the runs ledger).
         self._default_writers: dict[type, _Writer] = {}
         for (_, cls), w in self._writers.items():
             self._default_writers.setdefault(cls, w)
@@ -226,8 +232,8 @@ class Codec:
     def encode(self, obj: Any, topic: str | None = None) -> bytes:
         """Confluent-framed Avro of ``obj`` with the latest schema of its topic.
 
-        ``topic`` picks among the topics the type travels on (RunState: ``gnomon.runs``
-        by default, or ``gnomon.dead-letters``); any ``gnomon.dispatch.*`` name works.
+        ``topic`` picks among the topics the type travels on (RunState: the runs ledger
+        by default, or the dead letters); any dispatch topic's name works.
         """
         try:
             if topic is None:

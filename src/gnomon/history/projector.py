@@ -42,6 +42,7 @@ from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.history.base import HistoryBatch, ProjectionStore
 from gnomon.retrying import Retry
+from gnomon.topology import load_topology
 
 __all__ = ["GROUP_ID", "HistoryProjector", "ProjectorStats"]
 
@@ -49,8 +50,9 @@ log = logging.getLogger("gnomon.history.projector")
 
 GROUP_ID = "gnomon-history"
 JOBS, RUNS, LOGS = "jobs", "runs", "logs"
-# The codec topic (schema subject) of each role, whatever the topic is called.
-_CODEC_TOPIC = {JOBS: "gnomon.jobs", RUNS: "gnomon.runs", LOGS: "gnomon.run-logs"}
+# The topology role of each: its name there is the codec topic (schema subject) the
+# records are decoded with, whatever the consumed topic is called.
+_TOPOLOGY_ROLE = {JOBS: "jobs", RUNS: "runs", LOGS: "run_logs"}
 _TYPE = {JOBS: JobState, RUNS: RunState, LOGS: LogLine}
 
 
@@ -95,13 +97,12 @@ class HistoryProjector:
         if batch_max < 1 or write_attempts < 1:
             raise ValueError("batch_max and write_attempts must be >= 1")
         self.store = store
+        topo = load_topology()
+        self._codec_topic = {role: getattr(topo, name) for role, name in _TOPOLOGY_ROLE.items()}
         if topics is None:
-            from gnomon.topology import load_topology
-
-            topo = load_topology()
-            topics = {JOBS: topo.jobs, RUNS: topo.runs, LOGS: topo.run_logs}
-        if set(topics) != {JOBS, RUNS, LOGS}:
-            raise ValueError(f"topics must map exactly {sorted(_CODEC_TOPIC)}; got {sorted(topics)}")
+            topics = self._codec_topic
+        if set(topics) != set(_TOPOLOGY_ROLE):
+            raise ValueError(f"topics must map exactly {sorted(_TOPOLOGY_ROLE)}; got {sorted(topics)}")
         self.topics = dict(topics)
         self._role = {name: role for role, name in self.topics.items()}
         self.group_id = group_id
@@ -257,7 +258,7 @@ class HistoryProjector:
             jobs[job_id] = None
             return
         try:
-            obj = decode(value, _CODEC_TOPIC[role])
+            obj = decode(value, self._codec_topic[role])
         except DecodeError as exc:
             self.on_poison(msg, f"DecodeError: {exc.message}")
             return

@@ -80,8 +80,8 @@ class Grant:
 
 
 def dispatch_prefix(topo: Topology) -> str:
-    """``gnomon.dispatch.`` from ``name_format = "gnomon.dispatch.{pool}.{priority}"``."""
-    return topo.dispatch_format.split("{", 1)[0]
+    """What every dispatch topic's name starts with (:attr:`Topology.dispatch_prefix`)."""
+    return topo.dispatch_prefix
 
 
 def grants(topo: Topology) -> list[Grant]:

@@ -1,8 +1,9 @@
-"""Topics from ``streams/topology.toml``: a pure parser and an idempotent creator.
+"""Topics from ``streams/topology.toml``: an idempotent creator.
 
-``[topics."<name>"]`` tables give ``partitions`` (default ``[defaults].partitions``),
-``cleanup_policy`` and optionally ``retention_ms``; ``[dispatch]`` expands to one topic
-per pool x priority through ``name_format``.
+The file is parsed by :func:`gnomon.topology.parse_topology` (the only parser): its
+``Topology.topics`` are the :class:`TopicSpec` s created here (``[topics."<name>"]``
+tables: ``partitions``, default ``[defaults].partitions``, ``cleanup_policy``, optionally
+``retention_ms`` and ``config``; ``[dispatch]`` expanded to one topic per pool x priority).
 
 :func:`sync_topics` creates the missing topics and sets, on the existing ones, every
 declared config whose value differs (:func:`config_diff`); keys the topology does not
@@ -12,7 +13,6 @@ declare are never touched, and partition counts are never changed.
 from __future__ import annotations
 
 import time
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,64 +20,14 @@ from typing import Any
 
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
+from gnomon.topology import TopicSpec, read_topology
 
-
-@dataclass(frozen=True)
-class TopicSpec:
-    name: str
-    partitions: int
-    cleanup_policy: str = "delete"
-    retention_ms: int | None = None
-    extra_config: dict[str, str] = field(default_factory=dict)
-
-    def config(self, min_insync_replicas: int) -> dict[str, str]:
-        """Topic-level Kafka configs (strings, as the admin API wants them)."""
-        cfg = {
-            "cleanup.policy": self.cleanup_policy,
-            "min.insync.replicas": str(min_insync_replicas),
-        }
-        if self.retention_ms is not None:
-            cfg["retention.ms"] = str(self.retention_ms)
-        cfg.update(self.extra_config)
-        return cfg
-
-
-def _spec(name: str, table: dict[str, Any], default_partitions: int) -> TopicSpec:
-    retention = table.get("retention_ms")
-    return TopicSpec(
-        name=name,
-        partitions=int(table.get("partitions", default_partitions)),
-        cleanup_policy=str(table.get("cleanup_policy", "delete")),
-        retention_ms=int(retention) if retention is not None else None,
-        extra_config={str(k): str(v) for k, v in table.get("config", {}).items()},
-    )
-
-
-def parse_topology(data: dict[str, Any]) -> list[TopicSpec]:
-    """Topic specs from an already-parsed topology document (pure)."""
-    default_partitions = int(data.get("defaults", {}).get("partitions", 1))
-    specs = [
-        _spec(name, table, default_partitions) for name, table in data.get("topics", {}).items()
-    ]
-    dispatch = data.get("dispatch")
-    if dispatch:
-        fmt = str(dispatch.get("name_format", "gnomon.dispatch.{pool}.{priority}"))
-        for pool in dispatch.get("pools", []):
-            for priority in dispatch.get("priorities", []):
-                specs.append(
-                    _spec(fmt.format(pool=pool, priority=priority), dispatch, default_partitions)
-                )
-    names = [s.name for s in specs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"topology declares these topics twice: {', '.join(dupes)}")
-    return specs
+__all__ = ["TopicChanges", "TopicSpec", "config_diff", "ensure_topics", "min_insync_for", "sync_topics", "topic_specs"]
 
 
 def topic_specs(path: Path) -> list[TopicSpec]:
-    """Every topic declared in the topology file at ``path``."""
-    with open(path, "rb") as f:
-        return parse_topology(tomllib.load(f))
+    """Every topic declared in the topology file at ``path`` (``gnomon.topology`` parses it)."""
+    return list(read_topology(path).topics)
 
 
 def min_insync_for(replication_factor: int) -> int:
