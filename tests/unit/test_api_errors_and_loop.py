@@ -106,6 +106,8 @@ def test_every_command_is_sent_off_the_event_loop(watched: Any) -> None:
         ("POST", f"/v1/jobs/{job_id}:trigger", {"idempotencyKey": "k1"}, AUTH, 202),
         ("PATCH", f"/v1/jobs/{job_id}", {"priority": "high"}, AUTH, 202),
         ("POST", f"/v1/runs/{run_id}:cancel", None, AUTH, 202),
+        ("POST", f"/v1/jobs/{job_id}:backfill", {"from": "2026-11-29T05:30:00Z", "to": "2026-11-29T07:30:00Z"},
+         AUTH, 202),
         ("DELETE", f"/v1/jobs/{job_id}", None, AUTH, 202),
         ("PUT", "/v1/tenants/acme", {"jobsMax": 5}, ADMIN, 200),
         ("DELETE", "/v1/tenants/acme", None, ADMIN, 200),
