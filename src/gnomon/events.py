@@ -21,12 +21,20 @@ the order they were sent.
 
 What the processor does with a command is decided there: admission (the tenant's
 limits), version checks and the state machine apply exactly as to the API's commands.
-A refused command is recorded on the poison topic with the reason.
+It answers every command on the command-results topic (``gnomon.core.replies``). With
+``replies=True``, ``results()`` waits for those answers:
+
+    with JobEvents(tenant="acme", replies=True) as events:
+        events.register(spec, idempotency_key="k")
+        for result in events.results():        # in the order the commands were sent
+            if not result.accepted:
+                print(result.code, result.field, result.reason)
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -35,8 +43,9 @@ from typing import Any, Protocol
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import EventLogError, ValidationError
+from gnomon.core.errors import EventLogError, GnomonError, ValidationError
 from gnomon.core.model import JobSpec, idempotent_job_id
+from gnomon.core.replies import CommandResult
 from gnomon.core.validation import (
     DEFAULT_POOLS,
     parse_job_spec,
@@ -49,6 +58,11 @@ KAFKA_ROLE_DEFAULT = "api"  # only the API's principal may write the job-command
 FLUSH_TIMEOUT_S = 30.0
 JOB_ID_MAX_CHARS = 200
 ERRORS_KEPT_MAX = 100  # delivery errors remembered until the next flush (the count is exact)
+EARLY_MAX = 100_000  # results read before their command's results() call, kept for it
+RESULTS_GROUP = "gnomon-events"  # a group id librdkafka needs; nothing is committed (assigned partitions)
+
+
+RESULTS_TIMEOUT_S = 60.0
 
 
 class _Producer(Protocol):
@@ -57,6 +71,15 @@ class _Producer(Protocol):
     def produce(self, topic: str, *, key: bytes, value: bytes, on_delivery: Any) -> None: ...
     def poll(self, timeout: float) -> int: ...
     def flush(self, timeout: float) -> int: ...
+
+
+class _Consumer(Protocol):
+    """The part of confluent_kafka.Consumer used here."""
+
+    def get_watermark_offsets(self, partition: Any, timeout: float) -> tuple[int, int]: ...
+    def assign(self, partitions: list[Any]) -> None: ...
+    def consume(self, num_messages: int, timeout: float) -> list[Any]: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -74,7 +97,8 @@ class JobEvents:
 
     def __init__(self, tenant: str, bootstrap: str | None = None, *, role: str | None = KAFKA_ROLE_DEFAULT,
                  producer: _Producer | None = None, topology: Topology | None = None, clock: Clock | None = None,
-                 pools: frozenset[str] | None = None, linger_ms: int = 20) -> None:
+                 pools: frozenset[str] | None = None, linger_ms: int = 20, replies: bool = False,
+                 results_consumer: _Consumer | None = None) -> None:
         if not isinstance(tenant, str) or not tenant.strip():
             raise ValidationError("tenant", "must be a non-empty string")
         reject_control_chars(tenant, "tenant")
@@ -92,6 +116,14 @@ class JobEvents:
                                                 **{"linger.ms": linger_ms, "batch.num.messages": 10_000}))
         self._producer = producer
         self.deliveries = Deliveries()
+        # replies: where each command landed (partition, offset), in the order sent, and
+        # a reader of the results topic positioned at its end before the first send
+        self._replies = replies
+        self._sent: list[tuple[str, int, int] | None] = []  # (job id, partition, offset); None: not acked yet
+        self._consumer: _Consumer | None = None
+        if replies:
+            self._consumer = results_consumer or self._results_consumer(bootstrap, role)
+            self._start_reading()
 
     # ---- commands --------------------------------------------------------------------
 
@@ -157,8 +189,49 @@ class JobEvents:
             raise EventLogError(f"{done.failed} of {done.sent} job commands not written: {'; '.join(done.errors[:3])}")
         return done
 
+    def results(self, timeout_s: float = RESULTS_TIMEOUT_S) -> list[CommandResult]:
+        """The processor's answers to every command sent since the last call, in the
+        order they were sent (flushes first). Raises ``EventLogError`` if some did not
+        come within ``timeout_s`` (a processor down or behind: the commands are safe in
+        Kafka and will be applied; ask again)."""
+        if self._consumer is None:
+            raise ValidationError("replies", "this JobEvents was made without replies=True")
+        self.flush(timeout_s)
+        sent, self._sent = self._sent, []
+        wanted: dict[tuple[int, int], int] = {}  # (partition, offset) -> index in the order sent
+        for i, entry in enumerate(sent):
+            assert entry is not None, "flush() returned with a command not acknowledged"
+            wanted[(entry[1], entry[2])] = i
+        found: dict[int, CommandResult] = {}
+        for key in [k for k in self._early if k in wanted]:
+            found[wanted[key]] = self._early.pop(key)
+        deadline = time.monotonic() + timeout_s
+        while len(found) < len(wanted):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not "
+                                    f"arrive within {timeout_s}s (is a processor running?)")
+            for msg in self._consumer.consume(1000, min(0.2, left)):
+                if msg.error():
+                    continue
+                try:
+                    res = codec.decode(msg.value() or b"", self.topo.command_results)
+                except GnomonError:
+                    continue  # not ours to judge; the topic's other readers see it too
+                if not isinstance(res, CommandResult):
+                    continue
+                key = (res.source_partition, res.source_offset)
+                if key in wanted:
+                    found[wanted[key]] = res
+                elif res.tenant == self.tenant and len(self._early) < EARLY_MAX:
+                    self._early[key] = res  # a command of a later call answered already
+        return [found[i] for i in sorted(found)]
+
     def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         self.flush(timeout_s)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
     def __enter__(self) -> JobEvents:
         return self
@@ -181,10 +254,16 @@ class JobEvents:
     def _send(self, cmd: J.JobCommand) -> None:
         value = codec.encode(cmd, self.topo.job_commands)
         d = self.deliveries
+        slot = len(self._sent)
+        if self._replies:
+            self._sent.append(None)
+        sent = self._sent
 
-        def on_delivery(err: Any, _msg: Any) -> None:
+        def on_delivery(err: Any, msg: Any) -> None:
             if err is None:
                 d.acknowledged += 1
+                if self._replies and slot < len(sent) and sent is self._sent:
+                    sent[slot] = (cmd.job_id, int(msg.partition()), int(msg.offset()))
                 return
             d.failed += 1
             if len(d.errors) < ERRORS_KEPT_MAX:
@@ -199,6 +278,32 @@ class JobEvents:
                 self._producer.poll(0.05)
         d.sent += 1
         self._producer.poll(0)
+
+
+    def _results_consumer(self, bootstrap: str | None, role: str | None) -> _Consumer:
+        from confluent_kafka import Consumer
+
+        from gnomon.adapters.kafka import consumer_config
+        from gnomon.config import load
+
+        return Consumer(consumer_config(bootstrap or load().kafka_bootstrap, RESULTS_GROUP, role=role,
+                                        **{"enable.partition.eof": False, "fetch.wait.max.ms": 50}))
+
+    def _start_reading(self) -> None:
+        """Read every partition of the results topic from its current end: answers to
+        commands sent from now on come after it."""
+        from confluent_kafka import TopicPartition
+
+        assert self._consumer is not None
+        self._early: dict[tuple[int, int], CommandResult] = {}
+        tps = []
+        for p in range(self.topo.partitions):
+            try:
+                _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topo.command_results, p), 10)
+            except Exception as exc:  # KafkaException: translated at this edge
+                raise EventLogError(f"cannot read the end of {self.topo.command_results}[{p}]: {exc}") from exc
+            tps.append(TopicPartition(self.topo.command_results, p, high))
+        self._consumer.assign(tps)
 
 
 def _template() -> JobSpec:

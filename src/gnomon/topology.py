@@ -30,11 +30,11 @@ from gnomon.config import load
 
 # Topology attribute names, one per topic role (the dispatch family aside).
 ROLES: tuple[str, ...] = (
-    "job_commands", "run_events", "jobs", "runs", "run_history", "worker_inbox", "run_logs",
+    "job_commands", "command_results", "run_events", "jobs", "runs", "run_history", "worker_inbox", "run_logs",
     "dead_letters", "poison", "workers", "tenants", "tenant_usage",
 )
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
-CO_PARTITIONED: tuple[str, ...] = ("job_commands", "run_events", "jobs", "runs")
+CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs")
 _TOPIC_KEYS = frozenset({"role", "key", "partitions", "cleanup_policy", "retention_ms", "config"})
 _DISPATCH_KEYS = frozenset({"pools", "priorities", "name_format", "partitions", "cleanup_policy", "retention_ms",
                             "config"})
@@ -92,6 +92,7 @@ class Topology:
     priorities: tuple[str, ...]
     dispatch_format: str
     job_commands: str = field(default_factory=_packaged("job_commands"))
+    command_results: str = field(default_factory=_packaged("command_results"))  # core.replies, key job_id
     run_events: str = field(default_factory=_packaged("run_events"))
     jobs: str = field(default_factory=_packaged("jobs"))
     runs: str = field(default_factory=_packaged("runs"))

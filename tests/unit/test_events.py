@@ -11,9 +11,11 @@ import pytest
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock
-from gnomon.core.errors import EventLogError, ValidationError
+from gnomon.core.errors import EventLogError, LimitExceeded, ValidationError
 from gnomon.core.model import idempotent_job_id
+from gnomon.core.replies import ResultCode, result_for
 from gnomon.events import JobEvents
+from gnomon.testing import FakeMessage, partition_for
 from gnomon.topology import load_topology
 
 JOB = {"name": "nightly close", "schedule": "0 2 * * *", "timezone": "Europe/Paris",
@@ -41,10 +43,44 @@ class FakeProducer:
         return 0
 
     def flush(self, timeout: float) -> int:
-        for cb in self.pending:
-            cb("Broker: not authorized" if self.fail else None, None)
+        for i, cb in enumerate(self.pending):
+            topic, key, _ = self.records[len(self.records) - len(self.pending) + i]
+            offset = sum(1 for _, k, _ in self.records[: len(self.records) - len(self.pending) + i]
+                         if partition_for(k.decode(), 8) == partition_for(key.decode(), 8))
+            cb("Broker: not authorized" if self.fail else None,
+               FakeMessage(topic, partition_for(key.decode(), 8), offset, key, None))
         self.pending.clear()
         return 0
+
+
+class FakeResults:
+    """The command-results topic as a consumer sees it: ``answer`` plays the processor."""
+
+    def __init__(self) -> None:
+        self.queue: list[FakeMessage] = []
+        self.assigned: list[Any] = []
+        self.closed = False
+
+    def get_watermark_offsets(self, partition: Any, timeout: float) -> tuple[int, int]:
+        return 0, 100
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned = partitions
+
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+    def answer(self, producer: FakeProducer, index: int, error: Exception | None = None) -> None:
+        topic, key, value = producer.records[index]
+        cmd = codec.decode(value, topic)
+        p = partition_for(key.decode(), 8)
+        offset = sum(1 for _, k, _ in producer.records[:index] if partition_for(k.decode(), 8) == p)
+        res = result_for(cmd, p, offset, 5, error=error, job_version=None if error else 1)
+        self.queue.append(FakeMessage("results", p, len(self.queue), key, codec.encode(res)))
 
 
 def events(producer: FakeProducer | None = None) -> tuple[JobEvents, FakeProducer]:
@@ -126,3 +162,38 @@ def test_the_context_manager_flushes() -> None:
         ev.register(JOB)
         assert p.pending
     assert not p.pending
+
+
+def test_results_come_back_in_the_order_sent_matched_by_partition_and_offset() -> None:
+    p, r = FakeProducer(), FakeResults()
+    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r, clock=FakeClock(1_000))
+    assert {tp.offset for tp in r.assigned} == {100} and len(r.assigned) == load_topology().partitions
+    ids = [ev.register(JOB, job_id=f"j{i}") for i in range(5)]
+    p.flush(1)  # delivered, so the fake processor can answer (out of order, one refused)
+    for i in (3, 0, 4, 1):
+        r.answer(p, i)
+    r.answer(p, 2, LimitExceeded("jobs_max", "1 of 1 jobs registered", field=None))
+    results = ev.results(timeout_s=5)
+    assert [x.job_id for x in results] == ids
+    assert [x.code for x in results] == [ResultCode.ACCEPTED] * 2 + [ResultCode.LIMIT] + [ResultCode.ACCEPTED] * 2
+    assert results[2].limit == "jobs_max" and not results[2].accepted
+    ev.close()
+    assert r.closed
+
+
+def test_missing_results_time_out_naming_how_many() -> None:
+    p, r = FakeProducer(), FakeResults()
+    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r)
+    ev.register(JOB)
+    ev.register(JOB)
+    p.flush(1)
+    r.answer(p, 0)
+    with pytest.raises(EventLogError, match="1 of 2 command results did not arrive"):
+        ev.results(timeout_s=0.3)
+
+
+def test_results_need_replies() -> None:
+    ev, _ = events()
+    with pytest.raises(ValidationError) as exc:
+        ev.results()
+    assert exc.value.field == "replies"

@@ -28,6 +28,7 @@ from gnomon.core.jobs import (
 )
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, LogLine, PoisonRecord, Stop
 from gnomon.core.model import JobSpec
+from gnomon.core.replies import CommandResult
 from gnomon.core.runs import (
     AttemptStarted,
     CancelRun,
@@ -96,6 +97,7 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("worker_inbox", (Grant, Stop, LeaseAck), f"{NAMESPACE}.WorkerMessage"),
     ("run_logs", (LogLine,), None),
     ("poison", (PoisonRecord,), None),
+    ("command_results", (CommandResult,), None),
     ("workers", (WorkerAdvert,), None),
     ("tenants", (TenantLimits,), None),
     ("tenant_usage", (TenantUsage,), None),

@@ -37,12 +37,12 @@ class CommandResult:
     source_partition: int
     source_offset: int
     code: ResultCode
+    at_ms: int
     field: str | None = None
     reason: str | None = None
     limit: str | None = None
     retry_after_s: int | None = None
     job_version: int | None = None
-    at_ms: int = 0
 
     @property
     def accepted(self) -> bool:
@@ -55,7 +55,7 @@ def result_for(cmd: Any, partition: int, offset: int, now_ms: int, *, error: Gno
     (``error`` None; ``job_version``: the job's version after it) or refused by ``error``."""
     job_id = getattr(cmd, "job_id", None) or str(getattr(cmd, "run_id", "")).partition("@")[0]
     accepted = CommandResult(str(job_id), str(getattr(cmd, "tenant", "")), type(cmd).__name__, partition, offset,
-                             ResultCode.ACCEPTED, at_ms=now_ms)
+                             ResultCode.ACCEPTED, now_ms)
     if error is None:
         return replace(accepted, job_version=job_version)
     reason = str(error)[:REASON_MAX_CHARS]

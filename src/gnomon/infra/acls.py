@@ -28,7 +28,9 @@ TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
 # role -> topics (Topology attribute names) it consumes / produces to.
 TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants"),
-    "api": ("tenants", "tenant_usage"),  # limits and usage, for admission pre-checks (streams/tenant_feed.py)
+    # limits and usage, for admission pre-checks (streams/tenant_feed.py); the results of the
+    # job commands it (or a service producing as it: gnomon.events) wrote
+    "api": ("tenants", "tenant_usage", "command_results"),
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
     "connect": ("run_history",),  # connectors/history-runs-file-sink.properties
@@ -37,7 +39,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
     "api": ("job_commands", "run_events", "tenants"),
     "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
-                  "tenant_usage"),
+                  "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
 }
 # Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).

@@ -53,6 +53,7 @@ from gnomon.core.errors import GnomonError, TransitionError, ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
 from gnomon.core.priorities import WeightedPicker
+from gnomon.core.replies import CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
 from gnomon.topology import Topology
@@ -163,6 +164,7 @@ class TaskStats:
     replays_refused: int = 0  # triggers for slots already decided (maybe purged), refused
     quota_waits: int = 0  # grants held back because the run's tenant was at its quota
     admissions_refused: int = 0  # commands over a tenant limit
+    commands_refused: int = 0  # job commands answered "refused" on the command-results topic
 
 
 class PartitionTask:
@@ -418,6 +420,25 @@ class PartitionTask:
                 self.stats.replays_refused += 1
                 raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: {refused}")
         return self._handle_run(cmd, now_ms)
+
+    def handle_command(self, cmd: Any, now_ms: int, partition: int, offset: int) -> list[Output]:
+        """A decoded record of the job-commands topic at ``partition``/``offset``: apply it
+        as ``handle`` does, and answer on the command-results topic (core.replies):
+        accepted with the job's version, or refused with the field and reason. A refusal
+        is an answer, not an error: it raises nothing and writes nothing else."""
+        try:
+            out = self.handle(cmd, now_ms, self.topo.job_commands)
+        except GnomonError as exc:
+            self.stats.commands_refused += 1
+            return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]
+        job = self.job(cmd.job_id) if isinstance(getattr(cmd, "job_id", None), str) else None
+        version = None if job is None else job.version
+        return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version), partition)]
+
+    def _result(self, result: CommandResult, partition: int) -> Output:
+        # the command's own partition number: co-partitioned, so a producer that knows
+        # where its command went knows where to read its answer
+        return Output(self.topo.command_results, result.job_id, result, partition=partition)
 
     def _decided_slot(self, cmd: J.RunTriggered | J.RunSkipped, now_ms: int) -> str | None:
         """Why a trigger read from the log (the scheduler applies its own triggers in
