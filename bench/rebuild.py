@@ -42,8 +42,8 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType, slot_run_id
 from gnomon.core.workers import WorkerDirectory
+from gnomon.eventlog.kafka import read_partition_to_end
 from gnomon.infra.kafka import admin
-from gnomon.streams.runtime import read_partition_to_end
 from gnomon.streams.task import PartitionTask
 from gnomon.topology import load_topology
 
@@ -120,13 +120,13 @@ def live_runs(n: int) -> list[tuple[str, bytes]]:
                          dispatched_at_ms=None, granted_at_ms=None, started_at_ms=None,
                          attempt_started_at_ms=None, finished_at_ms=None, exit_code=None)
                  for i in range(base, base + JOBS)]
-    return [(r.run_id, codec.encode(r, "gnomon.runs")) for r in done + scheduled]
+    return [(r.run_id, codec.encode(r, load_topology().runs)) for r in done + scheduled]
 
 
 def jobs(n: int) -> list[tuple[str, bytes]]:
     nxt = slot_of(n + LIVE_RUNS)
     return [(job_id(j), codec.encode(J.JobState(job_id(j), "bench", SPEC, J.JobStatus.ACTIVE, nxt, 1, T0, T0),
-                                     "gnomon.jobs")) for j in range(JOBS)]
+                                     load_topology().jobs)) for j in range(JOBS)]
 
 
 def purged_records(n: int) -> Iterator[tuple[str, bytes | None]]:
@@ -134,7 +134,7 @@ def purged_records(n: int) -> Iterator[tuple[str, bytes | None]]:
     lag = min(n, TOMBSTONE_LAG)
     for i in range(n):
         run = finished_run(i)
-        yield run.run_id, codec.encode(run, "gnomon.runs")
+        yield run.run_id, codec.encode(run, load_topology().runs)
         if i >= lag:
             yield run_id(i - lag), None
     for i in range(n - lag, n):
@@ -206,8 +206,8 @@ def scan(bootstrap: str, topic: str) -> tuple[int, int, int]:
     keys: set[bytes | None] = set()
     for msg in read_partition_to_end(bootstrap, topic, 0, RESTORE_TIMEOUT_S):
         records += 1
-        tombstones += msg.value() is None
-        keys.add(msg.key())
+        tombstones += msg.value is None
+        keys.add(msg.key)
     return records, tombstones, len(keys)
 
 
@@ -271,8 +271,8 @@ def rebuild_once(bootstrap: str, topics: Topics, path: Path) -> Rebuild:
     n = 0
     for topic, table in latest.items():
         for msg in read_partition_to_end(bootstrap, topic, 0, RESTORE_TIMEOUT_S):
-            key = msg.key()
-            table[key.decode() if key else ""] = msg.value()
+            key = msg.key
+            table[key.decode() if key else ""] = msg.value
             n += 1
     read_done = time.monotonic()
     loaded = task.bulk_load(latest[topics.jobs], latest[topics.runs])

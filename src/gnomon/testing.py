@@ -8,6 +8,9 @@ can run a history checker over it. Any scenario replays exactly from its seed.
     cluster = InMemoryCluster(seed=7)
     cluster.submit(RegisterJob(...))
     cluster.run_for(60_000)
+
+``SimCluster`` (``gnomon.sim``, exported here) goes further: the real ``Processor`` and
+``Worker`` loops on an in-memory event log, with seeded faults.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from gnomon.core.tenants import TenantBook
 from gnomon.core.workers import WorkerAdvert, WorkerDirectory
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.streams.waiting import assign_waiting
-from gnomon.topology import Topology
+from gnomon.topology import Topology, load_topology
 
 # What a fake worker does with an attempt it was granted.
 SUCCEED, FAIL, CRASH, ZOMBIE = "succeed", "fail", "crash", "zombie"
@@ -125,7 +128,7 @@ class InMemoryCluster:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.topo = Topology(partitions=self.partitions, pools=("default", "batch"),
-                             priorities=("high", "normal", "low"), dispatch_format="gnomon.dispatch.{pool}.{priority}")
+                             priorities=("high", "normal", "low"), dispatch_format=load_topology().dispatch_format)
         self.directory = WorkerDirectory() if self.staging else None
         self.tenants = self.tenants or TenantBook()
         self.quota = QuotaBook(self.tenants, self.partitions)
@@ -168,7 +171,7 @@ class InMemoryCluster:
             if o.topic == self.topo.run_events:
                 assert o.partition is not None
                 self._enqueue(o.partition, o.value)
-            elif o.topic.startswith("gnomon.dispatch."):
+            elif self.topo.is_dispatch(o.topic):
                 self.log.append((self.clock.now_ms(), o.value))
                 self.dispatch.append(o.value)
             elif o.topic == self.topo.worker_inbox:
@@ -315,3 +318,13 @@ class InMemoryCluster:
             if isinstance(rec, tuple) and rec[0] == self.topo.runs and rec[1] is not None and rec[1].job_id == job_id:
                 out[rec[1].run_id] = rec[1]
         return sorted(out.values(), key=lambda r: r.slot_ms)
+
+
+def __getattr__(name: str) -> Any:
+    """``SimCluster`` and friends (``gnomon.sim``: the real Processor and Worker loops on an
+    in-memory event log), imported on first use: they pull in the whole runtime."""
+    if name in ("SimCluster", "SimFaults", "StepRunner", "SimExecutor"):
+        from gnomon import sim
+
+        return getattr(sim, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

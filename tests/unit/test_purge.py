@@ -14,6 +14,7 @@ from gnomon.core import runs as R
 from gnomon.core.clock import FakeClock
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType, slot_run_id
 from gnomon.core.runs import RunStatus
+from gnomon.eventlog.memory import MemoryEventLog
 from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.task import Output
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
@@ -179,7 +180,8 @@ def test_a_dead_letter_stays_replayable_for_its_own_retention() -> None:
 
 
 def test_history_watermark_waits_for_the_projector_past_each_sample() -> None:
-    mark = HistoryWatermark("127.0.0.1:1", "gnomon.runs", FakeClock())  # no broker is contacted
+    clock = FakeClock()
+    mark = HistoryWatermark(MemoryEventLog(clock), "gnomon.runs", clock)
     try:
         mark._observe(0, 1_000, end=10, committed=-1001)  # the projector never committed
         assert mark.until_ms(0) is None

@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kv import MemoryKV
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.eventlog.port import TP, Record
 from gnomon.streams.standby import StandbySet
 from gnomon.streams.task import Output, PartitionTask
-from gnomon.testing import FakeMessage, InMemoryCluster
+from gnomon.testing import InMemoryCluster
 from gnomon.topology import load_topology
 
 JOBS, RUNS = "gnomon.jobs", "gnomon.runs"
@@ -25,10 +25,10 @@ JOBS, RUNS = "gnomon.jobs", "gnomon.runs"
 
 @dataclass
 class FakeLog:
-    """Changelog partitions in memory, and a consumer over them (assign/consume/position)."""
+    """Changelog partitions in memory, and a reader over them (assign/consume/position)."""
 
     clock: FakeClock = field(default_factory=FakeClock)
-    records: dict[tuple[str, int], list[FakeMessage]] = field(default_factory=dict)
+    records: dict[tuple[str, int], list[Record]] = field(default_factory=dict)
     pos: dict[tuple[str, int], int] = field(default_factory=dict)
     paused: set[tuple[str, int]] = field(default_factory=set)
 
@@ -37,13 +37,13 @@ class FakeLog:
         tp = (o.topic, o.partition)
         part = self.records.setdefault(tp, [])
         raw = None if o.value is None else (o.encoded or codec.encode(o.value, o.topic))
-        part.append(FakeMessage(o.topic, o.partition, len(part), o.key.encode(), raw, self.clock.now_ms()))
+        part.append(Record(o.topic, o.partition, len(part), o.key.encode(), raw, self.clock.now_ms()))
 
-    def assign(self, tps: list[TopicPartition]) -> None:
-        self.pos = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in tps}
+    def assign(self, tps: list[tuple[str, int, int]]) -> None:
+        self.pos = {(t, p): max(o, 0) for t, p, o in tps}
 
-    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
-        out: list[FakeMessage] = []
+    def consume(self, n: int, timeout: float) -> list[Record]:
+        out: list[Record] = []
         for tp, at in self.pos.items():
             if tp in self.paused:
                 continue
@@ -53,17 +53,17 @@ class FakeLog:
             self.pos[tp] = at + len(take)
         return out
 
-    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, self.pos.get((tp.topic, tp.partition), 0)) for tp in tps]
+    def position(self, tps: list[TP]) -> dict[TP, int]:
+        return {tp: self.pos.get(tp, 0) for tp in tps}
 
-    def get_watermark_offsets(self, tp: TopicPartition, timeout: float = 0, cached: bool = False) -> tuple[int, int]:
-        return 0, len(self.records.get((tp.topic, tp.partition), []))
+    def watermarks(self, tp: TP, timeout: float = 0, *, cached: bool = False) -> tuple[int, int]:
+        return 0, len(self.records.get(tp, []))
 
-    def pause(self, tps: list[TopicPartition]) -> None:
-        self.paused |= {(tp.topic, tp.partition) for tp in tps}
+    def pause(self, tps: list[TP]) -> None:
+        self.paused |= set(tps)
 
-    def resume(self, tps: list[TopicPartition]) -> None:
-        self.paused -= {(tp.topic, tp.partition) for tp in tps}
+    def resume(self, tps: list[TP]) -> None:
+        self.paused -= set(tps)
 
     def close(self) -> None:
         pass
@@ -78,14 +78,14 @@ def _rebuild(log: FakeLog, topo: Any, p: int) -> PartitionTask:
     latest: dict[str, dict[str, bytes | None]] = {JOBS: {}, RUNS: {}}
     for t in (JOBS, RUNS):
         for m in log.records.get((t, p), []):
-            latest[t][m.key().decode()] = m.value()
+            latest[t][(m.key or b"").decode()] = m.value
     task.bulk_load(latest[JOBS], latest[RUNS])
     return task
 
 
 def _tail(task: PartitionTask, log: FakeLog, positions: dict[str, int]) -> None:
     for t, apply in ((JOBS, task.restore_job), (RUNS, task.restore_run)):
-        last = {m.key().decode(): m.value() for m in log.records.get((t, task.partition), [])[positions[t]:]}
+        last = {(m.key or b"").decode(): m.value for m in log.records.get((t, task.partition), [])[positions[t]:]}
         for k, v in last.items():
             apply(k, v)
 
@@ -104,8 +104,8 @@ def test_a_promoted_standby_plus_its_tail_equals_a_full_rebuild(applies_per_poll
     cluster.run_for(20_000)
     p = max(range(topo.partitions), key=lambda q: len(log.records.get((RUNS, q), [])))
 
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
-                         applies_per_poll_max=applies_per_poll, consumer=log)  # type: ignore[arg-type]
+    standby = StandbySet(None, (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         applies_per_poll_max=applies_per_poll, reader=log)  # type: ignore[arg-type]
     standby.track({p})
     assert standby.lag() == {p: -1}  # building
     standby.poll()
@@ -129,8 +129,8 @@ def test_a_copy_still_building_is_not_promoted() -> None:
     topo = load_topology()
     log = FakeLog()
     log.records[(RUNS, 0)] = []
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
-                         consumer=log)  # type: ignore[arg-type]
+    standby = StandbySet(None, (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         reader=log)  # type: ignore[arg-type]
     standby.track({0})
     assert standby.promote(0) is None  # a full rebuild is as fast
 
@@ -139,8 +139,8 @@ def test_an_adopted_store_stays_warm_from_its_positions() -> None:
     topo = load_topology()
     log = FakeLog()
     task = PartitionTask(1, MemoryKV(), topo)
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
-                         consumer=log)  # type: ignore[arg-type]
+    standby = StandbySet(None, (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         reader=log)  # type: ignore[arg-type]
     standby.adopt(1, task, {JOBS: 5, RUNS: 7})
     assert standby.checkpoints() == {1: ({JOBS: 5, RUNS: 7}, log.clock.now_ms())}
     promoted = standby.promote(1)
@@ -151,8 +151,8 @@ def test_a_copy_behind_by_more_than_its_max_age_is_not_promoted() -> None:
     """Tombstones after its positions may have been cleaned away: a full rebuild instead."""
     topo = load_topology()
     log = FakeLog()
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
-                         max_age_ms=60_000, consumer=log)  # type: ignore[arg-type]
+    standby = StandbySet(None, (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         max_age_ms=60_000, reader=log)  # type: ignore[arg-type]
     standby.adopt(1, PartitionTask(1, MemoryKV(), topo), {JOBS: 0, RUNS: 0})
     log.clock.advance(30_000)
     assert standby.checkpoints()[1][1] == log.clock.now_ms() - 30_000
@@ -161,7 +161,7 @@ def test_a_copy_behind_by_more_than_its_max_age_is_not_promoted() -> None:
     assert standby.promote(1) is not None
     standby.adopt(1, PartitionTask(1, MemoryKV(), topo), {JOBS: 0, RUNS: 0})
     log.records[(RUNS, 1)] = []
-    standby._consumer.pause([TopicPartition(RUNS, 1)])  # stalled: it cannot read (a saturated owner)
+    standby._consumer.pause([(RUNS, 1)])  # stalled: it cannot read (a saturated owner)
     log.append(Output(RUNS, "r1", None, 1))
     log.clock.advance(61_000)
     standby.poll()
@@ -174,8 +174,8 @@ def test_a_full_buffer_pauses_only_its_own_copy_and_never_a_build() -> None:
     for i in range(30):
         log.append(Output(RUNS, f"gone{i}", None, 0))  # partition 0: a changelog to build from
         log.append(Output(RUNS, f"also-gone{i}", None, 1))
-    standby = StandbySet("unused", (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
-                         pending_max=10, applies_per_poll_max=1, consumer=log)  # type: ignore[arg-type]
+    standby = StandbySet(None, (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         pending_max=10, applies_per_poll_max=1, reader=log)  # type: ignore[arg-type]
     standby.adopt(1, PartitionTask(1, MemoryKV(), topo), {JOBS: 0, RUNS: 0})  # warm, 30 records behind
     standby.track({0, 1})
     for _ in range(5):

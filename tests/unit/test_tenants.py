@@ -25,7 +25,6 @@ from gnomon.core.validation import parse_job_spec
 from gnomon.infra import acls
 from gnomon.infra.topics import topic_specs
 from gnomon.streams.tenant_feed import apply_record
-from gnomon.testing import FakeMessage
 from gnomon.topology import load_topology
 
 NOW = 1_800_000_000_000
@@ -267,52 +266,18 @@ def test_acls_of_the_tenant_topics() -> None:
 # ---- TenantFeed over a fake consumer ---------------------------------------------------------
 
 
-class FakeConsumer:
-    """One partition per topic; ``logs[topic]`` the records, served a few per consume."""
+def _memory_log(logs: dict[str, list[tuple[bytes | None, bytes | None]]]) -> Any:
+    from gnomon.core.clock import FakeClock
+    from gnomon.eventlog.memory import MemoryEventLog
 
-    def __init__(self, conf: dict[str, Any], logs: dict[str, list[tuple[bytes | None, bytes | None]]]) -> None:
-        self.conf, self.logs = conf, logs
-        self.pos: dict[str, int] = {}
-        self.assigned: list[Any] = []
-
-    def list_topics(self, topic: str, timeout: float) -> Any:
-        class Md:
-            error = None
-            partitions = {0: None}
-
-        class All:
-            topics = {topic: Md()}
-
-        return All()
-
-    def assign(self, tps: list[Any]) -> None:
-        self.assigned = tps
-        self.pos = {tp.topic: 0 for tp in tps}
-
-    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
-        return 0, len(self.logs[tp.topic])
-
-    def position(self, tps: list[Any]) -> list[Any]:
-        from confluent_kafka import TopicPartition
-
-        return [TopicPartition(tp.topic, tp.partition, self.pos[tp.topic]) for tp in tps]
-
-    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
-        out = []
-        for topic, at in self.pos.items():
-            for i in range(at, min(at + 2, len(self.logs[topic]))):
-                k, v = self.logs[topic][i]
-                out.append(FakeMessage(topic, 0, i, k, v))
-            self.pos[topic] = min(at + 2, len(self.logs[topic]))
-        return out
-
-    def close(self) -> None:
-        pass
+    log = MemoryEventLog(FakeClock(NOW), partitions=1)
+    for topic, records in logs.items():
+        for k, v in records:
+            log.append(topic, k, v, 0)
+    return log
 
 
-def test_feed_loads_both_topics_from_the_beginning_then_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from confluent_kafka import OFFSET_BEGINNING
-
+def test_feed_loads_both_topics_from_the_beginning_then_polls() -> None:
     from gnomon.core.clock import FakeClock
     from gnomon.streams import tenant_feed
 
@@ -325,32 +290,26 @@ def test_feed_loads_both_topics_from_the_beginning_then_polls(monkeypatch: pytes
         USAGE: [(b"acme/0", codec.encode(usage("acme", 0, jobs=3), USAGE)),
                 (b"acme/1", codec.encode(usage("acme", 1, jobs=4), USAGE))],
     }
-    made: list[FakeConsumer] = []
-    monkeypatch.setattr(tenant_feed, "Consumer", lambda conf: made.append(FakeConsumer(conf, logs)) or made[-1])
+    log = _memory_log(logs)
     book, ubook = TenantBook(), UsageBook()
-    feed = tenant_feed.TenantFeed("b:1", load_topology(), book, ubook, FakeClock(NOW), role="api")
-    (consumer,) = made
-    assert consumer.conf["group.id"] == "gnomon-tenants" and consumer.conf["enable.auto.commit"] is False
-    assert {(tp.topic, tp.offset) for tp in consumer.assigned} == {(TENANTS, OFFSET_BEGINNING),
-                                                                   (USAGE, OFFSET_BEGINNING)}
+    feed = tenant_feed.TenantFeed("b:1", load_topology(), book, ubook, FakeClock(NOW), role="api", log=log)
+    assert feed.consumer.group_id == "gnomon-tenants"  # type: ignore[attr-defined]
     assert feed.load(5) == 6  # the garbage record skipped
     assert book.limits("acme").jobs_max == 2 and book.limits("other").jobs_max == 50
     assert ubook.totals("acme")["jobs"] == 7
     assert feed.poll() == 0
-    logs[USAGE].append((b"acme/1", None))
+    log.append(USAGE, b"acme/1", None, 0)
     assert feed.poll() == 1 and ubook.totals("acme")["jobs"] == 3
     feed.close()
 
 
-def test_a_processor_feed_reads_limits_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_processor_feed_reads_limits_only() -> None:
     from gnomon.core.clock import FakeClock
     from gnomon.streams import tenant_feed
 
-    logs: dict[str, list[tuple[bytes | None, bytes | None]]] = {TENANTS: [], USAGE: []}
-    made: list[FakeConsumer] = []
-    monkeypatch.setattr(tenant_feed, "Consumer", lambda conf: made.append(FakeConsumer(conf, logs)) or made[-1])
-    feed = tenant_feed.TenantFeed("b:1", load_topology(), TenantBook(), None, FakeClock(NOW))
-    assert [tp.topic for tp in made[0].assigned] == [TENANTS]
+    log = _memory_log({TENANTS: [], USAGE: [(b"acme/0", codec.encode(usage("acme", 0, jobs=3), USAGE))]})
+    feed = tenant_feed.TenantFeed("b:1", load_topology(), TenantBook(), None, FakeClock(NOW), log=log)
+    assert feed.topics == [TENANTS]
     assert feed.load(1) == 0  # empty topic: nothing to wait for
 
 

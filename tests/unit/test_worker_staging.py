@@ -26,9 +26,9 @@ class RecordingProducer:
         self.reports: list[Any] = []  # delivery callbacks of checked records, in order
         self.lock = threading.Lock()
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Any = None) -> None:
         with self.lock:
-            self.sent.append((topic, codec.decode(value)))
+            self.sent.append((topic, codec.decode(value or b"")))
             if on_delivery is not None:
                 self.reports.append(on_delivery)
 
@@ -205,11 +205,11 @@ def test_a_result_whose_delivery_failed_is_sent_again() -> None:
     w._finish_done()
     completes = prod.of(CompleteAttempt)
     assert len(completes) == 1
-    prod.reports[-1]("KafkaError{code=_MSG_TIMED_OUT}", None)  # librdkafka gave up on it
+    prod.reports[-1]("KafkaError{code=_MSG_TIMED_OUT}")  # librdkafka gave up on it
     w._resend_undelivered()
     assert prod.of(CompleteAttempt) == completes * 2, "the outcome is produced again"
     assert w.undelivered_total == 1
-    prod.reports[-1](None, None)  # delivered this time
+    prod.reports[-1](None)  # delivered this time
     w._resend_undelivered()
     assert len(prod.of(CompleteAttempt)) == 2
 

@@ -19,10 +19,9 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-from gnomon.adapters.kafka import consumer_config
 from gnomon.core.clock import Clock
+from gnomon.core.errors import EventLogError
+from gnomon.eventlog.port import EventLog
 
 log = logging.getLogger("gnomon.processor.history")
 
@@ -30,7 +29,7 @@ HISTORY_GROUP_ID = "gnomon-history"  # the projector's group (gnomon.history.pro
 
 
 class HistoryWatermark:
-    def __init__(self, bootstrap: str, ledger_topic: str, clock: Clock, *, group_id: str = HISTORY_GROUP_ID,
+    def __init__(self, log: EventLog, ledger_topic: str, clock: Clock, *, group_id: str = HISTORY_GROUP_ID,
                  interval_ms: int = 5_000, samples_max: int = 120, timeout_s: float = 2.0) -> None:
         self.topic = ledger_topic
         self.clock = clock
@@ -41,8 +40,8 @@ class HistoryWatermark:
         self._until: dict[int, int] = {}
         self._last_ms = -(10**15)
         # never subscribes: it only reads the projector group's committed offsets (no join)
-        self._consumer = Consumer(consumer_config(bootstrap, group_id, **{
-            "enable.auto.commit": False, "isolation.level": "read_committed"}))
+        self._consumer = log.reader(group_id, config={"enable.auto.commit": False,
+                                                      "isolation.level": "read_committed"})
 
     def until_ms(self, partition: int) -> int | None:
         return self._until.get(partition)
@@ -57,12 +56,12 @@ class HistoryWatermark:
         if not parts:
             return
         try:
-            committed = {tp.partition: tp.offset for tp in self._consumer.committed(
-                [TopicPartition(self.topic, p) for p in parts], self.timeout_s)}
+            got = self._consumer.committed([(self.topic, p) for p in parts], self.timeout_s)
+            committed = {p: -1 if off is None else off for (_, p), off in got.items()}
             for p in parts:
-                _, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), self.timeout_s)
+                _, end = self._consumer.watermarks((self.topic, p), self.timeout_s)
                 self._observe(p, now, int(end), committed.get(p, -1))
-        except KafkaException as exc:
+        except EventLogError as exc:
             log.warning("cannot read the history projector's position (%s); purging waits", exc)
 
     def forget(self, partition: int) -> None:
@@ -78,7 +77,4 @@ class HistoryWatermark:
             self._until[partition] = samples.popleft()[0]
 
     def close(self) -> None:
-        try:
-            self._consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.debug("history watermark consumer close: %s", exc)
+        self._consumer.close()

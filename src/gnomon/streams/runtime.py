@@ -14,21 +14,15 @@ partition is assigned, and after an aborted transaction.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from gnomon import codec
-from gnomon.adapters.kafka import consumer_config, kafka_role, producer_config
-from gnomon.adapters.kv import RocksKV
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
@@ -38,9 +32,21 @@ from gnomon.core.priorities import WeightedPicker
 from gnomon.core.quota import QuotaBook
 from gnomon.core.tenants import TenantBook
 from gnomon.core.workers import WorkerDirectory
+from gnomon.eventlog.kafka import KafkaEventLog
+from gnomon.eventlog.kafka import read_end_offset as read_end_offset
+from gnomon.eventlog.kafka import read_partition_to_end as read_partition_to_end
+from gnomon.eventlog.port import (
+    TP,
+    EventLog,
+    GroupConsumer,
+    Record,
+    TransactionalProducer,
+    TransactionError,
+)
 from gnomon.streams.adverts import AdvertFeed
 from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.standby import StandbySet
+from gnomon.streams.stores import RocksStores, StateStores
 from gnomon.streams.task import Output, PartitionTask
 from gnomon.streams.tenant_feed import TenantFeed
 from gnomon.streams.usage import UsagePublisher
@@ -77,10 +83,19 @@ class ProcessorConfig:
 
 
 class Processor:
-    def __init__(self, cfg: ProcessorConfig, clock: Clock | None = None, topology: Topology | None = None) -> None:
+    """``log``: the event log (default: Kafka at ``cfg.bootstrap``, principal ``processor``);
+    ``stores``: the partitions' state stores and checkpoints (default: RocksDB under
+    ``cfg.state_dir``); ``monotonic``: the clock that bounds the standbys' work per step
+    (the simulation passes a constant one so that work does not depend on speed)."""
+
+    def __init__(self, cfg: ProcessorConfig, clock: Clock | None = None, topology: Topology | None = None, *,
+                 log: EventLog | None = None, stores: StateStores | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
+        self.log: EventLog = log if log is not None else KafkaEventLog(cfg.bootstrap, role=ROLE)
+        self.stores: StateStores = stores if stores is not None else RocksStores(cfg.state_dir, cfg.instance_id)
         self.tasks: dict[int, PartitionTask] = {}
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
@@ -90,16 +105,14 @@ class Processor:
         self._read_ts: dict[int, int] = {}  # run-events partition -> timestamp of the last record read
         self.poisoned = 0
         self.transactions = 0
-        self.consumer = Consumer(
-            consumer_config(
-                cfg.bootstrap, GROUP_ID, role=ROLE,
-                **{"partition.assignment.strategy": "range", "client.id": f"proc-{cfg.instance_id}",
-                   # a killed processor's partitions move after session_timeout_ms (infra sets
-                   # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
-                   "session.timeout.ms": cfg.session_timeout_ms,
-                   "heartbeat.interval.ms": max(100, cfg.session_timeout_ms // 3)},
-            )
-        )
+        self.aborts = 0  # transactions aborted (state and positions rewound)
+        self.consumer: GroupConsumer = self.log.group_consumer(
+            GROUP_ID, client_id=f"proc-{cfg.instance_id}",
+            # a killed processor's partitions move after session_timeout_ms (infra sets
+            # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
+            session_timeout_ms=cfg.session_timeout_ms,
+            config={"partition.assignment.strategy": "range",
+                    "heartbeat.interval.ms": max(100, cfg.session_timeout_ms // 3)})
         self._fatal_count = 0
         self.producer = self._new_producer()
         self.directory = WorkerDirectory()
@@ -114,44 +127,37 @@ class Processor:
         self._saturated = False  # the last batch was full: input is waiting
         self._joined = False  # the group gave this processor its first assignment
         if cfg.standbys:
-            with kafka_role(ROLE):
-                self.standbys = StandbySet(cfg.bootstrap, (self.topo.jobs, self.topo.runs),
-                                           lambda p: self._open_store(p), self.clock,
-                                           max_age_ms=cfg.checkpoint_max_age_ms)
+            self.standbys = StandbySet(self.log, (self.topo.jobs, self.topo.runs), lambda p: self._open_store(p),
+                                       self.clock, max_age_ms=cfg.checkpoint_max_age_ms, monotonic=monotonic)
 
-    def _new_producer(self) -> Producer:
-        return Producer(
-            producer_config(
-                self.cfg.bootstrap,
-                role=ROLE,
-                **{
-                    "transactional.id": f"gnomon-processor-{self.cfg.instance_id}",
-                    "transaction.timeout.ms": self.cfg.transaction_timeout_ms,
-                    "message.timeout.ms": self.cfg.transaction_timeout_ms,
-                    "client.id": f"proc-{self.cfg.instance_id}",
-                },
-            )
-        )
+    def _new_producer(self) -> TransactionalProducer:
+        return self.log.transactional_producer(
+            f"gnomon-processor-{self.cfg.instance_id}", client_id=f"proc-{self.cfg.instance_id}",
+            transaction_timeout_ms=self.cfg.transaction_timeout_ms)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     def stop(self) -> None:
         self._stop.set()
 
-    def run(self) -> None:
+    def start(self) -> None:
+        """Claim the transactional id, open the feeds, join the group (no step yet)."""
         try:
             self.producer.init_transactions(30)
-        except KafkaException as exc:
+        except EventLogError as exc:
             raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
-        with kafka_role(ROLE):
-            self.adverts = AdvertFeed(self.cfg.bootstrap, self.topo.workers, self.directory, self.clock)
-            self.history = HistoryWatermark(self.cfg.bootstrap, self.topo.runs, self.clock)
-            self.tenant_feed = TenantFeed(self.cfg.bootstrap, self.topo, self.tenants, None, self.clock, role=ROLE)
+        self.adverts = AdvertFeed(self.log, self.topo.workers, self.directory, self.clock)
+        self.history = HistoryWatermark(self.log, self.topo.runs, self.clock)
+        self.tenant_feed = TenantFeed(self.cfg.bootstrap, self.topo, self.tenants, None, self.clock, role=ROLE,
+                                      log=self.log)
         self.tenant_feed.load(30)
         self.adverts.poll()
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
+
+    def run(self) -> None:
+        self.start()
         last_report = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -179,6 +185,10 @@ class Processor:
             parts.append(f"p{p}:{keys}keys/{size // 1024}KiB")
         return " ".join(parts) or "-"
 
+    def close(self) -> None:
+        """A clean stop: checkpoint what it owns and leave the group."""
+        self._close()
+
     def _close(self) -> None:
         for p in list(self.tasks):
             self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
@@ -187,8 +197,7 @@ class Processor:
             self.standbys.close()
             for p, (pos, current_at) in checkpoints.items():
                 self._write_checkpoint(p, pos, current_at)  # warm copies stay warm across a restart
-        with contextlib.suppress(Exception):  # closing is best-effort
-            self.consumer.close()
+        self.consumer.close()  # best-effort
         if self.adverts is not None:
             self.adverts.close()
         if self.history is not None:
@@ -198,8 +207,8 @@ class Processor:
 
     # ---- rebalance -----------------------------------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        wanted = sorted({tp.partition for tp in partitions})
+    def _on_assign(self, partitions: list[TP]) -> None:
+        wanted = sorted({p for _, p in partitions})
         self._joined = True
         log.info("assigned partitions %s; restoring state", wanted)
         for p in wanted:
@@ -209,16 +218,16 @@ class Processor:
             if p not in self.tasks:
                 self.tasks[p] = self._restore(p)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        gone = sorted({tp.partition for tp in partitions})
+    def _on_revoke(self, partitions: list[TP]) -> None:
+        gone = sorted({p for _, p in partitions})
         log.info("revoked partitions %s", gone)
         for p in gone:
             self._release(p)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, partitions: list[TP]) -> None:
         """Lost, not revoked (our session expired): another instance may already own and
         write these partitions, so no checkpoint: the next open rebuilds."""
-        gone = sorted({tp.partition for tp in partitions})
+        gone = sorted({p for _, p in partitions})
         log.warning("lost partitions %s", gone)
         for p in gone:
             self._release(p, checkpoint=False)
@@ -230,9 +239,6 @@ class Processor:
     # checkpoint with the changelog end offsets. Opening consumes the checkpoint (deletes
     # it), so after a crash (kill -9, a failed commit) the state is rebuilt from the start
     # of the compacted changelogs instead.
-
-    def _state_path(self, partition: int) -> Path:
-        return self.cfg.state_dir / "processor" / self.cfg.instance_id / f"p{partition:03d}"
 
     def _release(self, partition: int, *, checkpoint: bool = True) -> None:
         """Give up an owned partition. Clean (revoked, stopping, after a commit): its store
@@ -248,7 +254,7 @@ class Processor:
         ends: dict[str, int] | None = None
         if checkpoint:
             try:
-                ends = {t: read_end_offset(self.cfg.bootstrap, t, partition, role=ROLE) for t in (self.topo.jobs, self.topo.runs)}
+                ends = {t: self.log.end_offset(t, partition) for t in (self.topo.jobs, self.topo.runs)}
             except EventLogError as exc:
                 log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
         if ends is not None and self.standbys is not None:
@@ -262,10 +268,7 @@ class Processor:
         """The partition's (closed) store held the changelogs up to ``positions`` at
         ``current_at_ms`` (its age decides whether it is trusted later)."""
         try:
-            ckpt = self._state_path(partition).with_suffix(".checkpoint")
-            tmp = ckpt.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**positions, _WRITTEN_AT: current_at_ms}))
-            tmp.replace(ckpt)
+            self.stores.put_checkpoint(partition, {**positions, _WRITTEN_AT: current_at_ms})
         except OSError as exc:
             log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
 
@@ -274,13 +277,9 @@ class Processor:
         """The partition's store and the changelog positions it holds, from its checkpoint
         (consumed: a crash before the next clean close means a rebuild). None: an empty
         store (no checkpoint, an untrusted or a too old one)."""
-        path = self._state_path(partition)
-        ckpt_file = path.with_suffix(".checkpoint")
-        ckpt: dict[str, int] | None = None
-        if ckpt_file.exists():
-            with contextlib.suppress(OSError, ValueError):
-                ckpt = json.loads(ckpt_file.read_text()) if trust_checkpoint and path.is_dir() else None
-            ckpt_file.unlink(missing_ok=True)
+        raw = self.stores.take_checkpoint(partition)  # consumed whether trusted or not
+        ckpt = raw if raw is not None and trust_checkpoint and self.stores.exists(partition) else None
+        if raw is not None:
             age_ms = self.clock.now_ms() - int((ckpt or {}).get(_WRITTEN_AT, 0))
             if ckpt is not None and age_ms > self.cfg.checkpoint_max_age_ms:
                 log.info("partition %d checkpoint is %d s old (tombstones may be gone); full rebuild",
@@ -288,7 +287,7 @@ class Processor:
                 ckpt = None
         if ckpt is not None and not {self.topo.jobs, self.topo.runs} <= set(ckpt):
             ckpt = None
-        task = PartitionTask(partition, RocksKV(path, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
+        task = PartitionTask(partition, self.stores.open(partition, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory, quota=self.quota)
         if ckpt is None:
             return task, None, None
@@ -299,6 +298,7 @@ class Processor:
         self.quota.close(partition)  # counted again from the restored state, below
         self.usage.forget(partition)
         promoted = self.standbys.promote(partition) if self.standbys is not None and trust_checkpoint else None
+        ckpt: dict[str, int] | None
         if promoted is not None:
             task, ckpt = promoted
             source = "from a warm standby"
@@ -309,9 +309,8 @@ class Processor:
         if ckpt is None:  # full rebuild: keep the last value per key, then load once
             latest: dict[str, dict[str, bytes | None]] = {self.topo.jobs: {}, self.topo.runs: {}}
             for topic, table in latest.items():
-                for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
-                                                 role=ROLE):
-                    table[msg.key().decode() if msg.key() else ""] = msg.value()
+                for rec in self.log.read_to_end(topic, partition, self.cfg.restore_timeout_s):
+                    table[rec.key.decode() if rec.key else ""] = rec.value
                     n += 1
             try:
                 task.bulk_load(latest[self.topo.jobs], latest[self.topo.runs])
@@ -320,9 +319,8 @@ class Processor:
         else:  # the tail after a clean close or a standby's position: the last value per key
             for topic, apply in ((self.topo.jobs, task.restore_job), (self.topo.runs, task.restore_run)):
                 tail: dict[str, bytes | None] = {}
-                for msg in read_partition_to_end(self.cfg.bootstrap, topic, partition, self.cfg.restore_timeout_s,
-                                                 ckpt[topic], role=ROLE):
-                    tail[msg.key().decode() if msg.key() else ""] = msg.value()
+                for rec in self.log.read_to_end(topic, partition, self.cfg.restore_timeout_s, ckpt[topic]):
+                    tail[rec.key.decode() if rec.key else ""] = rec.value
                     n += 1
                 for key, value in tail.items():
                     try:
@@ -353,13 +351,9 @@ class Processor:
         offsets: dict[tuple[str, int], int] = {}
         self._clean = False
         for msg in msgs:
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error: %s", msg.error())
-                continue
-            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
-            if msg.topic() == self.topo.run_events:
-                self._read_ts[msg.partition()] = msg.timestamp()[1]
+            offsets[(msg.topic, msg.partition)] = msg.offset + 1
+            if msg.topic == self.topo.run_events:
+                self._read_ts[msg.partition] = msg.timestamp_ms
             outputs.extend(self._apply(msg, now))
         if self.adverts is not None:
             self.adverts.poll()
@@ -387,90 +381,83 @@ class Processor:
     def _behind(self) -> set[int]:
         """Partitions of run-events with unread records (cached high watermark and local
         position: no broker round trip)."""
-        tps = [TopicPartition(self.topo.run_events, p) for p in self.tasks]
+        tps = [(self.topo.run_events, p) for p in self.tasks]
         behind = set()
         try:
             positions = self.consumer.position(tps)
-        except KafkaException:
+        except EventLogError:
             return set(self.tasks)  # unknown: be conservative, expire nothing
-        for tp in positions:
-            try:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-            except KafkaException:
-                behind.add(tp.partition)
-                continue
-            if tp.offset < 0 or high < 0 or high > tp.offset:
-                behind.add(tp.partition)
+        for tp, offset in positions.items():
+            high = self.consumer.high_watermark(tp)  # -1: unknown
+            if offset < 0 or high < 0 or high > offset:
+                behind.add(tp[1])
         return behind
 
-    def _apply(self, msg: Message, now: int) -> list[Output]:
-        task = self.tasks.get(msg.partition())
+    def _apply(self, msg: Record, now: int) -> list[Output]:
+        task = self.tasks.get(msg.partition)
         if task is None:  # revoked between fetch and apply
             return []
         try:
-            cmd = codec.decode(msg.value() or b"")
-            return task.handle(cmd, now, msg.topic())
+            cmd = codec.decode(msg.value or b"")
+            return task.handle(cmd, now, msg.topic)
         except GnomonError as exc:
             self.poisoned += 1
-            log.warning("poison %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
-            rec = PoisonRecord(msg.topic(), msg.partition(), msg.offset(), f"{type(exc).__name__}: {exc}",
-                               msg.key(), msg.value(), now)
-            return [Output(self.topo.poison, msg.topic(), rec)]
+            log.warning("poison %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+            rec = PoisonRecord(msg.topic, msg.partition, msg.offset, f"{type(exc).__name__}: {exc}",
+                               msg.key, msg.value, now)
+            return [Output(self.topo.poison, msg.topic, rec)]
 
-    def _commit(self, outputs: Iterable[Output], offsets: dict[tuple[str, int], int]) -> None:
+    def _commit(self, outputs: Iterable[Output], offsets: dict[TP, int]) -> None:
         """One transaction: outputs + changelogs + consumed offsets. Error handling follows
         the transactional producer's contract: retriable errors retry the same call,
         abortable ones abort and rewind state and positions to the last commit, fatal ones
-        (e.g. a coordinator lost mid-commit) rebuild the producer and rewind."""
+        (e.g. fenced, or a coordinator lost mid-commit) rebuild the producer and rewind."""
         try:
-            self._txn(self.producer.begin_transaction)
+            self._txn(self.producer.begin)
             for o in outputs:
                 value = o.encoded if o.encoded is not None else (
                     None if o.value is None else codec.encode(o.value, o.topic))
-                kwargs: dict[str, Any] = {"key": o.key.encode(), "value": value}
-                if o.partition is not None:
-                    kwargs["partition"] = o.partition
-                self._produce(o.topic, kwargs)
-            tps = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+                self.producer.produce(o.topic, o.key.encode(), value, o.partition)
+            tps = dict(offsets)
             if not tps:
                 # a tick-only transaction still carries the group generation for fencing
-                tps = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+                tps = {tp: off for tp, off in self.consumer.position(self.consumer.assignment()).items() if off >= 0}
             if tps:
-                meta = self.consumer.consumer_group_metadata()
-                self._txn(lambda: self.producer.send_offsets_to_transaction(tps, meta, 30))
-            self._txn(lambda: self.producer.commit_transaction(30))
+                meta = self.consumer.group_metadata()
+                self._txn(lambda: self.producer.send_offsets(tps, meta, 30))
+            self._txn(lambda: self.producer.commit(30))
             self.transactions += 1
             self._fatal_count = 0
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal():
-                self._fatal(err)
+        except EventLogError as exc:
+            if isinstance(exc, TransactionError) and exc.fatal:
+                self._fatal(exc)
                 return
-            log.warning("transaction failed (%s); aborting and restoring state", err)
+            log.warning("transaction failed (%s); aborting and restoring state", exc)
+            self.aborts += 1
             try:
-                self._txn(lambda: self.producer.abort_transaction(30))
-            except KafkaException as exc2:
-                self._fatal(exc2.args[0])
+                self._txn(lambda: self.producer.abort(30))
+            except TransactionError as exc2:
+                self._fatal(exc2)
                 return
             self._rewind()
 
-    def _txn(self, call: Any, attempts: int = 8) -> Any:
+    def _txn(self, call: Callable[[], None], attempts: int = 8) -> None:
         """Run one transactional call, retrying while the error says it is retriable."""
         for attempt in range(attempts):
             try:
-                return call()
-            except KafkaException as exc:
-                err = exc.args[0]
-                if not err.retriable() or err.fatal() or attempt == attempts - 1:
+                call()
+                return
+            except TransactionError as exc:
+                if not exc.retriable or exc.fatal or attempt == attempts - 1:
                     raise
-                log.info("transactional call retriable error (%s); retry %d", err, attempt + 1)
+                log.info("transactional call retriable error (%s); retry %d", exc, attempt + 1)
                 time.sleep(min(2.0, 0.1 * 2**attempt))
-        raise AssertionError("unreachable")
 
-    def _fatal(self, err: KafkaError) -> None:
+    def _fatal(self, err: EventLogError) -> None:
         """The producer is unusable: build a new one (same transactional id, which also
         aborts whatever the old one left open) and rewind. Bounded: too many in a row exit."""
         self._fatal_count += 1
+        self.aborts += 1
         log.error("fatal transactional producer error (%s); rebuilding the producer (%d)", err, self._fatal_count)
         if self._fatal_count > self.cfg.producer_rebuilds_max:
             self._stop.set()
@@ -481,14 +468,6 @@ class Processor:
         self._txn(lambda: self.producer.init_transactions(30))
         self._rewind()
 
-    def _produce(self, topic: str, kwargs: dict[str, Any]) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, **kwargs)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-
     def _rewind(self) -> None:
         """After an abort: state and positions go back to the last commit."""
         assignment = self.consumer.assignment()
@@ -496,51 +475,9 @@ class Processor:
         for p in list(self.tasks):
             self.tasks[p].kv.close()
             self.tasks[p] = self._restore(p, trust_checkpoint=False)
-        for tp in committed:
-            if tp.offset >= 0:
-                self.consumer.seek(tp)
-            else:
-                self.consumer.seek(TopicPartition(tp.topic, tp.partition, 0))
+        for tp, offset in committed.items():
+            self.consumer.seek(tp, offset if offset is not None else 0)
 
 
-def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | None = None) -> int:
-    c = Consumer(consumer_config(bootstrap, "gnomon-restore", role=role))
-    try:
-        return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
-    except KafkaException as exc:
-        raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
-    finally:
-        c.close()
 
-
-def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float,
-                          start: int | None = None, *, role: str | None = None) -> Iterable[Message]:
-    """Every committed record of one partition, from ``start`` (default: the beginning)
-    to the current end."""
-    c = Consumer(consumer_config(bootstrap, "gnomon-restore", role=role,
-                                 **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
-    try:
-        low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
-        low = max(low, start) if start is not None else low
-        if high <= low:
-            return
-        c.assign([TopicPartition(topic, partition, low)])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            batch = c.consume(5000, 0.05)
-            if not batch:
-                pos = c.position([TopicPartition(topic, partition)])[0].offset
-                if pos >= high:
-                    return
-                continue
-            for msg in batch:
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        return
-                    raise EventLogError(f"restoring {topic}[{partition}]: {msg.error()}")
-                yield msg
-                if msg.offset() + 1 >= high:
-                    return
-        raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
-    finally:
-        c.close()
+__all__ = ["Processor", "ProcessorConfig", "read_end_offset", "read_partition_to_end"]

@@ -35,18 +35,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
-
-from gnomon.adapters.kafka import consumer_config
 from gnomon.core.clock import Clock
-from gnomon.core.errors import GnomonError, StateStoreError
+from gnomon.core.errors import EventLogError, GnomonError, StateStoreError
+from gnomon.eventlog.port import OFFSET_BEGINNING, EventLog, Reader, Record
 from gnomon.streams.task import PartitionTask
 
 log = logging.getLogger("gnomon.processor.standby")
@@ -92,11 +83,13 @@ class _Copy:
 
 
 class StandbySet:
-    def __init__(self, bootstrap: str, topics: tuple[str, str], open_store: OpenStore, clock: Clock, *,
+    def __init__(self, log: EventLog | None, topics: tuple[str, str], open_store: OpenStore, clock: Clock, *,
                  max_age_ms: int = 1_800_000,
                  records_per_poll_max: int = 5_000, poll_budget_ms: int = 25, pending_max: int = 200_000,
-                 applies_per_poll_max: int = 100_000, timeout_s: float = 5.0, consumer: Consumer | None = None,
-                 ) -> None:
+                 applies_per_poll_max: int = 100_000, timeout_s: float = 5.0, reader: Reader | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``log``: where the changelogs are (or ``reader``, a reader on them); ``monotonic``
+        bounds the work per ``poll`` (``poll_budget_ms``)."""
         self.topics = topics  # (jobs changelog, runs changelog)
         self.open_store = open_store
         self.clock = clock
@@ -107,9 +100,13 @@ class StandbySet:
         self.pending_max = pending_max  # buffered keys per copy; reading pauses beyond it
         self.applies_per_poll_max = applies_per_poll_max
         self.timeout_s = timeout_s
+        self.monotonic = monotonic
         self.copies: dict[int, _Copy] = {}
-        self._consumer = consumer or Consumer(consumer_config(bootstrap, "gnomon-standby", **{
-            "enable.auto.commit": False, "enable.partition.eof": False, "fetch.wait.max.ms": 50}))
+        if reader is None:
+            assert log is not None, "a standby set needs an event log or a reader"
+            reader = log.reader("gnomon-standby", config={
+                "enable.auto.commit": False, "enable.partition.eof": False, "fetch.wait.max.ms": 50})
+        self._consumer: Reader = reader
         self._assigned: set[int] = set()
 
     # ---- which partitions ----------------------------------------------------------------
@@ -125,9 +122,8 @@ class StandbySet:
                 log.info("standby for partition %d from its checkpoint %s", p, positions)
                 continue
             try:
-                ends = {t: int(self._consumer.get_watermark_offsets(TopicPartition(t, p), self.timeout_s)[1])
-                        for t in self.topics}
-            except KafkaException as exc:
+                ends = {t: self._consumer.watermarks((t, p), self.timeout_s)[1] for t in self.topics}
+            except EventLogError as exc:
                 task.kv.close()
                 log.warning("standby for partition %d not started (%s); will retry", p, exc)
                 continue
@@ -175,11 +171,11 @@ class StandbySet:
     def _reassign(self, force: bool = False) -> None:
         if set(self.copies) == self._assigned and not force:
             return
-        tps = [TopicPartition(t, p, copy.consumed[t] or OFFSET_BEGINNING)
+        tps = [(t, p, copy.consumed[t] or OFFSET_BEGINNING)
                for p, copy in sorted(self.copies.items()) for t in self.topics]
         try:
             self._consumer.assign(tps)
-        except KafkaException as exc:
+        except EventLogError as exc:
             log.warning("standby assignment failed (%s); will retry", exc)
             return
         self._assigned = set(self.copies)
@@ -192,13 +188,13 @@ class StandbySet:
         if not self.copies:
             return 0
         self._reassign()
-        deadline = time.monotonic() + self.poll_budget_ms / 1000
+        deadline = self.monotonic() + self.poll_budget_ms / 1000
         n = 0
         self._pause_full()
-        while n < self.records_per_poll_max and time.monotonic() < deadline:
+        while n < self.records_per_poll_max and self.monotonic() < deadline:
             try:
                 msgs = self._consumer.consume(min(1_000, self.records_per_poll_max - n), 0)
-            except KafkaException as exc:
+            except EventLogError as exc:
                 log.warning("standby consume failed: %s", exc)
                 break
             if not msgs:
@@ -218,12 +214,11 @@ class StandbySet:
             if copy.pending and any(copy.pending.values()):
                 continue
             try:
-                read = self._consumer.position([TopicPartition(t, p) for t in self.topics])
-                ends = [self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)[1]
-                        for t in self.topics]
-            except KafkaException:
+                read = self._consumer.position([(t, p) for t in self.topics])
+                ends = [self._consumer.watermarks((t, p), cached=True)[1] for t in self.topics]
+            except EventLogError:
                 continue
-            if all(tp.offset is not None and tp.offset >= 0 and tp.offset >= end >= 0 for tp, end in zip(read, ends, strict=True)):
+            if all(read[(t, p)] >= 0 and read[(t, p)] >= end >= 0 for t, end in zip(self.topics, ends, strict=True)):
                 copy.current_at_ms = now
 
     def _pause_full(self) -> None:
@@ -232,29 +227,23 @@ class StandbySet:
         for p, copy in self.copies.items():
             full = copy.warm and copy.buffered() >= self.pending_max
             if full != copy.paused and (full or copy.buffered() < self.pending_max // 2):
-                tps = [TopicPartition(t, p) for t in self.topics]
+                tps = [(t, p) for t in self.topics]
                 try:
                     (self._consumer.pause if full else self._consumer.resume)(tps)
                     copy.paused = full
-                except KafkaException as exc:
+                except EventLogError as exc:
                     log.warning("standby pause/resume of partition %d failed: %s", p, exc)
 
-    def _buffer(self, msg: Message) -> int:
-        err = msg.error()
-        if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("standby consume error: %s", err)
-            return 0
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        assert topic is not None and partition is not None and offset is not None
+    def _buffer(self, msg: Record) -> int:
+        topic, partition, offset = msg.topic, msg.partition, msg.offset
         copy = self.copies.get(partition)
         if copy is None or offset < copy.consumed[topic]:
             return 0  # promoted meanwhile, or a record the copy already holds
         keys = copy.pending.setdefault(topic, {})
-        key = (msg.key() or b"").decode()
+        key = (msg.key or b"").decode()
         keys.pop(key, None)  # keep the buffer in order of last change
-        ts = msg.timestamp()[1]
-        keys[key] = (offset, ts, msg.value())
+        ts = msg.timestamp_ms
+        keys[key] = (offset, ts, msg.value)
         copy.consumed[topic] = offset + 1
         copy.last_read_ms = max(copy.last_read_ms, ts)
         return 1
@@ -268,14 +257,14 @@ class StandbySet:
             # the consumer's position moves past commit markers and aborted records, which
             # are never delivered: the end of a transactional changelog is one of those
             try:
-                read = {tp.topic: tp.offset for tp in self._consumer.position([TopicPartition(t, p) for t in self.topics])}
-            except KafkaException:
+                read = {t: off for (t, _), off in self._consumer.position([(t, p) for t in self.topics]).items()}
+            except EventLogError:
                 continue
             for t in self.topics:
                 copy.consumed[t] = max(copy.consumed[t], read.get(t) or 0)
             if any(copy.consumed[t] < ends[t] for t in self.topics):
                 continue
-            started = time.monotonic()
+            started = self.monotonic()
             jobs_t, runs_t = self.topics
             jobs = {k: v for k, (_, _, v) in copy.pending.get(jobs_t, {}).items()}
             runs = {k: v for k, (_, _, v) in copy.pending.get(runs_t, {}).items()}
@@ -294,7 +283,7 @@ class StandbySet:
             copy.positions = dict(copy.consumed)
             copy.building_until = None
             log.info("standby for partition %d built: %d live keys in %.2fs, at %s", p, loaded,
-                     time.monotonic() - started, copy.positions)
+                     self.monotonic() - started, copy.positions)
             return  # one per call: a bulk load takes a while
 
     def _apply(self, deadline: float) -> None:
@@ -305,7 +294,7 @@ class StandbySet:
                 continue
             for topic, keys in copy.pending.items():
                 apply = copy.task.restore_job if topic == self.topics[0] else copy.task.restore_run
-                while keys and budget > 0 and time.monotonic() < deadline:
+                while keys and budget > 0 and self.monotonic() < deadline:
                     key, (_, _, value) = next(iter(keys.items()))
                     del keys[key]
                     budget -= 1
@@ -322,7 +311,4 @@ class StandbySet:
         for copy in self.copies.values():
             copy.task.kv.close()
         self.copies.clear()
-        try:
-            self._consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.debug("standby consumer close: %s", exc)
+        self._consumer.close()

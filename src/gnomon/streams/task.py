@@ -556,9 +556,13 @@ class PartitionTask:
             return out
         new = state
         for ev in events:
+            if new is None and isinstance(ev, R.ClaimRejected | R.StaleRejected):
+                out.extend(self._rejection(ev))  # a command for a run not (or no longer) held here
+                continue
             new = R.evolve(new, ev)
             out.extend(self._messages_for(new, ev))
-        assert new is not None
+        if new is None:
+            return out
         # a skipped range reopened at its last slot by a backfill: the rest stays skipped
         rest = None
         if state is not None and any(isinstance(ev, R.RunReopened) for ev in events):
@@ -672,12 +676,8 @@ class PartitionTask:
             grant = Grant(ev.worker_id, run.run_id, run.job_id, run.tenant, ev.attempt, ev.token,
                           ev.lease_until_ms, ev.deadline_ms, run.spec, run.slot_ms, ev.at_ms, run.not_before_ms)
             return [Output(inbox, ev.worker_id, grant)]
-        if isinstance(ev, R.ClaimRejected):
-            self.stats.rejections += 1
-            return [Output(inbox, ev.worker_id, Stop(ev.worker_id, ev.run_id, 0, StopReason.REJECTED, ev.reason, ev.at_ms))]
-        if isinstance(ev, R.StaleRejected):
-            self.stats.rejections += 1
-            return [Output(inbox, ev.worker_id, Stop(ev.worker_id, ev.run_id, ev.token, StopReason.STALE, ev.reason, ev.at_ms))]
+        if isinstance(ev, R.ClaimRejected | R.StaleRejected):
+            return self._rejection(ev)
         if isinstance(ev, R.LeaseExtended):
             assert run.worker_id is not None
             return [Output(inbox, run.worker_id, LeaseAck(run.worker_id, run.run_id, ev.token, ev.lease_until_ms, ev.at_ms))]
@@ -688,6 +688,13 @@ class PartitionTask:
             if run.status is R.RunStatus.FAILED:
                 return [Output(self.topo.dead_letters, run.run_id, run)]
         return []
+
+    def _rejection(self, ev: R.ClaimRejected | R.StaleRejected) -> list[Output]:
+        self.stats.rejections += 1
+        inbox = self.topo.worker_inbox
+        if isinstance(ev, R.ClaimRejected):
+            return [Output(inbox, ev.worker_id, Stop(ev.worker_id, ev.run_id, 0, StopReason.REJECTED, ev.reason, ev.at_ms))]
+        return [Output(inbox, ev.worker_id, Stop(ev.worker_id, ev.run_id, ev.token, StopReason.STALE, ev.reason, ev.at_ms))]
 
     # ---- time --------------------------------------------------------------------------
 

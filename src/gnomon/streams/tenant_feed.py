@@ -16,16 +16,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
-
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from gnomon import codec
-from gnomon.adapters.kafka import consumer_config
 from gnomon.core.clock import Clock
 from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.tenants import TenantBook, TenantLimits
 from gnomon.core.usage import TenantUsage, UsageBook
+from gnomon.eventlog.port import OFFSET_BEGINNING, TP, EventLog, Record
 from gnomon.topology import Topology
 
 log = logging.getLogger("gnomon.tenants")
@@ -36,35 +33,36 @@ METADATA_TIMEOUT_S = 10.0
 
 class TenantFeed:
     def __init__(self, bootstrap: str, topology: Topology, book: TenantBook, usage: UsageBook | None,
-                 clock: Clock, *, role: str | None = None, batch_max: int = 5_000) -> None:
-        """``role``: the Kafka principal (default: as ``consumer_config`` picks it)."""
+                 clock: Clock, *, role: str | None = None, batch_max: int = 5_000, log: EventLog | None = None,
+                 ) -> None:
+        """``role``: the Kafka principal (default: as ``consumer_config`` picks it); ``log``:
+        the event log to read (default: Kafka at ``bootstrap`` as ``role``)."""
+        if log is None:
+            from gnomon.eventlog.kafka import KafkaEventLog
+
+            log = KafkaEventLog(bootstrap, role=role)
         self.book = book
         self.usage = usage
         self.clock = clock
         self.batch_max = batch_max
         self.topics = [topology.tenants] + ([topology.tenant_usage] if usage is not None else [])
         self.last_poll_ms: int | None = None  # when poll/load last reached Kafka
-        self.consumer = Consumer(consumer_config(bootstrap, GROUP_ID, role=role,
-                                                 **{"enable.auto.commit": False, "fetch.wait.max.ms": 10}))
-        self._partitions: list[TopicPartition] = []
+        self.consumer = log.reader(GROUP_ID, config={"enable.auto.commit": False, "fetch.wait.max.ms": 10})
+        self._partitions: list[TP] = []
         try:
             for topic in self.topics:
-                md = self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
-                if md.topics[topic].error is not None:
-                    raise EventLogError(f"topic {topic}: {md.topics[topic].error}; run `gnomon infra up`")
-                self._partitions += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.topics[topic].partitions]
-        except KafkaException as exc:
+                self._partitions += [(topic, p) for p in self.consumer.partitions(topic, METADATA_TIMEOUT_S)]
+        except EventLogError as exc:
             raise EventLogError(f"cannot read tenants from {', '.join(self.topics)}: {exc}") from exc
-        self.consumer.assign(self._partitions)
+        self.consumer.assign([(t, p, OFFSET_BEGINNING) for t, p in self._partitions])
 
     def load(self, timeout_s: float = 30.0) -> int:
         """Read every record up to the end offsets as of now; how many. Raises
         ``EventLogError`` if the end is not reached within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
-            ends = {(tp.topic, tp.partition): self.consumer.get_watermark_offsets(tp, timeout=timeout_s)[1]
-                    for tp in self._partitions}
-        except KafkaException as exc:
+            ends = {tp: self.consumer.watermarks(tp, timeout_s)[1] for tp in self._partitions}
+        except EventLogError as exc:
             raise EventLogError(f"cannot read the end offsets of {', '.join(self.topics)}: {exc}") from exc
         pending = {k for k, end in ends.items() if end > 0}
         n = 0
@@ -74,17 +72,15 @@ class TenantFeed:
                 raise EventLogError(f"could not read {', '.join(self.topics)} to the end within {timeout_s:g} s "
                                     f"({len(pending)} partitions behind)")
             for msg in self.consumer.consume(self.batch_max, min(left, 0.5)):
-                if msg.error():
-                    continue
                 n += self._apply(msg)
-                key, offset = (msg.topic(), msg.partition()), msg.offset()
-                if key in pending and offset is not None and offset + 1 >= ends[key]:
+                key = (msg.topic, msg.partition)
+                if key in pending and msg.offset + 1 >= ends[key]:
                     pending.discard(key)
             # compaction can remove the last records: a position at or past the end is done
-            with contextlib.suppress(KafkaException):
-                for tp in self.consumer.position([TopicPartition(t, p) for t, p in pending]):
-                    if tp.offset >= ends[(tp.topic, tp.partition)]:
-                        pending.discard((tp.topic, tp.partition))
+            with contextlib.suppress(EventLogError):
+                for tp, offset in self.consumer.position(sorted(pending)).items():
+                    if offset >= ends[tp]:
+                        pending.discard(tp)
         self.last_poll_ms = self.clock.now_ms()
         return n
 
@@ -92,24 +88,22 @@ class TenantFeed:
         """Apply the records that arrived (non-blocking); how many."""
         n = 0
         for msg in self.consumer.consume(self.batch_max, 0):
-            if not msg.error():
-                n += self._apply(msg)
+            n += self._apply(msg)
         self.last_poll_ms = self.clock.now_ms()
         return n
 
-    def _apply(self, msg: Any) -> int:
-        raw_key = msg.key()
+    def _apply(self, msg: Record) -> int:
+        raw_key = msg.key
         try:
             key = raw_key.decode() if raw_key is not None else ""
         except UnicodeDecodeError:
-            log.warning("record with a non-UTF-8 key skipped on %s", msg.topic())
+            log.warning("record with a non-UTF-8 key skipped on %s", msg.topic)
             return 0
-        return apply_record(self.book, self.usage, msg.topic(), key, msg.value(),
+        return apply_record(self.book, self.usage, msg.topic, key, msg.value,
                             tenants_topic=self.topics[0])
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.consumer.close()
+        self.consumer.close()
 
 
 def apply_record(book: TenantBook, usage: UsageBook | None, topic: str, key: str, value: bytes | None, *,

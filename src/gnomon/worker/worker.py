@@ -19,6 +19,11 @@ The processor stages runs on workers (docs/adr/0003-staging.md); the worker:
   cancelled, stale token).
 
 The Kafka loop never blocks on an attempt, so max.poll.interval.ms is never exceeded.
+
+Injection (the simulation, ``gnomon.sim``): ``log`` is the event log (default Kafka as
+principal ``worker``), ``executor`` runs a target (default the pool's ``Dispatcher``),
+and ``runner`` starts attempts (default: a pooled thread each). The loop itself is
+``start()``, then ``step()`` until stopped, then ``shutdown()``; ``run()`` does all three.
 """
 
 from __future__ import annotations
@@ -35,21 +40,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from typing import Any, Protocol
 
 from gnomon import codec
-from gnomon.adapters.kafka import consumer_config, partition_for, producer_config
+from gnomon.adapters.kafka import partition_for
 from gnomon.config import load
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import GnomonError
+from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
+from gnomon.eventlog.port import EventLog, Producer, Reader
 from gnomon.topology import Topology, load_topology
-from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Handler
+from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Executor, Handler
 from gnomon.worker.http_target import redact_url
 from gnomon.worker.policy import PolicyError, PoolPolicy
 from gnomon.worker.pool import AttemptPool
@@ -61,6 +65,14 @@ log = logging.getLogger("gnomon.worker")
 RESULT_SENDS_MAX = 10  # a result whose delivery failed this often is given up (its lease then lapses)
 
 
+class AttemptRunner(Protocol):
+    """Starts an attempt: ``begin()`` when it starts, then ``end(work())`` when it is done
+    (the default runs both on a pooled thread)."""
+
+    def start(self, ctx: AttemptContext, begin: Callable[[], None], work: Callable[[], AttemptResult],
+              end: Callable[[AttemptResult], None]) -> None: ...
+
+
 @dataclass
 class _Attempt:
     grant: Grant
@@ -69,7 +81,9 @@ class _Attempt:
     heartbeat_every_ms: int
     started_ms: int  # set again by the attempt's thread when the handler starts
     finished: bool = False
-    body: Callable[[], None] | None = None  # what the pool thread runs
+    begin: Callable[[], None] | None = None  # the attempt's parts (see AttemptRunner)
+    work: Callable[[], AttemptResult] | None = None
+    end: Callable[[AttemptResult], None] | None = None
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -90,13 +104,19 @@ class Worker:
         topology: Topology | None = None,
         tenants: Iterable[str] = (),
         policy: PoolPolicy | None = None,
+        log: EventLog | None = None,
+        executor: Executor | None = None,
+        runner: AttemptRunner | None = None,
     ) -> None:
         if concurrency_max < 1:
             raise ValueError("concurrency_max must be >= 1")
         if advert_interval_ms < 100 or handback_after_ms < 0 or stage_max < 1:
             raise ValueError("advert_interval_ms must be >= 100, handback_after_ms >= 0, stage_max >= 1")
         self.pool = pool
-        self.bootstrap = bootstrap or load().kafka_bootstrap
+        self.bootstrap = bootstrap or ("" if log is not None else load().kafka_bootstrap)
+        self._log = log
+        self._executor_given = executor
+        self._runner = runner
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.concurrency_max = concurrency_max
         self.drain_timeout_s = drain_timeout_s
@@ -123,6 +143,8 @@ class Worker:
         self.returned = 0
         self._last_advert_ms = 0
         self._producer: Producer | None = None
+        self._inbox: Reader | None = None
+        self._executor: Executor | None = None
         # checked records whose delivery failed: (topic, key, value, sends so far, error)
         self._undelivered: deque[tuple[str, bytes, bytes, int, str]] = deque()
         self.undelivered_total = 0
@@ -178,9 +200,13 @@ class Worker:
 
     # ---- loop --------------------------------------------------------------------------
 
-    def run(self) -> None:
-        self._producer = Producer(producer_config(self.bootstrap, role="worker", **{"client.id": f"worker-{self.worker_id}",
-                                                                    "linger.ms": 2}))
+    def start(self) -> None:
+        """Connect, open the inbox and advertise (no step yet)."""
+        if self._log is None:
+            from gnomon.eventlog.kafka import KafkaEventLog
+
+            self._log = KafkaEventLog(self.bootstrap, role="worker")
+        self._producer = self._log.producer(client_id=f"worker-{self.worker_id}", config={"linger.ms": 2})
         policy = self.policy  # fails here, before joining, when no tenant is named
         if policy.commands.enabled:
             if Cgroups.usable():
@@ -191,34 +217,57 @@ class Worker:
                 log.warning("no writable cgroup v1 pids/memory/cpu hierarchies (run the worker as root on a "
                             "cgroup v1 or hybrid host): sandboxes get rlimits only, with no per-attempt "
                             "process or memory cgroup")
-        executor = Dispatcher(self.handlers, policy, self.secrets)
+        self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
-        inbox = self._open_inbox()
+        self._inbox = self._open_inbox()
         log.info("worker %s serving pool %s for %s (concurrency %d; commands %s, containers %s)", self.worker_id,
                  self.pool, ", ".join(sorted(policy.tenants)), self.concurrency_max,
                  "on" if policy.commands.enabled else "off", "on" if policy.containers.enabled else "off")
         self._advertise(force=True)
+
+    def step(self, wait_s: float | None = None) -> None:
+        """One turn of the loop: inbox, due slots, finished attempts, heartbeats, adverts,
+        delivery reports. ``wait_s``: how long the inbox may block (default: until the
+        next staged slot, at most 50 ms)."""
+        assert self._inbox is not None and self._executor is not None and self._producer is not None
+        for msg in self._inbox.consume(500, self._wait_s() if wait_s is None else wait_s):
+            self._on_inbox(msg.value, self._executor)
+        self._fire_due(self._executor)
+        self._finish_done()
+        self._heartbeat()
+        self._advertise()
+        self._producer.poll(0)
+        self._resend_undelivered()
+
+    def shutdown(self) -> None:
+        """Hand back what is staged, say it leaves, wait for running attempts (up to
+        ``drain_timeout_s``), flush."""
+        assert self._inbox is not None and self._executor is not None and self._producer is not None
         try:
-            while not self._stop.is_set():
-                for msg in inbox.consume(500, self._wait_s()):
-                    if not msg.error():
-                        self._on_inbox(msg.value(), executor)
-                self._fire_due(executor)
-                self._finish_done()
-                self._heartbeat()
-                self._advertise()
-                self._producer.poll(0)
-                self._resend_undelivered()
             self._return_staged("worker shutting down")
             self._advertise(force=True, leaving=True)
-            self._drain(inbox, executor)
+            self._drain(self._inbox, self._executor)
         finally:
-            inbox.close()
-            left = self._producer.flush(10)
-            self._producer.poll(0)
-            if left or self._undelivered:
-                log.error("worker %s exits with %d records not delivered; their runs are retried when "
-                          "their leases lapse", self.worker_id, left + len(self._undelivered))
+            self._close()
+
+    def _close(self) -> None:
+        assert self._inbox is not None and self._producer is not None
+        self._inbox.close()
+        left = self._producer.flush(10)
+        self._producer.poll(0)
+        if left or self._undelivered:
+            log.error("worker %s exits with %d records not delivered; their runs are retried when "
+                      "their leases lapse", self.worker_id, left + len(self._undelivered))
+
+    def run(self) -> None:
+        self.start()
+        try:
+            while not self._stop.is_set():
+                self.step()
+        except BaseException:
+            self._close()
+            raise
+        self.shutdown()
 
     def _wait_s(self) -> float:
         """How long the loop may block on the inbox: until the next staged slot, at most 50 ms."""
@@ -238,17 +287,13 @@ class Worker:
             self.worker_id, self.pool, self.concurrency_max, len(self._running), len(self._staged),
             self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants))))
 
-    def _open_inbox(self) -> Consumer:
-        c = Consumer(consumer_config(self.bootstrap, "gnomon-worker-inbox", role="worker",
-                                     **{"client.id": f"worker-{self.worker_id}"}))
-        p = partition_for(self.worker_id, self._inbox_partitions(c))
-        _, high = c.get_watermark_offsets(TopicPartition(self.topo.worker_inbox, p), 10)
-        c.assign([TopicPartition(self.topo.worker_inbox, p, high)])
+    def _open_inbox(self) -> Reader:
+        assert self._log is not None
+        c = self._log.reader("gnomon-worker-inbox", client_id=f"worker-{self.worker_id}")
+        p = partition_for(self.worker_id, len(c.partitions(self.topo.worker_inbox)))
+        _, high = c.watermarks((self.topo.worker_inbox, p), 10)
+        c.assign([(self.topo.worker_inbox, p, high)])
         return c
-
-    def _inbox_partitions(self, c: Consumer) -> int:
-        md = c.list_topics(self.topo.worker_inbox, timeout=10)
-        return len(md.topics[self.topo.worker_inbox].partitions)
 
     def _send(self, topic: str, key: str, obj: Any, *, checked: bool = False) -> None:
         """Produce a record. ``checked`` records (an attempt's start, outcome, hand-back)
@@ -261,21 +306,13 @@ class Worker:
         assert self._producer is not None
         on_delivery = None
         if checked:
-            def on_delivery(err: Any, _msg: Any) -> None:
+            def on_delivery(err: str | None) -> None:
                 if err is not None:
-                    self._undelivered.append((topic, key, value, tries + 1, str(err)))
-        while True:
-            try:
-                if on_delivery is None:
-                    self._producer.produce(topic, key=key, value=value)
-                else:
-                    self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
-                return
-            except BufferError:
-                self._producer.poll(0.05)
-            except KafkaException as exc:  # e.g. a record over message.max.bytes: never end the loop
-                log.error("cannot produce to %s for %s: %s", topic, key.decode(), exc)
-                return
+                    self._undelivered.append((topic, key, value, tries + 1, err))
+        try:  # (waits while the producer's queue is full)
+            self._producer.produce(topic, key, value, on_delivery=on_delivery)
+        except EventLogError as exc:  # e.g. a record over message.max.bytes: never end the loop
+            log.error("cannot produce to %s for %s: %s", topic, key.decode(), exc)
 
     def _resend_undelivered(self) -> None:
         """Produce again the checked records whose delivery failed (see ``_send``)."""
@@ -290,7 +327,7 @@ class Worker:
 
     # ---- inbox and the local timer ----------------------------------------------------------
 
-    def _on_inbox(self, raw: bytes | None, executor: Dispatcher) -> None:
+    def _on_inbox(self, raw: bytes | None, executor: Executor) -> None:
         try:
             msg = codec.decode(raw or b"")
         except GnomonError as exc:
@@ -321,7 +358,7 @@ class Worker:
         elif isinstance(msg, LeaseAck):
             pass
 
-    def _fire_due(self, executor: Dispatcher) -> None:
+    def _fire_due(self, executor: Executor) -> None:
         """Start staged attempts whose slot has come, while slots are free; return those
         that waited too long for a slot."""
         now = self.clock.now_ms()
@@ -367,7 +404,7 @@ class Worker:
         self._timer.clear()
         self._due.clear()
 
-    def _prepare(self, grant: Grant, executor: Dispatcher) -> _Attempt:
+    def _prepare(self, grant: Grant, executor: Executor) -> _Attempt:
         """Build an attempt (context, log function, thread body) when its grant arrives,
         so that at the slot only the thread handoff is left."""
         payload = json.loads(grant.spec.payload_json)
@@ -385,29 +422,32 @@ class Worker:
         ctx = AttemptContext(grant.run_id, grant.job_id, grant.tenant, grant.attempt, payload, float(grant.spec.timeout_s),
                              emit, secrets=grant.spec.secrets, slot_ms=grant.slot_ms)
 
-        def body() -> None:
-            # The handler starts first; reporting is the loop's job (_report_started), so
-            # thousands of attempts due in the same second are not serialised behind
-            # their own start reports.
+        # The handler starts first; reporting is the loop's job (_report_started), so
+        # thousands of attempts due in the same second are not serialised behind their
+        # own start reports.
+        def begin() -> None:
             att = holder[0]
             att.started_ms = self.clock.now_ms()
             self._started.put(att)
+
+        def work() -> AttemptResult:
             try:
                 why = self.refusal(grant)
                 if why is not None:
                     ctx.log(LogStream.SYSTEM, f"refused by pool {self.pool!r}: {why}")
-                    result = AttemptResult(Outcome.FAILED, None, f"refused by pool {self.pool!r}: {why}")
-                else:
-                    result = executor.execute(grant.spec.target, ctx)
+                    return AttemptResult(Outcome.FAILED, None, f"refused by pool {self.pool!r}: {why}")
+                return executor.execute(grant.spec.target, ctx)
             except Exception as exc:  # an executor bug must still end the attempt
                 log.exception("executor crashed")
-                result = AttemptResult(Outcome.FAILED,
-                                       error=f"executor error: {exc}")
+                return AttemptResult(Outcome.FAILED, error=f"executor error: {exc}")
+
+        def end(result: AttemptResult) -> None:
+            att = holder[0]
             att.finished = True
             self._done.put((att, result))
 
         lease_ms = grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)
-        att = _Attempt(grant, ctx, 0, max(1000, lease_ms // 3), 0, body=body)
+        att = _Attempt(grant, ctx, 0, max(1000, lease_ms // 3), 0, begin=begin, work=work, end=end)
         holder.append(att)
         return att
 
@@ -419,8 +459,17 @@ class Worker:
         att.ctx.deadline_ms = now + int(att.ctx.timeout_s * 1000)
         att.last_heartbeat_ms = att.started_ms = now
         self._running[g.run_id] = att
-        assert att.body is not None
-        self._pool.submit(att.body)
+        begin, work, end = att.begin, att.work, att.end
+        assert begin is not None and work is not None and end is not None
+        if self._runner is not None:
+            self._runner.start(att.ctx, begin, work, end)
+            return
+
+        def body() -> None:  # on a pooled thread
+            begin()
+            end(work())
+
+        self._pool.submit(body)
 
     def _report_started(self) -> None:
         """AttemptStarted for attempts that started and still run; one that already
@@ -463,12 +512,11 @@ class Worker:
                 att.last_heartbeat_ms = now
                 self._send(self.topo.run_events, g.job_id, Heartbeat(g.run_id, self.worker_id, g.token, now))
 
-    def _drain(self, inbox: Consumer, executor: Dispatcher) -> None:
+    def _drain(self, inbox: Reader, executor: Executor) -> None:
         deadline = time.monotonic() + self.drain_timeout_s
         while self._running and time.monotonic() < deadline:
             for msg in inbox.consume(100, 0.1):
-                if not msg.error():
-                    self._on_inbox(msg.value(), executor)
+                self._on_inbox(msg.value, executor)
             self._finish_done()
             self._heartbeat()
         self._finish_done()

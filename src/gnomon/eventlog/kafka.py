@@ -1,0 +1,342 @@
+"""The event-log port on confluent-kafka: the one place the processor, its feeds and the
+worker create Kafka clients, and where librdkafka's errors become ``EventLogError``.
+
+Configs come from ``gnomon.adapters.kafka`` (acks=all, idempotence, the murmur2_random
+partitioner, read_committed, SASL per role). ``role`` is the Kafka principal of every
+client this log makes (``processor``, ``worker``; None: as ``consumer_config`` picks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Producer as _KProducer
+
+from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.core.errors import EventLogError
+from gnomon.eventlog.port import TP, Delivery, Partitions, Record, TransactionError
+
+log = logging.getLogger("gnomon.kafka")
+
+RESTORE_GROUP = "gnomon-restore"  # never joined, never committed
+
+
+def _records(msgs: list[Message], where: str) -> list[Record]:
+    """Messages as Records; errors are logged and left out (partition EOF silently)."""
+    out: list[Record] = []
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("%s: consume error: %s", where, err)
+            continue
+        topic, partition, offset = m.topic(), m.partition(), m.offset()
+        if topic is None or partition is None or offset is None:
+            continue
+        out.append(Record(topic, partition, offset, m.key(), m.value(), m.timestamp()[1]))
+    return out
+
+
+def _txn_error(exc: KafkaException, what: str) -> TransactionError:
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError):
+        return TransactionError(f"{what}: {err}", fatal=err.fatal(), retriable=err.retriable())
+    return TransactionError(f"{what}: {exc}")
+
+
+def produce_waiting(producer: _KProducer, topic: str, **kwargs: Any) -> None:
+    """``producer.produce`` that waits (serving delivery reports) while its queue is full."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+class KafkaReader:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self._c = Consumer(conf)
+
+    def assign(self, positions: Sequence[tuple[str, int, int]]) -> None:
+        try:
+            self._c.assign([TopicPartition(t, p, o) for t, p, o in positions])
+        except KafkaException as exc:
+            raise EventLogError(f"cannot assign {len(positions)} partitions: {exc}") from exc
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Record]:
+        try:
+            return _records(self._c.consume(max_records, timeout_s), "reader")
+        except KafkaException as exc:
+            raise EventLogError(f"consume failed: {exc}") from exc
+
+    def position(self, tps: Sequence[TP]) -> dict[TP, int]:
+        try:
+            got = self._c.position([TopicPartition(t, p) for t, p in tps])
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read positions: {exc}") from exc
+        return {(tp.topic, tp.partition): tp.offset if tp.offset is not None and tp.offset >= 0 else -1 for tp in got}
+
+    def watermarks(self, tp: TP, timeout_s: float = 10.0, *, cached: bool = False) -> tuple[int, int]:
+        try:
+            if cached:
+                low, high = self._c.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            else:
+                low, high = self._c.get_watermark_offsets(TopicPartition(*tp), timeout_s)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read the watermarks of {tp[0]}[{tp[1]}]: {exc}") from exc
+        return int(low), int(high)
+
+    def committed(self, tps: Sequence[TP], timeout_s: float) -> dict[TP, int | None]:
+        try:
+            got = self._c.committed([TopicPartition(t, p) for t, p in tps], timeout_s)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read committed offsets: {exc}") from exc
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in got}
+
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> list[int]:
+        try:
+            md = self._c.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read the metadata of {topic}: {exc}") from exc
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise EventLogError(f"topic {topic}: {t.error if t is not None else 'missing'}; run `gnomon infra up`")
+        return sorted(t.partitions)
+
+    def offsets_for_time(self, topic: str, partitions: Sequence[int], ts_ms: int,
+                         timeout_s: float = 10.0) -> dict[int, int]:
+        try:
+            got = self._c.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in partitions], timeout_s)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot look up offsets by time on {topic}: {exc}") from exc
+        return {tp.partition: tp.offset if tp.offset >= 0 else -1 for tp in got}
+
+    def pause(self, tps: Sequence[TP]) -> None:
+        try:
+            self._c.pause([TopicPartition(t, p) for t, p in tps])
+        except KafkaException as exc:
+            raise EventLogError(f"pause failed: {exc}") from exc
+
+    def resume(self, tps: Sequence[TP]) -> None:
+        try:
+            self._c.resume([TopicPartition(t, p) for t, p in tps])
+        except KafkaException as exc:
+            raise EventLogError(f"resume failed: {exc}") from exc
+
+    def close(self) -> None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._c.close()
+
+
+class KafkaGroupConsumer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self._c = Consumer(conf)
+
+    def subscribe(self, topics: Sequence[str], *, on_assign: Partitions, on_revoke: Partitions,
+                  on_lost: Partitions) -> None:
+        def wrap(cb: Partitions) -> Any:
+            return lambda _c, tps: cb([(tp.topic, tp.partition) for tp in tps])
+
+        self._c.subscribe(list(topics), on_assign=wrap(on_assign), on_revoke=wrap(on_revoke), on_lost=wrap(on_lost))
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Record]:
+        try:
+            return _records(self._c.consume(max_records, timeout_s), "group consumer")
+        except KafkaException as exc:
+            raise EventLogError(f"consume failed: {exc}") from exc
+
+    def assignment(self) -> list[TP]:
+        return [(tp.topic, tp.partition) for tp in self._c.assignment()]
+
+    def position(self, tps: Sequence[TP]) -> dict[TP, int]:
+        try:
+            got = self._c.position([TopicPartition(t, p) for t, p in tps])
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read positions: {exc}") from exc
+        return {(tp.topic, tp.partition): tp.offset if tp.offset is not None and tp.offset >= 0 else -1 for tp in got}
+
+    def high_watermark(self, tp: TP) -> int:
+        try:
+            return int(self._c.get_watermark_offsets(TopicPartition(*tp), cached=True)[1])
+        except KafkaException:
+            return -1
+
+    def committed(self, tps: Sequence[TP], timeout_s: float) -> dict[TP, int | None]:
+        try:
+            got = self._c.committed([TopicPartition(t, p) for t, p in tps], timeout_s)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read committed offsets: {exc}") from exc
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in got}
+
+    def seek(self, tp: TP, offset: int) -> None:
+        try:
+            self._c.seek(TopicPartition(tp[0], tp[1], offset))
+        except KafkaException as exc:
+            raise EventLogError(f"cannot seek {tp[0]}[{tp[1]}] to {offset}: {exc}") from exc
+
+    def group_metadata(self) -> Any:
+        return self._c.consumer_group_metadata()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing is best-effort
+            self._c.close()
+
+
+class KafkaTransactionalProducer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self._p = _KProducer(conf)
+
+    def init_transactions(self, timeout_s: float) -> None:
+        try:
+            self._p.init_transactions(timeout_s)
+        except KafkaException as exc:
+            raise _txn_error(exc, "cannot initialise Kafka transactions") from exc
+
+    def begin(self) -> None:
+        try:
+            self._p.begin_transaction()
+        except KafkaException as exc:
+            raise _txn_error(exc, "begin_transaction") from exc
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if partition is not None:
+            kwargs["partition"] = partition
+        try:
+            produce_waiting(self._p, topic, **kwargs)
+        except KafkaException as exc:
+            raise _txn_error(exc, f"produce to {topic}") from exc
+
+    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any, timeout_s: float) -> None:
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            self._p.send_offsets_to_transaction(tps, group_metadata, timeout_s)
+        except KafkaException as exc:
+            raise _txn_error(exc, "send_offsets_to_transaction") from exc
+
+    def commit(self, timeout_s: float) -> None:
+        try:
+            self._p.commit_transaction(timeout_s)
+        except KafkaException as exc:
+            raise _txn_error(exc, "commit_transaction") from exc
+
+    def abort(self, timeout_s: float) -> None:
+        try:
+            self._p.abort_transaction(timeout_s)
+        except KafkaException as exc:
+            raise _txn_error(exc, "abort_transaction") from exc
+
+    def flush(self, timeout_s: float) -> int:
+        return int(self._p.flush(timeout_s))
+
+
+class KafkaProducer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self._p = _KProducer(conf)
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Delivery | None = None,
+                ) -> None:
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if on_delivery is not None:
+            report = on_delivery
+            kwargs["on_delivery"] = lambda err, _msg: report(None if err is None else str(err))
+        try:
+            produce_waiting(self._p, topic, **kwargs)
+        except KafkaException as exc:  # e.g. a record over message.max.bytes
+            raise EventLogError(f"cannot produce to {topic}: {exc}") from exc
+
+    def poll(self, timeout_s: float) -> int:
+        return int(self._p.poll(timeout_s))
+
+    def flush(self, timeout_s: float) -> int:
+        return int(self._p.flush(timeout_s))
+
+
+class KafkaEventLog:
+    def __init__(self, bootstrap: str, *, role: str | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.role = role
+
+    def reader(self, group_id: str, *, client_id: str | None = None,
+               config: Mapping[str, Any] | None = None) -> KafkaReader:
+        extra = {**({"client.id": client_id} if client_id else {}), **(config or {})}
+        return KafkaReader(consumer_config(self.bootstrap, group_id, role=self.role, **extra))
+
+    def group_consumer(self, group_id: str, *, client_id: str, session_timeout_ms: int,
+                       config: Mapping[str, Any] | None = None) -> KafkaGroupConsumer:
+        return KafkaGroupConsumer(consumer_config(self.bootstrap, group_id, role=self.role, **{
+            "client.id": client_id, "session.timeout.ms": session_timeout_ms, **(config or {})}))
+
+    def transactional_producer(self, transactional_id: str, *, client_id: str, transaction_timeout_ms: int,
+                               config: Mapping[str, Any] | None = None) -> KafkaTransactionalProducer:
+        return KafkaTransactionalProducer(producer_config(self.bootstrap, role=self.role, **{
+            "transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms,
+            "message.timeout.ms": transaction_timeout_ms, "client.id": client_id, **(config or {})}))
+
+    def producer(self, *, client_id: str, config: Mapping[str, Any] | None = None) -> KafkaProducer:
+        return KafkaProducer(producer_config(self.bootstrap, role=self.role, **{"client.id": client_id,
+                                                                                 **(config or {})}))
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        return read_end_offset(self.bootstrap, topic, partition, role=self.role)
+
+    def read_to_end(self, topic: str, partition: int, timeout_s: float, start: int | None = None) -> Iterator[Record]:
+        return read_partition_to_end(self.bootstrap, topic, partition, timeout_s, start, role=self.role)
+
+
+def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | None = None) -> int:
+    c = Consumer(consumer_config(bootstrap, RESTORE_GROUP, role=role))
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
+    except KafkaException as exc:
+        raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
+    finally:
+        c.close()
+
+
+def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float,
+                          start: int | None = None, *, role: str | None = None) -> Iterator[Record]:
+    """Every committed record of one partition, from ``start`` (default: the beginning)
+    to the current end."""
+    c = Consumer(consumer_config(bootstrap, RESTORE_GROUP, role=role,
+                                 **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
+    try:
+        try:
+            low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
+        low = max(low, start) if start is not None else low
+        if high <= low:
+            return
+        c.assign([TopicPartition(topic, partition, low)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                batch = c.consume(5000, 0.05)
+            except KafkaException as exc:
+                raise EventLogError(f"restoring {topic}[{partition}]: {exc}") from exc
+            if not batch:
+                pos = c.position([TopicPartition(topic, partition)])[0].offset
+                if pos is not None and pos >= high:
+                    return
+                continue
+            for msg in batch:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise EventLogError(f"restoring {topic}[{partition}]: {err}")
+                offset = msg.offset()
+                assert offset is not None
+                yield Record(topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1])
+                if offset + 1 >= high:
+                    return
+        raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
+    finally:
+        c.close()

@@ -1,0 +1,452 @@
+"""Simulate a gnomon cluster in one thread: the real ``Processor`` and ``Worker`` loops on
+the in-memory event log (``gnomon.eventlog.memory``), with seeded faults.
+
+``SimCluster(seed)`` runs N processors (one consumer group, transactions, standbys,
+checkpoints, restore from the changelogs) and M workers (inbox, local timer, adverts,
+heartbeats, hand-backs) against a ``MemoryEventLog`` and a ``FakeClock``. Nothing runs
+on another thread and nothing reads the wall clock, so a seed replays exactly:
+
+* processors and workers are stepped in an order drawn from the seed's RNG, after the
+  clock moved by ``step_ms``;
+* a worker's attempts go through a ``StepRunner`` (the ``AttemptRunner`` the worker
+  takes by injection): it calls the handler at once, in process (``SimExecutor``, no
+  thread), and delivers its result when the simulated duration has passed (or the
+  attempt was told to stop, or reached its timeout). The worker itself is the real one:
+  it reports the start at once and heartbeats while the attempt "runs";
+* the standbys' work per step is bounded by a constant clock, not by elapsed time.
+
+Faults (``SimFaults``), drawn per step from ``random.Random(seed)`` during ``run_for``:
+
+* ``abort``: a processor's next commit fails; it aborts and rewinds state and positions;
+* ``kill``: a processor dies (no close, its state store possibly dropped); its session
+  lapses, its partitions move; it comes back later and restores from the changelogs;
+* ``rebalance``: a processor stops cleanly (checkpoints, leaves the group) and rejoins;
+* ``zombie``: a processor stalls past its session timeout, then serves one more batch
+  as if nothing happened: its commit must be refused (fencing), then it learns it lost
+  its partitions;
+* ``duplicate`` / ``reorder``: plain producers (workers, the client) deliver a record
+  of run-events or job-commands twice, or after records sent later;
+* ``worker_crash``: a worker vanishes with its staged and running attempts; a new one
+  starts later;
+* ``skew_ms``: each worker's clock is off the cluster's by up to this, either way.
+
+``history_report()`` runs ``gnomon.checker.HistoryChecker`` over what was committed to
+the run ledger and the worker inbox (as the chaos suite reads Kafka).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gnomon import codec
+from gnomon.checker import CheckReport, HistoryChecker
+from gnomon.core import jobs as J
+from gnomon.core import runs as R
+from gnomon.core.clock import Clock, FakeClock
+from gnomon.core.model import Target
+from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, PlainFaults
+from gnomon.streams.runtime import Processor, ProcessorConfig
+from gnomon.streams.stores import MemoryStores
+from gnomon.topology import Topology, load_topology
+from gnomon.worker.attempt import AttemptContext, AttemptResult, encode_output
+from gnomon.worker.executors import Handler
+from gnomon.worker.worker import Worker
+
+TENANT = "sim"
+HANDLER = "sim"
+
+
+class OffsetClock:
+    """A clock that is off another one by a fixed amount (a worker's skewed clock)."""
+
+    def __init__(self, base: Clock, offset_ms: int) -> None:
+        self.base = base
+        self.offset_ms = offset_ms
+
+    def now_ms(self) -> int:
+        return self.base.now_ms() + self.offset_ms
+
+
+class SimExecutor:
+    """Calls the worker's registered handler in process, on the caller's thread."""
+
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        self.handlers = handlers
+
+    def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
+        fn = self.handlers.get(target.handler or "")
+        if fn is None:
+            return AttemptResult(R.Outcome.FAILED, None, f"no handler {target.handler!r}")
+        try:
+            value = fn(ctx)
+        except Exception as exc:
+            return AttemptResult(R.Outcome.FAILED, 1, f"{type(exc).__name__}: {exc}")
+        output, _why = encode_output(value)
+        return AttemptResult(R.Outcome.SUCCEEDED, 0, None, output)
+
+
+class StepRunner:
+    """Deterministic attempts (``worker.AttemptRunner``): started at once, ended when the
+    simulated duration is over, at the timeout, or when the attempt is told to stop."""
+
+    def __init__(self, clock: Clock, duration_ms: Callable[[AttemptContext], int]) -> None:
+        self.clock = clock
+        self.duration_ms = duration_ms
+        self._pending: list[tuple[int, int, AttemptContext, AttemptResult, Callable[[AttemptResult], None]]] = []
+        self._seq = 0
+        self.started = 0
+
+    def start(self, ctx: AttemptContext, begin: Callable[[], None], work: Callable[[], AttemptResult],
+              end: Callable[[AttemptResult], None]) -> None:
+        begin()
+        self.started += 1
+        result = work()
+        took = self.duration_ms(ctx)
+        limit = int(ctx.timeout_s * 1000)
+        if took >= limit:
+            took, result = limit, AttemptResult(R.Outcome.FAILED, None, f"timed out after {ctx.timeout_s:g} s")
+        self._seq += 1
+        heapq.heappush(self._pending, (self.clock.now_ms() + took, self._seq, ctx, result, end))
+
+    def step(self) -> int:
+        now = self.clock.now_ms()
+        due = [p for p in self._pending if p[0] <= now or p[2].stop.is_set()]
+        if not due:
+            return 0
+        self._pending = [p for p in self._pending if not (p[0] <= now or p[2].stop.is_set())]
+        heapq.heapify(self._pending)
+        for at, _, ctx, result, end in sorted(due, key=lambda p: (p[0], p[1])):
+            if at > now:  # stopped before its end
+                result = AttemptResult(R.Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
+            end(result)
+        return len(due)
+
+    def running(self) -> int:
+        return len(self._pending)
+
+
+def sim_handler(ctx: AttemptContext) -> Any:
+    """The handler every simulated job calls. Payload: ``{"fail_attempts": k}`` fails the
+    first k attempts of each run."""
+    payload = ctx.payload if isinstance(ctx.payload, dict) else {}
+    if ctx.attempt <= int(payload.get("fail_attempts", 0)):
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+    return {"run": ctx.run_id, "attempt": ctx.attempt}
+
+
+@dataclass
+class SimFaults:
+    """Per-step probabilities of each fault (see the module doc)."""
+
+    abort: float = 0.0
+    kill: float = 0.0
+    rebalance: float = 0.0
+    zombie: float = 0.0
+    worker_crash: float = 0.0
+    duplicate: float = 0.0  # per record of run-events / job-commands from a plain producer
+    reorder: float = 0.0
+    skew_ms: int = 0
+
+    @classmethod
+    def mixed(cls) -> SimFaults:
+        return cls(abort=0.02, kill=0.01, rebalance=0.01, zombie=0.01, worker_crash=0.01, duplicate=0.05,
+                   reorder=0.05, skew_ms=1_500)
+
+
+@dataclass
+class _Proc:
+    name: str
+    stores: MemoryStores = field(default_factory=MemoryStores)
+    proc: Processor | None = None
+    down_until_ms: int | None = None  # dead or stopped; restarts then
+    paused_until_ms: int | None = None  # stalled (a zombie to be)
+
+
+@dataclass
+class _Worker:
+    index: int
+    generation: int = 0
+    worker: Worker | None = None
+    runner: StepRunner | None = None
+    down_until_ms: int | None = None
+
+
+def _zero() -> float:
+    return 0.0
+
+
+class SimCluster:
+    def __init__(self, seed: int, *, processors: int = 2, workers: int = 2, partitions: int = 4,
+                 faults: SimFaults | None = None, standbys: bool = True, worker_slots: int = 8,
+                 step_ms: int = 100, session_timeout_ms: int = 3_000,
+                 run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
+                 duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.clock = FakeClock()
+        self.topo = replace(topology or load_topology(), partitions=partitions)
+        self.log = MemoryEventLog(self.clock, partitions=partitions)
+        self.faults = faults or SimFaults()
+        self.step_ms = step_ms
+        self.worker_slots = worker_slots
+        self.duration_range = duration_ms
+        self.run_cfg = run_cfg or R.RunConfig(lease_ms=8_000, stage_ahead_ms=3_000, timeout_grace_ms=5_000)
+        self.sched_cfg = sched_cfg or J.SchedulerConfig(lookahead_ms=5_000)
+        self.cfg = ProcessorConfig(bootstrap="memory", state_dir=Path("/nonexistent"), standbys=standbys,
+                                   session_timeout_ms=session_timeout_ms, transaction_timeout_ms=5_000,
+                                   tick_interval_ms=200, sched=self.sched_cfg, runs=self.run_cfg)
+        self.procs = [_Proc(f"p{i}") for i in range(processors)]
+        self.workers = [_Worker(i) for i in range(workers)]
+        self.events: list[str] = []  # the faults injected, in order (for a failing seed's message)
+        self.counts: dict[str, int] = {}
+        self.client = self.log.producer(client_id="sim-client")
+        self._faulting = False
+        self._scheduled: list[tuple[int, int, Callable[[], None]]] = []  # (at, seq, action)
+        self.log.plain_faults = PlainFaults(random.Random(f"{seed}/plain"),
+                                            frozenset({self.topo.run_events, self.topo.job_commands}))
+        for slot in self.procs:
+            self._start_proc(slot)
+        for w in self.workers:
+            self._start_worker(w)
+
+    # ---- members --------------------------------------------------------------------------
+
+    def _start_proc(self, slot: _Proc) -> None:
+        proc = Processor(replace(self.cfg, instance_id=slot.name), self.clock, self.topo, log=self.log,
+                         stores=slot.stores, monotonic=_zero)
+        proc.start()
+        slot.proc, slot.down_until_ms, slot.paused_until_ms = proc, None, None
+
+    def _start_worker(self, w: _Worker) -> None:
+        skew = self.rng.randint(-self.faults.skew_ms, self.faults.skew_ms) if self.faults.skew_ms else 0
+        clock: Clock = OffsetClock(self.clock, skew) if skew else self.clock
+        runner = StepRunner(clock, self._duration)
+        executor = SimExecutor({})
+        worker = Worker("default", worker_id=f"w{w.index}.{w.generation}", concurrency_max=self.worker_slots,
+                        clock=clock, topology=self.topo, tenants=[TENANT], log=self.log,
+                        executor=executor, runner=runner, advert_interval_ms=1_000, handback_after_ms=1_000)
+        worker.handler(HANDLER)(sim_handler)
+        executor.handlers = worker.handlers
+        worker.start()
+        w.worker, w.runner, w.down_until_ms = worker, runner, None
+        if skew:
+            self._event(f"worker {worker.worker_id} clock skew {skew:+d} ms")
+
+    def _duration(self, ctx: AttemptContext) -> int:
+        lo, hi = self.duration_range
+        return random.Random(f"{self.seed}/{ctx.run_id}/{ctx.attempt}").randint(lo, hi)
+
+    def processor(self, name: str) -> Processor:
+        proc = self._slot(name).proc
+        assert proc is not None, f"{name} is down"
+        return proc
+
+    def live_processors(self) -> list[Processor]:
+        return [s.proc for s in self.procs if s.proc is not None and s.paused_until_ms is None]
+
+    def consumer_of(self, proc: Processor) -> MemoryGroupConsumer:
+        assert isinstance(proc.consumer, MemoryGroupConsumer)
+        return proc.consumer
+
+    # ---- input ----------------------------------------------------------------------------
+
+    def submit(self, cmd: Any) -> None:
+        """A job command, as the API or the SDK would produce it."""
+        self.client.produce(self.topo.job_commands, cmd.job_id.encode(), codec.encode(cmd))
+
+    def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
+                 timeout_s: int = 60) -> None:
+        from gnomon.core.model import JobSpec, RetryPolicy, Schedule, TargetType
+
+        spec = JobSpec(name=job_id, schedule=Schedule(cron=cron), target=Target(TargetType.HANDLER, handler=HANDLER),
+                       payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
+                       retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0))
+        self.submit(J.RegisterJob(job_id, TENANT, spec, self.clock.now_ms()))
+
+    # ---- time -----------------------------------------------------------------------------
+
+    def at(self, at_ms: int, action: Callable[[], None]) -> None:
+        """Do ``action`` (e.g. submit a command) at the first step at or after ``at_ms``."""
+        heapq.heappush(self._scheduled, (at_ms, len(self._scheduled) + len(self.events), action))
+
+    def step(self) -> None:
+        self.clock.advance(self.step_ms)
+        now = self.clock.now_ms()
+        while self._scheduled and self._scheduled[0][0] <= now:
+            heapq.heappop(self._scheduled)[2]()
+        if self._faulting:
+            self._inject(now)
+        self._revive(now)
+        members: list[Callable[[], None]] = []
+        for s in self.procs:
+            if s.proc is not None and s.paused_until_ms is None:
+                members.append(s.proc.step)
+        for w in self.workers:
+            if w.worker is not None and w.runner is not None:
+                members.append(self._worker_step(w.worker, w.runner))
+        self.rng.shuffle(members)
+        for member in members:
+            member()
+        self.client.poll(0)
+
+    @staticmethod
+    def _worker_step(worker: Worker, runner: StepRunner) -> Callable[[], None]:
+        def step() -> None:
+            runner.step()
+            worker.step(0)
+        return step
+
+    def owner(self, partition: int) -> str | None:
+        """The live processor that owns ``partition`` now, if one does."""
+        for s in self.procs:
+            if s.proc is not None and s.paused_until_ms is None and partition in s.proc.tasks:
+                return s.name
+        return None
+
+    def run_for(self, duration_ms: int, *, faults: bool = True) -> None:
+        self._faulting = faults
+        self.log.plain_faults = replace(self.log.plain_faults, p_duplicate=self.faults.duplicate if faults else 0.0,
+                                        p_reorder=self.faults.reorder if faults else 0.0) \
+            if self.log.plain_faults is not None else None
+        end = self.clock.now_ms() + duration_ms
+        while self.clock.now_ms() < end:
+            self.step()
+        self._faulting = False
+
+    def heal(self, settle_ms: int = 30_000) -> None:
+        """Stop injecting, bring everything back, and let the cluster settle."""
+        now = self.clock.now_ms()
+        for s in self.procs:
+            if s.down_until_ms is not None:
+                s.down_until_ms = now
+            if s.paused_until_ms is not None:
+                s.paused_until_ms = now
+        for w in self.workers:
+            if w.down_until_ms is not None:
+                w.down_until_ms = now
+        self.run_for(settle_ms, faults=False)
+
+    # ---- faults ---------------------------------------------------------------------------
+
+    def _event(self, what: str) -> None:
+        self.events.append(f"t+{self.clock.now_ms() - FakeClock().now_ms()}ms {what}")
+
+    def _count(self, kind: str) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def _slot(self, name: str) -> _Proc:
+        return next(s for s in self.procs if s.name == name)
+
+    def fail_next_commit(self, name: str) -> None:
+        """``name``'s next commit fails (abortable): it must abort and rewind."""
+        self.log.fail_next_commit.add(f"gnomon-processor-{name}")
+        self._count("abort")
+        self._event(f"{name}: next commit fails")
+
+    def kill(self, name: str, *, drop_state: bool, down_ms: int) -> None:
+        """``name`` dies: no close, so its session lapses; ``drop_state``: its disk too."""
+        s = self._slot(name)
+        s.proc = None
+        if drop_state:
+            s.stores = MemoryStores()
+        s.down_until_ms = self.clock.now_ms() + down_ms
+        self._count("kill")
+        self._event(f"{name}: killed{' with its state' if drop_state else ''}")
+
+    def stop(self, name: str, *, down_ms: int) -> None:
+        """``name`` stops cleanly (checkpoints, leaves the group) and rejoins later."""
+        s = self._slot(name)
+        assert s.proc is not None
+        s.proc.close()
+        s.proc = None
+        s.down_until_ms = self.clock.now_ms() + down_ms
+        self._count("rebalance")
+        self._event(f"{name}: stopped cleanly")
+
+    def stall(self, name: str, ms: int) -> None:
+        """``name`` is not stepped for ``ms``; then it serves one more batch as if its session
+        had not lapsed (a zombie)."""
+        self._slot(name).paused_until_ms = self.clock.now_ms() + ms
+        self._count("zombie")
+        self._event(f"{name}: stalls for {ms} ms")
+
+    def crash_worker(self, index: int, *, down_ms: int) -> None:
+        w = self.workers[index]
+        assert w.worker is not None
+        self._event(f"worker {w.worker.worker_id} crashed")
+        w.worker = w.runner = None
+        w.generation += 1
+        w.down_until_ms = self.clock.now_ms() + down_ms
+        self._count("worker_crash")
+
+    def _inject(self, now: int) -> None:
+        f, rng = self.faults, self.rng
+        live = [s.name for s in self.procs if s.proc is not None and s.paused_until_ms is None]
+        if live and rng.random() < f.abort:
+            self.fail_next_commit(rng.choice(live))
+        if len(live) > 1 and rng.random() < f.kill:
+            name = rng.choice(live)
+            live.remove(name)
+            self.kill(name, drop_state=rng.random() < 0.5, down_ms=rng.randint(500, 6_000))
+        if live and rng.random() < f.rebalance:
+            name = rng.choice(live)
+            live.remove(name)
+            self.stop(name, down_ms=rng.randint(0, 3_000))
+        if len(live) > 1 and rng.random() < f.zombie:
+            self.stall(rng.choice(live), self.cfg.session_timeout_ms + rng.randint(500, 2_000))
+        up = [i for i, w in enumerate(self.workers) if w.worker is not None]
+        if up and rng.random() < f.worker_crash:
+            self.crash_worker(rng.choice(up), down_ms=rng.randint(0, 5_000))
+
+    def _revive(self, now: int) -> None:
+        for s in self.procs:
+            if s.paused_until_ms is not None and now >= s.paused_until_ms:
+                s.paused_until_ms = None
+                if s.proc is not None:
+                    self.consumer_of(s.proc).stale_view = 1  # it has not noticed its session lapsed
+                    self._event(f"{s.name}: resumes (zombie)")
+            if s.proc is None and s.down_until_ms is not None and now >= s.down_until_ms:
+                self._start_proc(s)
+                self._event(f"{s.name}: restarted")
+        for w in self.workers:
+            if w.worker is None and w.down_until_ms is not None and now >= w.down_until_ms:
+                self._start_worker(w)
+                self._event(f"worker w{w.index}.{w.generation} started")
+
+    # ---- inspection -----------------------------------------------------------------------
+
+    def ledger(self) -> list[R.RunState]:
+        """Every committed run-ledger state, in log order per partition."""
+        return [codec.decode(r.value, topic=self.topo.runs) for r in self.log.records(self.topo.runs)
+                if r.value is not None]
+
+    def jobs(self) -> dict[str, J.JobState]:
+        """The latest committed state of every job (deleted ones left out)."""
+        out: dict[str, J.JobState | None] = {}
+        for r in self.log.records(self.topo.jobs):
+            out[(r.key or b"").decode()] = None if r.value is None else codec.decode(r.value, topic=self.topo.jobs)
+        return {k: v for k, v in out.items() if v is not None}
+
+    def history_report(self) -> CheckReport:
+        checker = HistoryChecker()
+        for state in self.ledger():
+            checker.observe(state)
+        for r in self.log.records(self.topo.worker_inbox):
+            if r.value is not None:
+                checker.observe(codec.decode(r.value))
+        return checker.check(list(self.jobs().values()), self.clock.now_ms())
+
+    def describe(self) -> str:
+        """The seed, the faults injected and the counters: for a failing scenario's message."""
+        procs = {s.name: (s.proc.transactions, s.proc.aborts) for s in self.procs if s.proc is not None}
+        tail = "\n  ".join(self.events[-40:])
+        return (f"seed={self.seed} faults={self.counts} fenced={len(self.log.fenced)} commits={self.log.commits} "
+                f"aborts={self.log.aborts} duplicated={self.log.plain_faults.duplicated if self.log.plain_faults else 0} "
+                f"reordered={self.log.plain_faults.reordered if self.log.plain_faults else 0} "
+                f"procs(txns, aborts)={procs}\n  {tail}")

@@ -1,0 +1,198 @@
+"""Each fault of the simulation (gnomon.sim) is really injected and really handled, by
+the real Processor and Worker loops on the in-memory event log."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from gnomon.adapters.kafka import partition_for
+from gnomon.adapters.kv import MemoryKV
+from gnomon.sim import SimCluster, SimFaults
+from gnomon.streams.runtime import Processor
+from gnomon.streams.task import PartitionTask
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def rebuild(c: SimCluster, p: int) -> dict[bytes, bytes]:
+    """Partition ``p``'s state rebuilt from what is committed on its changelogs."""
+    task = PartitionTask(p, MemoryKV(), c.topo, c.sched_cfg, c.run_cfg)
+    latest: dict[str, dict[str, bytes | None]] = {c.topo.jobs: {}, c.topo.runs: {}}
+    for topic, table in latest.items():
+        for r in c.log.records(topic, p):
+            table[(r.key or b"").decode()] = r.value
+    task.bulk_load(latest[c.topo.jobs], latest[c.topo.runs])
+    return dict(task.kv.scan(b"", b"\xff", 10**9))
+
+
+def state(proc: Processor, p: int) -> dict[bytes, bytes]:
+    return dict(proc.tasks[p].kv.scan(b"", b"\xff", 10**9))
+
+
+def cluster(seed: int = 1, **kw: object) -> SimCluster:
+    c = SimCluster(seed, **kw)  # type: ignore[arg-type]
+    c.register("a", "*/2 * * * * *")
+    c.register("b", "*/3 * * * * *", fail_attempts=1)
+    return c
+
+
+def assert_clean(c: SimCluster) -> None:
+    rep = c.history_report()
+    why = f"{rep.summary()}\n{c.describe()}\n{rep.problems[:10]}"
+    assert rep.slots > 0 and rep.ok and rep.missed == 0 and rep.duplicates == 0, why
+
+
+def every_owned_partition_matches_its_changelog(c: SimCluster) -> int:
+    n = 0
+    for s in c.procs:
+        if s.proc is None:
+            continue
+        for p in s.proc.tasks:
+            assert state(s.proc, p) == rebuild(c, p), f"{s.name} partition {p} differs from its changelog"
+            n += 1
+    return n
+
+
+def test_the_same_seed_replays_identically() -> None:
+    def run() -> tuple[list[object], list[str]]:
+        c = cluster(11, faults=SimFaults.mixed())
+        c.run_for(12_000)
+        c.heal(8_000)
+        return [(r.partition, r.offset, r.key, r.value) for r in c.log.records(c.topo.runs)], c.events
+
+    first, second = run(), run()
+    assert first[1] and first == second
+
+
+def test_a_zombie_processor_cannot_commit_and_then_learns_it_lost_its_partitions() -> None:
+    c = cluster(2)
+    c.run_for(4_000, faults=False)
+    p0 = c.processor("p0")
+    had = set(p0.tasks)
+    assert had and c.log.fenced == []
+    aborts = p0.aborts
+    c.stall("p0", c.cfg.session_timeout_ms + 1_000)
+    c.run_for(c.cfg.session_timeout_ms + 600, faults=False)
+    assert all(c.owner(p) == "p1" for p in range(c.topo.partitions)), "p1 took over the stalled p0's partitions"
+    assert set(p0.tasks) == had  # p0 has not noticed
+    c.run_for(1_000, faults=False)  # p0 resumes and serves one batch from its lost partitions
+    assert any(f.startswith("gnomon-processor-p0:") for f in c.log.fenced), c.log.fenced
+    assert p0.aborts > aborts
+    c.run_for(6_000, faults=False)
+    assert {c.owner(p) for p in range(c.topo.partitions)} == {"p0", "p1"}  # it rejoined
+    every_owned_partition_matches_its_changelog(c)
+    c.heal(10_000)
+    assert_clean(c)
+
+
+def _abort_a_registration(c: SimCluster) -> tuple[Processor, int]:
+    c.run_for(3_000, faults=False)
+    p = partition_for("late", c.topo.partitions)
+    owner = c.owner(p)
+    assert owner is not None
+    proc = c.processor(owner)
+    aborts = proc.aborts
+    c.register("late", "*/2 * * * * *")
+    c.client.flush(0)  # on the log now
+    c.fail_next_commit(owner)
+    for _ in range(5):
+        c.step()
+        if proc.aborts > aborts:
+            break
+    assert proc.aborts == aborts + 1
+    return proc, p
+
+
+def test_an_abort_rewinds_state_and_positions_to_the_last_commit() -> None:
+    c = cluster(3)
+    proc, p = _abort_a_registration(c)
+    assert proc.tasks[p].job("late") is None, "the aborted registration is not in state"
+    assert state(proc, p) == rebuild(c, p)
+    c.run_for(2_000, faults=False)  # read again from the rewound position, committed this time
+    assert "late" in c.jobs()
+    c.heal(8_000)
+    assert_clean(c)
+    assert any(r.job_id == "late" for r in c.ledger())
+
+
+def test_without_the_rewind_an_abort_leaves_uncommitted_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above is not vacuous: with the rewind disabled it fails."""
+    monkeypatch.setattr(Processor, "_rewind", lambda self: None)
+    c = cluster(3)
+    proc, p = _abort_a_registration(c)
+    assert proc.tasks[p].job("late") is not None
+    assert state(proc, p) != rebuild(c, p)
+
+
+def test_a_killed_processor_restores_its_partitions_from_the_changelogs() -> None:
+    c = cluster(4)
+    c.run_for(4_000, faults=False)
+    c.kill("p0", drop_state=True, down_ms=500)
+    c.run_for(c.cfg.session_timeout_ms + 700, faults=False)
+    c.run_for(4_000, faults=False)
+    owners = {c.owner(p) for p in range(c.topo.partitions)}
+    assert owners == {"p0", "p1"}, owners
+    p0 = c.processor("p0")
+    assert p0.tasks and p0.transactions > 0
+    assert every_owned_partition_matches_its_changelog(c) == c.topo.partitions
+    c.heal(10_000)
+    assert_clean(c)
+
+
+def test_a_clean_stop_checkpoints_and_the_restart_resumes_from_the_checkpoints() -> None:
+    c = cluster(5, standbys=False)
+    c.run_for(4_000, faults=False)
+    had = set(c.processor("p1").tasks)
+    c.stop("p1", down_ms=1_000)
+    assert set(c._slot("p1").stores.checkpoints) == had
+    assert all(c.owner(p) in (None, "p0") for p in range(c.topo.partitions))
+    c.run_for(500, faults=False)
+    assert all(c.owner(p) == "p0" for p in range(c.topo.partitions)), "the revoked partitions moved at once"
+    c.run_for(3_000, faults=False)
+    assert set(c.processor("p1").tasks) == had  # the range assignor gives them back
+    assert c._slot("p1").stores.checkpoints == {}, "the checkpoints were used (and consumed)"
+    every_owned_partition_matches_its_changelog(c)
+    c.heal(8_000)
+    assert_clean(c)
+
+
+def test_duplicated_and_reordered_deliveries_are_absorbed() -> None:
+    c = cluster(6, faults=SimFaults(duplicate=0.3, reorder=0.3))
+    c.run_for(15_000)
+    c.heal(10_000)
+    pf = c.log.plain_faults
+    assert pf is not None and pf.duplicated >= 10 and pf.reordered >= 10
+    rep = c.history_report()
+    assert rep.stale_rejected > 0, "some duplicated reports were refused as stale"
+    assert_clean(c)
+
+
+def test_a_crashed_workers_attempts_are_granted_again() -> None:
+    c = cluster(7, duration_ms=(3_000, 4_000))
+    c.run_for(6_000, faults=False)
+    w0 = c.workers[0]
+    assert w0.worker is not None and w0.runner is not None and w0.runner.running() > 0
+    gone = w0.worker.worker_id
+    c.crash_worker(0, down_ms=2_000)
+    c.heal(25_000)
+    grants = [s for s in c.ledger() if s.worker_id == gone]
+    assert grants
+    later = {s.run_id for s in c.ledger() if s.token >= 2 and s.worker_id != gone}
+    assert {s.run_id for s in grants} & later, "a run of the crashed worker was granted again elsewhere"
+    assert_clean(c)
+
+
+def test_workers_with_skewed_clocks() -> None:
+    c = cluster(8, faults=SimFaults(skew_ms=2_500), workers=3)
+    assert any("clock skew" in e for e in c.events)
+    c.run_for(12_000)
+    c.heal(10_000)
+    assert_clean(c)
