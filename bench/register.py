@@ -11,7 +11,9 @@ is next new year, so nothing runs), and prints:
 * acked/s: N / the time from the first send until Kafka acknowledged all (acks=all);
 * applied/s: N / the time from the first send until the processor group's committed
   offsets on the job-commands topic passed every command (a processor commits its input
-  offsets in the same transaction as the state the commands produced).
+  offsets in the same transaction as the state the commands produced);
+* confirmed/s: N / the time from the first send until the producer has read the
+  processor's answer to every command on the command-results topic (all accepted).
 
 Then it deletes the jobs the same way. Run it on a quiet stack: other commands on the
 topic count toward "applied". Prints a progress line every 5 s.
@@ -72,13 +74,19 @@ def main() -> None:
         time.sleep(5)  # the group settles (assignment, restore)
         spec = {"name": "bulk", "schedule": "0 0 1 1 *", "target": {"type": "handler", "name": "noop"}}
         ids: list[str] = []
-        with JobEvents(TENANT, settings.kafka_bootstrap) as events:
+        with JobEvents(TENANT, settings.kafka_bootstrap, replies=True) as events:
             t0 = time.monotonic()
             for i in range(args.jobs):
                 ids.append(events.register(spec, job_id=f"bench-reg-{i:08d}"))
             done = events.flush(120)
             acked_s = time.monotonic() - t0
-        print(f"acked: {done.acknowledged} registrations in {acked_s:.2f}s = {args.jobs / acked_s:,.0f}/s")
+            print(f"acked: {done.acknowledged} registrations in {acked_s:.2f}s = {args.jobs / acked_s:,.0f}/s",
+                  flush=True)
+            results = events.results(WAIT_MAX_S)
+            confirmed_s = time.monotonic() - t0
+        refused = [r for r in results if not r.accepted]
+        print(f"confirmed: {len(results)} answers in {confirmed_s:.2f}s = {args.jobs / confirmed_s:,.0f}/s "
+              f"({len(refused)} refused{': ' + str(refused[0].reason) if refused else ''})")
         ends, committed = offsets(settings.kafka_bootstrap, topo.job_commands, topo.partitions)
         last = time.monotonic()
         while committed < ends:

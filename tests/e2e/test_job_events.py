@@ -44,3 +44,26 @@ def test_jobs_registered_over_kafka_run_and_obey_later_commands(stack: Stack) ->
         events.delete(job_id)
     wait_for(lambda: _job(stack, job_id) is None or (_job(stack, job_id) or {}).get("status") == "deleted", 30,
              f"{job_id} deleted")
+
+
+def test_every_command_gets_an_answer_accepted_or_refused_with_the_reason(stack: Stack) -> None:
+    """Replies: the processor answers each command on the command-results topic; a
+    refusal names what the API would name, and no longer goes to the poison topic."""
+    key = "replies-" + secrets.token_hex(4)
+    spec = {"name": key, "schedule": "0 0 1 1 *", "target": {"type": "command", "argv": ["true"]}}
+    with JobEvents("acme", load().kafka_bootstrap, replies=True) as events:
+        job_id = events.register(spec, idempotency_key=key)
+        events.register(spec, idempotency_key=key)  # the same registration again: changes nothing
+        events.patch(job_id, {"priority": "high"}, expected_version=1)
+        events.patch(job_id, {"priority": "low"}, expected_version=1)  # stale: the job is at 2 by then
+        events.pause("job_" + secrets.token_hex(8))  # no such job
+        events.delete(job_id)
+        results = events.results(timeout_s=60)
+    assert [r.command for r in results] == ["RegisterJob", "RegisterJob", "PatchJob", "PatchJob", "PauseJob",
+                                            "DeleteJob"]
+    assert [r.code.value for r in results] == ["accepted", "accepted", "accepted", "conflict", "refused",
+                                               "accepted"], results
+    assert [r.job_version for r in results[:3]] == [1, 1, 2]
+    assert "not the expected 1" in (results[3].reason or "")
+    assert "does not exist" in (results[4].reason or "")
+    assert all(r.tenant == "acme" for r in results)

@@ -399,6 +399,8 @@ class Processor:
             return []
         try:
             cmd = codec.decode(msg.value or b"")
+            if msg.topic == self.topo.job_commands:  # answered on the command-results topic, refusals too
+                return task.handle_command(cmd, now, msg.partition, msg.offset)
             return task.handle(cmd, now, msg.topic)
         except GnomonError as exc:
             self.poisoned += 1

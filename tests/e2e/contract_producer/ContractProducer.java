@@ -1,0 +1,181 @@
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.ByteArrayOutputStream;
+import java.io.File;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import org.apache.avro.Schema;
+import org.apache.avro.generic.GenericData;
+import org.apache.avro.generic.GenericDatumReader;
+import org.apache.avro.generic.GenericDatumWriter;
+import org.apache.avro.generic.GenericRecord;
+import org.apache.avro.generic.GenericRecordBuilder;
+import org.apache.avro.io.BinaryEncoder;
+import org.apache.avro.io.DecoderFactory;
+import org.apache.avro.io.EncoderFactory;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+/**
+ * Registers a gnomon job from Java, knowing gnomon only through its job-event contract
+ * (docs/job-events.md): the schema files and ids of schemas/avro/registry.json, the topic
+ * names, the key (the job id) and the Confluent framing. Then it waits for the
+ * processor's answer on the command-results topic and prints it.
+ *
+ * <p>Arguments: bootstrap username password schemaDir commandsTopic resultsTopic jobId
+ * tenant cron argv... Exit 0: accepted; 3: refused; 4: no answer in time.
+ */
+public final class ContractProducer {
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  public static void main(String[] args) throws Exception {
+    String bootstrap = args[0], user = args[1], password = args[2];
+    File dir = new File(args[3]);
+    String commandsTopic = args[4], resultsTopic = args[5], jobId = args[6], tenant = args[7], cron = args[8];
+    List<String> argv = new ArrayList<>(List.of(args).subList(9, args.length));
+
+    JsonNode registry = JSON.readTree(new File(dir, "registry.json")).get("schemas");
+    Latest command = latest(registry, commandsTopic + "-value");
+    Latest result = latest(registry, resultsTopic + "-value");
+    Schema commandSchema = parse(registry, dir, command.entry);
+    Schema resultSchema = parse(registry, dir, result.entry);
+
+    Schema body = commandSchema.getField("body").schema();
+    Schema register = body.getTypes().stream().filter(s -> s.getName().equals("RegisterJob")).findFirst()
+        .orElseThrow();
+    Schema spec = register.getField("spec").schema();
+    Schema schedule = spec.getField("schedule").schema();
+    Schema target = spec.getField("target").schema();
+    GenericRecord job = new GenericRecordBuilder(spec)
+        .set("name", "registered from Java")
+        .set("schedule", new GenericRecordBuilder(schedule).set("cron", cron).set("tz", "UTC").build())
+        .set("target", new GenericRecordBuilder(target)
+            .set("type", new GenericData.EnumSymbol(target.getField("type").schema(), "command"))
+            .set("argv", argv)
+            .build())
+        .set("timeout_s", 30L)
+        .build();
+    long now = System.currentTimeMillis();
+    GenericRecord cmd = new GenericRecordBuilder(commandSchema)
+        .set("body", new GenericRecordBuilder(register).set("job_id", jobId).set("tenant", tenant)
+            .set("spec", job).set("at_ms", now).build())
+        .build();
+    byte[] value = frame(command.id, commandSchema, cmd);
+
+    Properties common = new Properties();
+    common.put("bootstrap.servers", bootstrap);
+    common.put("security.protocol", "SASL_PLAINTEXT");
+    common.put("sasl.mechanism", "SCRAM-SHA-512");
+    common.put("sasl.jaas.config", "org.apache.kafka.common.security.scram.ScramLoginModule required username=\""
+        + user + "\" password=\"" + password + "\";");
+
+    Properties cp = new Properties();
+    cp.putAll(common);
+    cp.put(ConsumerConfig.GROUP_ID_CONFIG, "gnomon-events");
+    cp.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    cp.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+    try (KafkaConsumer<byte[], byte[]> results =
+             new KafkaConsumer<>(cp, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+      // read every partition of the results topic from its end *before* sending
+      List<TopicPartition> parts = new ArrayList<>();
+      results.partitionsFor(resultsTopic).forEach(p -> parts.add(new TopicPartition(resultsTopic, p.partition())));
+      results.assign(parts);
+      Map<TopicPartition, Long> ends = results.endOffsets(parts);
+      ends.forEach(results::seek);
+
+      Properties pp = new Properties();
+      pp.putAll(common);
+      pp.put(ProducerConfig.ACKS_CONFIG, "all");
+      pp.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
+      RecordMetadata md;
+      try (KafkaProducer<byte[], byte[]> producer =
+               new KafkaProducer<>(pp, new ByteArraySerializer(), new ByteArraySerializer())) {
+        // the key is the job id: the Java client's murmur2 partitioner is the one gnomon uses
+        md = producer.send(new ProducerRecord<>(commandsTopic, jobId.getBytes(StandardCharsets.UTF_8), value)).get();
+      }
+      System.out.println("sent " + jobId + " to " + md.topic() + "[" + md.partition() + "]@" + md.offset());
+
+      long deadline = System.currentTimeMillis() + 60_000;
+      while (System.currentTimeMillis() < deadline) {
+        for (ConsumerRecord<byte[], byte[]> rec : results.poll(Duration.ofMillis(200))) {
+          GenericRecord answer = unframe(result.id, resultSchema, rec.value());
+          if (answer == null) {
+            continue;
+          }
+          if ((Long) answer.get("source_partition") == md.partition() && (Long) answer.get("source_offset") == md.offset()) {
+            System.out.println("answer " + answer);
+            System.exit("accepted".equals(answer.get("code").toString()) ? 0 : 3);
+          }
+        }
+      }
+    }
+    System.out.println("no answer within 60 s");
+    System.exit(4);
+  }
+
+  /** A subject's latest version in registry.json: its id and entry. */
+  private record Latest(int id, JsonNode entry) {}
+
+  private static Latest latest(JsonNode registry, String subject) {
+    Latest best = null;
+    for (Iterator<Map.Entry<String, JsonNode>> it = registry.fields(); it.hasNext(); ) {
+      Map.Entry<String, JsonNode> e = it.next();
+      if (e.getValue().get("subject").asText().equals(subject)
+          && (best == null || e.getValue().get("version").asInt() > best.entry.get("version").asInt())) {
+        best = new Latest(Integer.parseInt(e.getKey()), e.getValue());
+      }
+    }
+    if (best == null) {
+      throw new IllegalStateException("no schema registered for " + subject);
+    }
+    return best;
+  }
+
+  /** A registered schema with the schemas it references parsed first (they share names). */
+  private static Schema parse(JsonNode registry, File dir, JsonNode entry) throws Exception {
+    Schema.Parser parser = new Schema.Parser();
+    for (JsonNode ref : entry.get("references")) {
+      for (Iterator<JsonNode> it = registry.elements(); it.hasNext(); ) {
+        JsonNode other = it.next();
+        if (other.get("subject").asText().equals(ref.get("subject").asText())
+            && other.get("version").asInt() == ref.get("version").asInt()) {
+          parser.parse(new File(dir, other.get("file").asText()));
+        }
+      }
+    }
+    return parser.parse(new File(dir, entry.get("file").asText()));
+  }
+
+  /** Confluent framing: byte 0, the schema id (4 bytes, big-endian), the Avro binary. */
+  private static byte[] frame(int id, Schema schema, GenericRecord record) throws Exception {
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    out.write(0);
+    out.write(ByteBuffer.allocate(4).putInt(id).array());
+    BinaryEncoder enc = EncoderFactory.get().binaryEncoder(out, null);
+    new GenericDatumWriter<GenericRecord>(schema).write(record, enc);
+    enc.flush();
+    return out.toByteArray();
+  }
+
+  private static GenericRecord unframe(int id, Schema schema, byte[] data) throws Exception {
+    if (data == null || data.length < 5 || data[0] != 0 || ByteBuffer.wrap(data, 1, 4).getInt() != id) {
+      return null; // another version or not ours: a real reader would resolve it
+    }
+    return new GenericDatumReader<GenericRecord>(schema)
+        .read(null, DecoderFactory.get().binaryDecoder(data, 5, data.length - 5, null));
+  }
+}

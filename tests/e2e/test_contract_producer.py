@@ -1,0 +1,60 @@
+"""A producer that does not import gnomon (issue 11, point 5): a Java program built from
+Maven Central jars registers a job knowing only the job-event contract (the schema files
+and ids in schemas/avro/, the topics, the key and the framing: docs/job-events.md),
+reads the processor's answer, and the job runs. No schema registry: ADR 0009."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import Stack, wait_for
+
+from gnomon.config import REPO_ROOT, load
+from gnomon.events import JobEvents
+from gnomon.infra import credentials, fetch
+from gnomon.topology import load_topology
+
+pytestmark = pytest.mark.integration
+
+SOURCE = Path(__file__).parent / "contract_producer" / "ContractProducer.java"
+
+
+@pytest.fixture(scope="module")
+def producer_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    lib = fetch.fetch(load().state_dir, "contract-producer", "the contract producer")
+    classes = tmp_path_factory.mktemp("contract-producer")
+    subprocess.run(["javac", "-cp", f"{lib}/*", "-d", str(classes), str(SOURCE)], check=True, timeout=120)
+    return f"{classes}:{lib}/*"
+
+
+def _produce(classpath: str, job_id: str, cron: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    settings, topo = load(), load_topology()
+    cred = credentials.read(settings.credentials_dir, "api")
+    assert cred is not None, "no Kafka credentials for the api role (gnomon infra up writes them)"
+    return subprocess.run(
+        ["java", "-cp", classpath, "ContractProducer", settings.kafka_bootstrap, cred.username, cred.password,
+         str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
+        capture_output=True, text=True, timeout=120)
+
+
+def test_a_java_producer_registers_a_job_reads_the_answer_and_the_job_runs(stack: Stack,
+                                                                          producer_classpath: str) -> None:
+    job_id = "java-" + secrets.token_hex(6)
+    sent = _produce(producer_classpath, job_id, "*/2 * * * * *", "sh", "-c", "echo from java")
+    assert sent.returncode == 0, f"exit {sent.returncode}\n{sent.stdout}\n{sent.stderr[-3000:]}"
+    assert '"code": "accepted"' in sent.stdout and '"job_version": 1' in sent.stdout, sent.stdout
+    try:
+        ran = wait_for(lambda: stack.client.list_runs(job_id, status="succeeded", limit=5)["items"], 60,
+                       f"a succeeded run of {job_id}")
+        logs = stack.client.get_logs(ran[0]["id"])["items"]
+        assert any(line["line"] == "from java" for line in logs), logs
+        # the same id with another definition: refused, and the answer says why
+        again = _produce(producer_classpath, job_id, "*/3 * * * * *", "true")
+        assert again.returncode == 3, f"exit {again.returncode}\n{again.stdout}\n{again.stderr[-3000:]}"
+        assert '"code": "refused"' in again.stdout and "already exists" in again.stdout, again.stdout
+    finally:
+        with JobEvents("acme", load().kafka_bootstrap) as events:
+            events.delete(job_id)
