@@ -35,7 +35,7 @@ run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a dem
 
 test: setup sysdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
-	$(BIN)/mypy src/gnomon/core src/gnomon/worker
+	$(BIN)/mypy src
 	$(BIN)/python -m pytest tests/unit -q
 	$(BIN)/python -m pytest tests/security -q -m "not integration"
 	$(BIN)/python -m gnomon.infra up
@@ -55,8 +55,8 @@ test-unit: setup ## pure tests only (no services)
 lint: setup ## ruff
 	$(BIN)/ruff check src tests bench
 
-typecheck: setup ## mypy (strict on the core and the worker)
-	$(BIN)/mypy src/gnomon/core src/gnomon/worker
+typecheck: setup ## mypy --strict on all of src (pyproject.toml [tool.mypy])
+	$(BIN)/mypy src
 
 infra-up: setup ## start Kafka + Cassandra (idempotent)
 	$(BIN)/python -m gnomon.infra up

@@ -23,15 +23,7 @@ SCANNED = ("src", "bench")
 
 # Files allowed to keep topic literals for now, each for a reason outside this change.
 # Remove an entry once its file takes names from the Topology.
-PENDING: dict[str, str] = {
-    # another agent owns it: `Topology(partitions=..., dispatch_format="gnomon.dispatch.{pool}.{priority}")`
-    # (could be dataclasses.replace(load_topology(), partitions=...)) and a
-    # `startswith("gnomon.dispatch.")` (could be self.topo.is_dispatch(o.topic))
-    "src/gnomon/testing.py": "owned by another agent",
-    # three codec.encode(..., "gnomon.runs"/"gnomon.jobs") calls (could be load_topology().runs/.jobs);
-    # the file has another agent's uncommitted edits
-    "bench/rebuild.py": "another agent's uncommitted edits",
-}
+PENDING: dict[str, str] = {}  # files not yet moved to the topology (none left)
 
 
 def topic_names(path: Path = TOPOLOGY) -> set[str]:
