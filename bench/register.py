@@ -42,6 +42,16 @@ TENANT = "bench-reg"
 WAIT_MAX_S = 600
 
 
+def cpu_s(pid: int) -> float:
+    """user + system CPU seconds of process ``pid`` (/proc/<pid>/stat fields 14 and 15)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = raw[raw.rindex(")") + 2:].split()  # fields[0] is field 3 (state)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def offsets(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
     """(sum of end offsets, sum of the processor group's committed offsets) of ``topic``."""
     c = Consumer(consumer_config(bootstrap, GROUP_ID, role="processor"))
@@ -74,6 +84,7 @@ def main() -> None:
         time.sleep(5)  # the group settles (assignment, restore)
         spec = {"name": "bulk", "schedule": "0 0 1 1 *", "target": {"type": "handler", "name": "noop"}}
         ids: list[str] = []
+        cpu0 = cpu_s(proc.pid) if proc is not None else 0.0
         with JobEvents(TENANT, settings.kafka_bootstrap, replies=True) as events:
             t0 = time.monotonic()
             for i in range(args.jobs):
@@ -100,6 +111,10 @@ def main() -> None:
         applied_s = time.monotonic() - t0
         print(f"applied: {args.jobs} registrations in {applied_s:.2f}s = {args.jobs / applied_s:,.0f}/s "
               "(first send to the processor's commit)")
+        if proc is not None:
+            used = cpu_s(proc.pid) - cpu0
+            print(f"processor CPU: {used:.1f} s = {1000 * used / args.jobs:.2f} CPU-ms per command "
+                  f"({used / applied_s:.0%} of one core while applying)")
         with JobEvents(TENANT, settings.kafka_bootstrap) as events:
             for job_id in ids:
                 events.delete(job_id)

@@ -431,7 +431,11 @@ class PartitionTask:
         except GnomonError as exc:
             self.stats.commands_refused += 1
             return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]
-        job = self.job(cmd.job_id) if isinstance(getattr(cmd, "job_id", None), str) else None
+        # the job's version after it: from the changelog record it wrote (no second read of
+        # the store), else the stored job (a command that changed nothing)
+        written = [o.value for o in out if o.topic == self.topo.jobs and isinstance(o.value, J.JobState)]
+        job = written[-1] if written else (self.job(cmd.job_id) if isinstance(getattr(cmd, "job_id", None), str)
+                                           else None)
         version = None if job is None else job.version
         return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version), partition)]
 
