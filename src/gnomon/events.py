@@ -58,11 +58,11 @@ KAFKA_ROLE_DEFAULT = "api"  # only the API's principal may write the job-command
 FLUSH_TIMEOUT_S = 30.0
 JOB_ID_MAX_CHARS = 200
 ERRORS_KEPT_MAX = 100  # delivery errors remembered until the next flush (the count is exact)
-EARLY_MAX = 100_000  # results read before their command's results() call, kept for it
 RESULTS_GROUP = "gnomon-events"  # a group id librdkafka needs; nothing is committed (assigned partitions)
 
 
 RESULTS_TIMEOUT_S = 60.0
+_FAILED = ("", -1, -1)  # a command Kafka did not write (its slot in the send order)
 
 
 class _Producer(Protocol):
@@ -120,6 +120,7 @@ class JobEvents:
         # a reader of the results topic positioned at its end before the first send
         self._replies = replies
         self._sent: list[tuple[str, int, int] | None] = []  # (job id, partition, offset); None: not acked yet
+        self._waiting: list[tuple[str, int, int]] = []  # written, answer not returned yet (send order)
         self._consumer: _Consumer | None = None
         if replies:
             self._consumer = results_consumer or self._results_consumer(bootstrap, role)
@@ -190,27 +191,31 @@ class JobEvents:
         return done
 
     def results(self, timeout_s: float = RESULTS_TIMEOUT_S) -> list[CommandResult]:
-        """The processor's answers to every command sent since the last call, in the
-        order they were sent (flushes first). Raises ``EventLogError`` if some did not
-        come within ``timeout_s`` (a processor down or behind: the commands are safe in
-        Kafka and will be applied; ask again)."""
+        """The processor's answers to every command sent (and written) since the last
+        call that returned, in the order they were sent; flushes first. Raises
+        ``EventLogError`` if some did not come within ``timeout_s`` (a processor down or
+        behind: the commands are safe in Kafka and will be applied): call it again to
+        keep waiting for the same answers. A command Kafka refused has no answer (the
+        flush raised for it)."""
         if self._consumer is None:
             raise ValidationError("replies", "this JobEvents was made without replies=True")
+        deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         sent, self._sent = self._sent, []
-        wanted: dict[tuple[int, int], int] = {}  # (partition, offset) -> index in the order sent
-        for i, entry in enumerate(sent):
-            assert entry is not None, "flush() returned with a command not acknowledged"
-            wanted[(entry[1], entry[2])] = i
+        self._waiting += [e for e in sent if e is not None and e is not _FAILED]
+        wanted = {(p, o): i for i, (_, p, o) in enumerate(self._waiting)}  # position -> index in send order
         found: dict[int, CommandResult] = {}
         for key in [k for k in self._early if k in wanted]:
             found[wanted[key]] = self._early.pop(key)
-        deadline = time.monotonic() + timeout_s
         while len(found) < len(wanted):
             left = deadline - time.monotonic()
             if left <= 0:
+                for key, i in wanted.items():  # kept for the next call, which waits for the rest
+                    if i in found:
+                        self._early[key] = found[i]
                 raise EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not "
-                                    f"arrive within {timeout_s}s (is a processor running?)")
+                                    f"arrive within {timeout_s}s (is a processor running?); call results() "
+                                    "again to keep waiting")
             for msg in self._consumer.consume(1000, min(0.2, left)):
                 if msg.error():
                     continue
@@ -218,20 +223,18 @@ class JobEvents:
                     res = codec.decode(msg.value() or b"", self.topo.command_results)
                 except GnomonError:
                     continue  # not ours to judge; the topic's other readers see it too
-                if not isinstance(res, CommandResult):
-                    continue
-                key = (res.source_partition, res.source_offset)
-                if key in wanted:
+                if isinstance(res, CommandResult) and (key := (res.source_partition, res.source_offset)) in wanted:
                     found[wanted[key]] = res
-                elif res.tenant == self.tenant and len(self._early) < EARLY_MAX:
-                    self._early[key] = res  # a command of a later call answered already
+        self._waiting = []
         return [found[i] for i in sorted(found)]
 
     def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
-        self.flush(timeout_s)
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        try:
+            self.flush(timeout_s)
+        finally:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
 
     def __enter__(self) -> JobEvents:
         return self
@@ -241,7 +244,12 @@ class JobEvents:
         if exc_type is None:
             self.close()
         else:  # the caller's error first; deliveries are still attempted
-            self._producer.flush(FLUSH_TIMEOUT_S)
+            try:
+                self._producer.flush(FLUSH_TIMEOUT_S)
+            finally:
+                if self._consumer is not None:
+                    self._consumer.close()
+                    self._consumer = None
 
     def _job_id(self, job_id: str) -> str:
         if not isinstance(job_id, str) or not job_id or len(job_id) > JOB_ID_MAX_CHARS:
@@ -262,10 +270,12 @@ class JobEvents:
         def on_delivery(err: Any, msg: Any) -> None:
             if err is None:
                 d.acknowledged += 1
-                if self._replies and slot < len(sent) and sent is self._sent:
+                if self._replies:
                     sent[slot] = (cmd.job_id, int(msg.partition()), int(msg.offset()))
                 return
             d.failed += 1
+            if self._replies:
+                sent[slot] = _FAILED  # not written: no answer will come
             if len(d.errors) < ERRORS_KEPT_MAX:
                 d.errors.append(f"{cmd.job_id}: {err}")
 
@@ -276,6 +286,10 @@ class JobEvents:
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 self._producer.poll(0.05)
+            except Exception as exc:  # KafkaException (e.g. a record too large): nothing was queued
+                if self._replies:
+                    sent[slot] = _FAILED
+                raise EventLogError(f"could not send {type(cmd).__name__} for {cmd.job_id}: {exc}") from exc
         d.sent += 1
         self._producer.poll(0)
 

@@ -5,7 +5,7 @@ the job's version, or refused with the code, field and reason (nothing else writ
 from __future__ import annotations
 
 from gnomon.core import jobs as J
-from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.core.model import JobSpec, Schedule, Target, TargetType, slot_run_id
 from gnomon.core.replies import CommandResult, ResultCode
 from gnomon.core.tenants import TenantBook, TenantLimits
 from gnomon.streams.task import Output, PartitionTask
@@ -61,3 +61,52 @@ def test_refusals_are_answered_and_change_nothing() -> None:
         assert res.reason
     assert task.job("j") == before and task.job("k") is None
     assert task.stats.commands_refused == 4
+
+
+def test_a_backfill_refused_part_way_writes_nothing() -> None:
+    """Review finding: a backfill whose later slot is refused (the skipped run of a
+    deleted job's former tenant, the id reused by another tenant) wrote the runs of its
+    earlier slots to the store, with no changelog record, before the refusal."""
+    from gnomon.core.runs import RunStatus
+
+    c = InMemoryCluster(partitions=4)
+    minute = Schedule(cron="* * * * *")
+    every_minute = JobSpec(name="m", schedule=minute, target=SPEC.target)
+    c.submit(J.RegisterJob("j", "acme", every_minute, c.clock.now_ms()))
+    c.drain()
+    c.submit(J.PauseJob("j", "acme", c.clock.now_ms()))
+    c.drain()
+    c.run_for(5 * 60_000, step_ms=1_000)
+    c.submit(J.ResumeJob("j", "acme", c.clock.now_ms()))
+    c.drain()
+    skipped = [r for r in c.runs_of("j") if r.status is RunStatus.SKIPPED]
+    assert skipped, "the paused minutes were recorded skipped"
+    last = max(skipped, key=lambda r: r.slot_ms)
+    assert last.skipped_from_ms is not None and last.skipped_from_ms < last.slot_ms  # a range record
+    c.submit(J.DeleteJob("j", "acme", c.clock.now_ms()))
+    c.drain()
+    c.submit(J.RegisterJob("j", "other", every_minute, c.clock.now_ms()))
+    c.drain()
+    task, p = _task(c, "j")
+    earlier = last.skipped_from_ms  # a slot of the range with no record of its own
+    before = {r.run_id for r in c.runs_of("j")}
+    now = c.clock.now_ms()
+    out = task.handle_command(J.BackfillJob("j", "other", (earlier, last.slot_ms), now), now, p, 99)
+    (res, _), = _results(out, c)
+    assert res.code is ResultCode.REFUSED and "another job or tenant" in (res.reason or ""), res
+    assert {r.run_id for r in c.runs_of("j")} == before
+    assert task.run(slot_run_id("j", earlier)) is None  # nothing written for the earlier slot
+
+
+def test_run_commands_on_the_job_commands_topic_are_refused() -> None:
+    """Review finding: services now produce to job-commands (gnomon.events); a manual
+    RunTriggered there would create a run without admission."""
+    c = InMemoryCluster(partitions=4)
+    task, p = _task(c, "j")
+    now = c.clock.now_ms()
+    task.handle_command(J.RegisterJob("j", "acme", SPEC, now), now, p, 1)
+    forged = J.RunTriggered("j@manual:x", "j", "acme", SPEC, now, now, True, now)
+    out = task.handle_command(forged, now, p, 2)
+    (res, _), = _results(out, c)
+    assert res.code is ResultCode.REFUSED and "job commands" in (res.reason or "")
+    assert task.run("j@manual:x") is None

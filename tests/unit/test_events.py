@@ -197,3 +197,30 @@ def test_results_need_replies() -> None:
     with pytest.raises(ValidationError) as exc:
         ev.results()
     assert exc.value.field == "replies"
+
+
+def test_after_a_timeout_the_next_call_keeps_waiting_for_the_same_answers() -> None:
+    p, r = FakeProducer(), FakeResults()
+    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r)
+    ids = [ev.register(JOB, job_id=f"j{i}") for i in range(3)]
+    p.flush(1)
+    r.answer(p, 1)
+    with pytest.raises(EventLogError, match="2 of 3 command results"):
+        ev.results(timeout_s=0.2)
+    r.answer(p, 2)
+    r.answer(p, 0)
+    assert [x.job_id for x in ev.results(timeout_s=5)] == ids  # the one found before the timeout too
+    assert ev.results(timeout_s=0.1) == []  # nothing left to wait for
+
+
+def test_a_command_kafka_refused_does_not_break_later_results() -> None:
+    p, r = FakeProducer(fail=True), FakeResults()
+    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r)
+    ev.register(JOB, job_id="lost")
+    with pytest.raises(EventLogError, match="not written"):
+        ev.results(timeout_s=1)
+    p.fail = False
+    kept = ev.register(JOB, job_id="kept")
+    p.flush(1)
+    r.answer(p, 1)
+    assert [x.job_id for x in ev.results(timeout_s=5)] == [kept]

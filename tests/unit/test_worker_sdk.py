@@ -184,3 +184,16 @@ def test_output_survives_the_codec(output: str | None) -> None:
     assert decode(encode(cmd)) == cmd
     s, _ = step(s, cmd)
     assert s is not None and s.output == output and decode(encode(s)) == s
+
+
+def test_an_async_handler_raising_timeout_error_fails_at_once() -> None:
+    """Review finding: concurrent.futures.TimeoutError is TimeoutError (3.11+), so a
+    handler's own TimeoutError looked like the poll timing out: the attempt spun until
+    its timeout and was reported timed out instead of failed."""
+    async def slow_upstream(ctx: Context) -> None:
+        await asyncio.wait_for(asyncio.sleep(10), timeout=0.01)
+
+    started = time.monotonic()
+    result, _, _ = run(slow_upstream, timeout_s=30)
+    assert result.outcome is R.Outcome.FAILED and "TimeoutError" in (result.error or ""), result
+    assert time.monotonic() - started < 5

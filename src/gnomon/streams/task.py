@@ -427,15 +427,20 @@ class PartitionTask:
         accepted with the job's version, or refused with the field and reason. A refusal
         is an answer, not an error: it raises nothing and writes nothing else."""
         try:
+            if not isinstance(cmd, (*J.JOB_COMMANDS, R.CancelRun, R.ReplayRun)):
+                # run commands (triggers, claims, completions) come from the processor itself
+                # or from workers on run-events, never from the producers of this topic
+                raise TransitionError(f"{type(cmd).__name__} refused: {self.topo.job_commands} carries job "
+                                      "commands (and run cancel and replay) only")
             out = self.handle(cmd, now_ms, self.topo.job_commands)
+            # the job's version after it: from the changelog record it wrote (no second
+            # read of the store), else the stored job (a command that changed nothing)
+            written = [o.value for o in out if o.topic == self.topo.jobs and isinstance(o.value, J.JobState)]
+            job = written[-1] if written else (
+                self.job(cmd.job_id) if isinstance(cmd, J.JOB_COMMANDS) else None)
         except GnomonError as exc:
             self.stats.commands_refused += 1
             return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]
-        # the job's version after it: from the changelog record it wrote (no second read of
-        # the store), else the stored job (a command that changed nothing)
-        written = [o.value for o in out if o.topic == self.topo.jobs and isinstance(o.value, J.JobState)]
-        job = written[-1] if written else (self.job(cmd.job_id) if isinstance(getattr(cmd, "job_id", None), str)
-                                           else None)
         version = None if job is None else job.version
         return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version), partition)]
 
@@ -466,7 +471,7 @@ class PartitionTask:
         # a patch is validated against the pools of this topology, like the API does
         events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
         new_trigger = self._admit(cmd, state, events, now_ms)
-        out = self._apply_job_events(cmd.job_id, state, events, now_ms)
+        out = self._apply_job_events(cmd.job_id, state, events, now_ms, preflight=isinstance(cmd, J.BackfillJob))
         if new_trigger and self.quota is not None:
             self.quota.trigger_accepted(self.partition, cmd.tenant, now_ms)
         return out
@@ -502,7 +507,9 @@ class PartitionTask:
         return False
 
     def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],
-                          now_ms: int) -> list[Output]:
+                          now_ms: int, *, preflight: bool = False) -> list[Output]:
+        """``preflight``: decide the run commands first, so one that is refused raises
+        before anything is written (a backfill: many runs of one command)."""
         out: list[Output] = []
         if not events:
             return out
@@ -519,6 +526,10 @@ class PartitionTask:
                 run_cmds.append(ev)
             else:
                 changed = True
+        for cmd in run_cmds if preflight else ():
+            # the runs decide first (pure): a refusal (a backfill of another tenant's run
+            # left from a deleted job) must come before anything is written
+            R.decide(self.run(cmd.run_id), cmd, self.run_cfg, now_ms)
         self._store_job(job_id, state, new, out)
         for cmd in run_cmds:
             # the run lives in this same partition: apply it here, in this transaction

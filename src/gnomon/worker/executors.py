@@ -85,25 +85,26 @@ class HandlerExecutor:
         ended = threading.Event()
         future = asyncio.run_coroutine_threadsafe(_awaited(fn(ctx), ended), self.loop())
         deadline = time.monotonic() + ctx.timeout_s
-        while True:
-            try:
-                value = future.result(timeout=min(ASYNC_POLL_S, max(0.0, deadline - time.monotonic())))
-            except concurrent.futures.TimeoutError:
-                if ctx.stop.is_set() or time.monotonic() >= deadline:
-                    timed_out = not ctx.stop.is_set()
-                    if timed_out:
-                        ctx.request_stop("timeout")
-                    future.cancel()  # CancelledError inside the handler, at its next await
-                    ended.wait(KILL_GRACE_S)  # let it unwind (its finally blocks) before the attempt ends
-                    if timed_out:
-                        return AttemptResult(Outcome.TIMED_OUT, None, f"handler still running after {ctx.timeout_s:g}s")
-                    return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
-                continue
-            except concurrent.futures.CancelledError:
-                return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason or 'cancelled'}")
-            except Exception as exc:
-                return _failed(exc, ctx)
-            return _succeeded(value, ctx)
+        # wait() rather than result(timeout): a handler that itself raises TimeoutError
+        # (asyncio.wait_for, an HTTP client) must fail the attempt, not look like our poll
+        while not concurrent.futures.wait([future], timeout=min(ASYNC_POLL_S,
+                                                                 max(0.0, deadline - time.monotonic()))).done:
+            if ctx.stop.is_set() or time.monotonic() >= deadline:
+                timed_out = not ctx.stop.is_set()
+                if timed_out:
+                    ctx.request_stop("timeout")
+                future.cancel()  # CancelledError inside the handler, at its next await
+                ended.wait(KILL_GRACE_S)  # let it unwind (its finally blocks) before the attempt ends
+                if timed_out:
+                    return AttemptResult(Outcome.TIMED_OUT, None, f"handler still running after {ctx.timeout_s:g}s")
+                return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
+        try:
+            value = future.result()
+        except concurrent.futures.CancelledError:
+            return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason or 'cancelled'}")
+        except Exception as exc:
+            return _failed(exc, ctx)
+        return _succeeded(value, ctx)
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop async handlers run on, started on first use (a daemon thread)."""
