@@ -121,6 +121,7 @@ class JobEvents:
         self._replies = replies
         self._sent: list[tuple[str, int, int] | None] = []  # (job id, partition, offset); None: not acked yet
         self._waiting: list[tuple[str, int, int]] = []  # written, answer not returned yet (send order)
+        self._early: dict[tuple[int, int], CommandResult] = {}  # answers found before a results() timed out
         self._consumer: _Consumer | None = None
         if replies:
             self._consumer = results_consumer or self._results_consumer(bootstrap, role)
@@ -293,7 +294,6 @@ class JobEvents:
         d.sent += 1
         self._producer.poll(0)
 
-
     def _results_consumer(self, bootstrap: str | None, role: str | None) -> _Consumer:
         from confluent_kafka import Consumer
 
@@ -309,7 +309,6 @@ class JobEvents:
         from confluent_kafka import TopicPartition
 
         assert self._consumer is not None
-        self._early: dict[tuple[int, int], CommandResult] = {}
         tps = []
         for p in range(self.topo.partitions):
             try:

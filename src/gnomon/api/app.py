@@ -24,7 +24,6 @@ ownership check still runs on every request (on the kept job).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -59,7 +58,7 @@ from gnomon.core.jobs import (
     canonical_patch,
     first_slot_after,
 )
-from gnomon.core.model import job_id_of, manual_run_id
+from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id
 from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatus
 from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
 from gnomon.ports import HistoryStore
@@ -222,12 +221,6 @@ def _forget(task: asyncio.Future[Any] | None) -> None:
         task.cancel()
     elif not task.cancelled():
         task.exception()
-
-
-def idempotent_job_id(tenant: str, key: str) -> str:
-    """The job id a create with ``Idempotency-Key: key`` gets: the same for every retry,
-    before and after the job reached history; different per tenant."""
-    return "job_" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:16]
 
 
 def create_app(

@@ -76,11 +76,7 @@ class KafkaReader:
             raise EventLogError(f"consume failed: {exc}") from exc
 
     def position(self, tps: Sequence[TP]) -> dict[TP, int]:
-        try:
-            got = self._c.position([TopicPartition(t, p) for t, p in tps])
-        except KafkaException as exc:
-            raise EventLogError(f"cannot read positions: {exc}") from exc
-        return {(tp.topic, tp.partition): tp.offset if tp.offset is not None and tp.offset >= 0 else -1 for tp in got}
+        return _positions(self._c, tps)
 
     def watermarks(self, tp: TP, timeout_s: float = 10.0, *, cached: bool = False) -> tuple[int, int]:
         try:
@@ -155,11 +151,7 @@ class KafkaGroupConsumer:
         return [(tp.topic, tp.partition) for tp in self._c.assignment()]
 
     def position(self, tps: Sequence[TP]) -> dict[TP, int]:
-        try:
-            got = self._c.position([TopicPartition(t, p) for t, p in tps])
-        except KafkaException as exc:
-            raise EventLogError(f"cannot read positions: {exc}") from exc
-        return {(tp.topic, tp.partition): tp.offset if tp.offset is not None and tp.offset >= 0 else -1 for tp in got}
+        return _positions(self._c, tps)
 
     def high_watermark(self, tp: TP) -> int:
         try:
@@ -340,3 +332,12 @@ def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s:
         raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
     finally:
         c.close()
+
+
+def _positions(c: Consumer, tps: Sequence[TP]) -> dict[TP, int]:
+    """The consumer's next offset per partition; -1 where it has none yet."""
+    try:
+        got = c.position([TopicPartition(t, p) for t, p in tps])
+    except KafkaException as exc:
+        raise EventLogError(f"cannot read positions: {exc}") from exc
+    return {(tp.topic, tp.partition): tp.offset if tp.offset is not None and tp.offset >= 0 else -1 for tp in got}
