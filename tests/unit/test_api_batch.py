@@ -140,3 +140,16 @@ def test_a_producer_without_send_many_gets_one_send_per_item() -> None:
     errors = sink.send_many([(f"job_{i}", J.RegisterJob(f"job_{i}", "acme", spec, NOW)) for i in range(3)])
     assert [e is None for e in errors] == [True, True, False]
     assert len(producer.sent) == 2
+
+
+def test_the_client_sends_a_batch_with_keys_and_reads_one_result_per_job() -> None:
+    from gnomon.client import Client
+
+    producer = BatchProducer()
+    http = _app(producer)
+    client = Client(url="http://testserver", token="tok-a")
+    client._http = http  # the TestClient is an httpx.Client on the app
+    http.headers["Authorization"] = "Bearer tok-a"
+    answer = client.create_jobs([dict(JOB, name="a"), dict(JOB, name="b")], idempotency_keys=["ka", None])
+    assert [r["status"] for r in answer["results"]] == [201, 201]
+    assert answer["results"][0]["job"]["id"] == idempotent_job_id("acme", "ka")
