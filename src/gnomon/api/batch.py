@@ -108,6 +108,7 @@ def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozens
     second is a retry of the first when its definition is the same, else 409."""
     out: list[Send | Answer] = []
     planned: dict[str, Send] = {}  # job id -> its send, of this batch's keyed items
+    first_slots: dict[Any, int | None] = {}  # schedule -> its first slot after now (a batch often repeats one)
     for index, item in enumerate(items):
         try:
             key = item_key(index, item)
@@ -127,7 +128,9 @@ def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozens
             continue
         jobs += 1
         backlog += 1 if spec.schedule.is_one_time else 0
-        state = JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slot_after(spec, now_ms - 1), 1, now_ms, now_ms)
+        if spec.schedule not in first_slots:
+            first_slots[spec.schedule] = first_slot_after(spec, now_ms - 1)
+        state = JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slots[spec.schedule], 1, now_ms, now_ms)
         send = Send(index, job_id, RegisterJob(job_id, tenant, spec, now_ms), job_view(state))
         planned[job_id] = send
         out.append(send)
