@@ -173,6 +173,11 @@ def test_gnomon_subjects_are_read_only_but_their_schemas_are_found() -> None:
         reg.register("gnomon.job-commands-value", text(record(A)), (), None)
     assert (exc.value.status, exc.value.code) == (422, 42205)
     assert reg.mode("gnomon.job-commands-value") == "READONLY" and reg.mode("orders-value") == "READWRITE"
+    # their level is the checked-in registry's rule (their history is not all forward compatible)
+    assert reg.level("gnomon.job-commands-value") == "BACKWARD_TRANSITIVE" and reg.level("x") == "FULL_TRANSITIVE"
+    with pytest.raises(ApiError) as exc:
+        reg.set_level("gnomon.job-commands-value", "NONE")
+    assert exc.value.code == 42205
     # the latest file with its reference, or the same schema inlined: both are that version
     own = reg.by_id(latest.id)
     assert reg.register(own.subject, own.schema, own.references, None).id == latest.id

@@ -6,7 +6,10 @@ so what the API answered is what a restart reads back. One process is the only w
 
 gnomon's own subjects (those of ``schemas/avro/registry.json``) are read-only through
 the API: their versions come from the checked-in files, and registering the very same
-schema again just returns its id.
+schema again just returns its id. Their compatibility level is :data:`OWN_LEVEL`, the
+rule ``python -m gnomon.codec register`` holds them to (their history is not all
+forward compatible), so ``POST /compatibility`` pre-checks a gnomon schema change as
+the checked-in registry will.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from gnomon.registry.errors import (
 from gnomon.registry.state import Record, Ref, State, Version, apply, config_record, schema_record
 
 VERSION_MAX = 2**31 - 1
+OWN_LEVEL = "BACKWARD_TRANSITIVE"
 
 
 class Store(Protocol):
@@ -120,6 +124,8 @@ class Registry:
         return found
 
     def level(self, subject: str | None = None) -> str:
+        if subject is not None and subject in self.own_subjects:
+            return OWN_LEVEL
         return self.state.level(subject)
 
     def mode(self, subject: str | None = None) -> str:
@@ -194,6 +200,10 @@ class Registry:
         if level not in compat.LEVELS:
             raise ApiError(422, INVALID_COMPATIBILITY,
                            f"Invalid compatibility level {level!r}; valid values are {', '.join(compat.LEVELS)}")
+        if subject is not None and subject in self.own_subjects:
+            raise ApiError(422, OPERATION_NOT_PERMITTED,
+                           f"Subject {subject} is in read-only mode: it is gnomon's own, held to {OWN_LEVEL} "
+                           "by python -m gnomon.codec register")
         with self._lock:
             self._write([config_record(subject, level)])
         return level
