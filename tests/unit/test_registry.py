@@ -5,6 +5,7 @@ registry, and the HTTP routes over an in-memory store (Confluent's response shap
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -262,3 +263,33 @@ def test_http_register_conflict_config_and_compatibility(http: TestClient) -> No
     assert (missing.status_code, missing.json()["error_code"]) == (404, 40403)
     bad = http.post("/subjects/orders-value/versions", content=b"not json")
     assert (bad.status_code, bad.json()["error_code"]) == (422, 42201)
+
+
+def test_memory_mode_serves_the_checked_in_ids_without_kafka() -> None:
+    """`python -m gnomon.registry --memory`: a private registry, no store (and no Kafka)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "gnomon.registry", "--memory", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "GNOMON_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/schemas/ids/1", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the registry did not serve"
+                time.sleep(0.2)
+        assert r.status_code == 200 and json.loads(r.json()["schema"])["name"] == "JobSpec"
+    finally:
+        proc.terminate()
+        proc.wait(10)

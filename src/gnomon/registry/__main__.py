@@ -7,6 +7,10 @@ Then it serves on ``--host`` (127.0.0.1) port ``--port`` (``Settings.registry_po
 ``$GNOMON_REGISTRY_PORT``, 8081). Kafka: ``Settings.kafka_bootstrap`` as the role
 ``registry``. ``gnomon infra up`` runs this (gnomon.infra.registry).
 
+``--memory``: no Kafka at all, the checked-in registry (``$GNOMON_AVRO_DIR`` or the
+packaged one) in memory, lost at exit: a private registry for a test or for a branch
+whose new ids must not reach a shared store.
+
 Exit codes: 0 stopped, 1 cannot start (Kafka, the store, the port), 2 bad usage.
 """
 
@@ -36,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m gnomon.registry", description="gnomon's schema registry (Confluent REST subset)")
     p.add_argument("--port", type=int, default=None, help="default: $GNOMON_REGISTRY_PORT or 8081")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--memory", action="store_true", help="no Kafka store: the checked-in schemas in memory")
     args = p.parse_args(args_in)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -44,19 +49,22 @@ def main(argv: list[str] | None = None) -> int:
     from gnomon.config import load
     from gnomon.registry.app import create_app
     from gnomon.registry.kafka_store import KafkaStore, read_all
-    from gnomon.registry.service import Registry
+    from gnomon.registry.service import MemoryStore, Registry, Store
     from gnomon.registry.state import checked_in_versions, fold, import_checked_in, own_subjects
     from gnomon.topology import load_topology
 
     settings = load()
     port = settings.registry_port if args.port is None else args.port
-    topic = load_topology(settings.topology_path).schemas
+    topic = "memory" if args.memory else load_topology(settings.topology_path).schemas
+    kafka_store: KafkaStore | None = None
     try:
-        stored = read_all(settings.kafka_bootstrap, topic)
+        stored = [] if args.memory else read_all(settings.kafka_bootstrap, topic)
         state = fold(stored)
         checked = checked_in_versions()
         missing = import_checked_in(state, checked)
-        store = KafkaStore(settings.kafka_bootstrap, topic)
+        store: Store = MemoryStore()
+        if not args.memory:
+            store = kafka_store = KafkaStore(settings.kafka_bootstrap, topic)
         store.append(missing)
         state = fold(missing, state)
     except GnomonError as exc:
@@ -69,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uvicorn.run(app, host=args.host, port=port, log_level="warning", access_log=False)
     finally:
-        store.close()
+        if kafka_store is not None:
+            kafka_store.close()
     return 0
 
 
