@@ -240,6 +240,11 @@ def test_http_reads_answer_in_confluent_shapes(http: TestClient) -> None:
         r = http.get(path)
         assert (r.status_code, r.json()["error_code"]) == (status, code), path
         assert r.json()["message"]
+    for path in ("/nowhere", "/subjects/a/b/c"):
+        r = http.get(path)
+        assert (r.status_code, r.json()["error_code"]) == (404, 404)
+    r = http.delete("/subjects/gnomon.jobs-value")  # never deleted: ids are not reused
+    assert (r.status_code, r.json()["error_code"]) == (405, 405)
 
 
 def test_http_register_conflict_config_and_compatibility(http: TestClient) -> None:

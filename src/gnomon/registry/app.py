@@ -15,6 +15,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -63,6 +64,12 @@ def _schema_id(request: Request) -> int:
         return int(raw)
     except ValueError as exc:
         raise ApiError(404, 40403, f"Schema {raw} not found") from exc
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    """Unknown paths and methods answer in Confluent's error shape too."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    return _json({"error_code": status, "message": f"HTTP {status} {getattr(exc, 'detail', '')}".strip()}, status)
 
 
 def create_app(registry: Registry) -> Starlette:
@@ -154,7 +161,7 @@ def create_app(registry: Registry) -> Starlette:
     async def mode(req: Request) -> Any:
         return {"mode": r.mode(req.path_params.get("subject"))}
 
-    return Starlette(routes=[
+    return Starlette(exception_handlers={404: _http_error, 405: _http_error}, routes=[
         route("/", root, ["GET"]),
         route("/subjects", subjects, ["GET"]),
         route("/subjects/{subject}/versions", versions, ["GET"]),
