@@ -270,8 +270,9 @@ def test_http_register_conflict_config_and_compatibility(http: TestClient) -> No
     assert (bad.status_code, bad.json()["error_code"]) == (422, 42201)
 
 
-def test_memory_mode_serves_the_checked_in_ids_without_kafka() -> None:
-    """`python -m gnomon.registry --memory`: a private registry, no store (and no Kafka)."""
+def test_memory_mode_serves_the_checked_in_ids_and_confluent_serdes_match_the_codec() -> None:
+    """`python -m gnomon.registry --memory` (no store, no Kafka); confluent-kafka's Avro serdes
+    pointed at it and gnomon's codec write the same bytes and read each other's."""
     import socket
     import subprocess
     import sys
@@ -295,6 +296,34 @@ def test_memory_mode_serves_the_checked_in_ids_without_kafka() -> None:
                 assert proc.poll() is None and time.monotonic() < deadline, "the registry did not serve"
                 time.sleep(0.2)
         assert r.status_code == 200 and json.loads(r.json()["schema"])["name"] == "JobSpec"
+        _confluent_serdes_speak_the_codec_s_wire_format(f"http://127.0.0.1:{port}")
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _confluent_serdes_speak_the_codec_s_wire_format(url: str) -> None:
+    """confluent-kafka's AvroSerializer, given the registry's latest version, writes the
+    bytes gnomon's codec writes; its AvroDeserializer reads gnomon's records by their id."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from gnomon.codec import decode, encode
+    from gnomon.core.jobs import RegisterJob
+    from gnomon.topology import load_topology
+
+    sr = SchemaRegistryClient({"url": url})
+    ctx = SerializationContext(load_topology().job_commands, MessageField.VALUE)
+    serialize = AvroSerializer(sr, conf={"auto.register.schemas": False, "use.latest.version": True})
+    spec = {"name": "n", "schedule": {"cron": "0 2 * * *", "tz": "UTC"},
+            "target": {"type": "command", "argv": ["true"]}, "timeout_s": 30}
+    value = serialize({"body": ("gnomon.RegisterJob", {"job_id": "j1", "tenant": "acme", "spec": spec,
+                                                        "at_ms": 7})}, ctx)
+    assert value is not None
+    command = decode(value)
+    assert isinstance(command, RegisterJob) and command.spec.target.argv == ("true",)
+    assert encode(command) == value  # the same id, the same Avro bytes
+    back = AvroDeserializer(sr)(encode(command), ctx)
+    assert back is not None and back["body"]["job_id"] == "j1" and back["body"]["spec"]["timeout_s"] == 30
+
