@@ -184,6 +184,9 @@ def test_gnomon_subjects_are_read_only_but_their_schemas_are_found() -> None:
     assert reg.register(own.subject, own.schema, own.references, None).id == latest.id
     inlined = json.dumps(reg.resolved(latest.id))
     assert reg.lookup("gnomon.job-commands-value", inlined, (), None).id == latest.id
+    # a subject a newer gnomon release wrote to the store (an id below 1000) is gnomon's too
+    newer = Version("gnomon.later-value", 1, 900, text(record(A)))
+    assert own_subjects([newer, Version("orders-value", 1, 1000, text(record(A)))]) == {"gnomon.later-value"}
 
 
 def test_a_new_subject_may_reference_gnomon_types() -> None:

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("store %s: %d record(s) read, %d checked-in version(s) imported; %d schema id(s), %d subject(s); "
              "serving on http://%s:%d", topic, len(stored), len(missing), len(state.by_id), len(state.subjects),
              args.host, port)
-    app = create_app(Registry(state, store, own_subjects(checked)))
+    app = create_app(Registry(state, store, own_subjects(state.by_id.values())))
     try:
         uvicorn.run(app, host=args.host, port=port, log_level="warning", access_log=False)
     finally:

@@ -197,5 +197,6 @@ def import_checked_in(state: State, versions: Iterable[Version]) -> list[Record]
 
 
 def own_subjects(versions: Iterable[Version]) -> frozenset[str]:
-    """The subjects of the checked-in registry: read-only through the API."""
-    return frozenset(v.subject for v in versions)
+    """gnomon's subjects, read-only through the API: those with a version of gnomon's own
+    (an id below OUTSIDE_MIN_ID), including ones a newer release wrote to the store."""
+    return frozenset(v.subject for v in versions if v.id < OUTSIDE_MIN_ID)
