@@ -1,7 +1,8 @@
 """``python -m gnomon.infra up|down|status|topics [--kafka-nodes N] [--only COMPONENT]``.
 
-``up`` starts Kafka and Cassandra; Kafka Connect only with ``--only connect`` (port
-``$GNOMON_CONNECT_PORT``, default 8083). ``down`` without ``--only`` stops all three.
+``up`` starts Kafka, Cassandra and the schema registry (port ``$GNOMON_REGISTRY_PORT``,
+default 8081); Kafka Connect only with ``--only connect`` (port ``$GNOMON_CONNECT_PORT``,
+default 8083). ``down`` without ``--only`` stops all four.
 
 ``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
 (``--bootstrap``, ``--replication-factor``) and applies changed configs to existing ones,
@@ -21,7 +22,7 @@ from gnomon.infra.errors import InfraError
 
 USAGE = (
     "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] "
-    "[--only kafka|cassandra|connect] "
+    "[--only kafka|cassandra|registry|connect] "
     "[--json] [--bootstrap HOST:PORT] [--replication-factor N]"
 )
 
@@ -48,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("kafka", "cassandra", "connect"),
-        help="act on one component (connect: Kafka Connect, never started by default)",
+        choices=("kafka", "cassandra", "registry", "connect"),
+        help="act on one component (registry: the schema registry; connect: Kafka Connect, "
+        "never started by default)",
     )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument("--bootstrap", help="topics only: Kafka to use (default: settings)")

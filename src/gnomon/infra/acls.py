@@ -34,6 +34,7 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
     "connect": ("run_history",),  # connectors/history-runs-file-sink.properties
+    "registry": ("schemas",),  # the schema registry reads its store at start (gnomon.registry)
 }
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
@@ -41,6 +42,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
+    "registry": ("schemas",),
 }
 # Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).
 DISPATCH_WRITERS: tuple[str, ...] = ("processor",)
@@ -60,6 +62,7 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>
+    "registry": (("gnomon-registry", LITERAL, "READ"),),  # its store, assigned (registry/kafka_store.py)
 }
 TRANSACTIONAL_IDS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "processor": (("gnomon-processor-", PREFIXED),),
