@@ -75,7 +75,7 @@ class Ui:
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
-    def create_job(self, name: str, argv: list[str], *, schedule: str, attempts: int = 1) -> str:
+    def create_job(self, name: str, argv: list[str], *, schedule: str, attempts: int = 1, tz: str = "UTC") -> str:
         """Fill the jobs page's form; the job page it lands on; returns the job id."""
         self.goto("/ui/jobs")
         if self.page.locator("#new-job[open]").count() == 0:
@@ -83,6 +83,7 @@ class Ui:
         form = self.page.locator("#create-job")
         form.locator("input[name=name]").fill(name)
         form.locator("input[name=schedule]").fill(schedule)
+        form.locator("input[name=timezone]").fill(tz)
         form.locator("select[name=targetType]").select_option("command")
         form.locator("textarea[name=argv]").fill("\n".join(argv))
         form.locator("input[name=retryMax]").fill(str(attempts))
@@ -92,6 +93,22 @@ class Ui:
         job_id = self.page.inner_text("#job-id")
         assert self.page.inner_text("h1").startswith(name)
         return str(job_id)
+
+    def act(self, target: Any, expect: str) -> str:
+        """Click ``target`` (a selector or a locator) and wait for the flash message it
+        gives, containing ``expect``; an error message fails the test at once."""
+        self.page.evaluate("document.getElementById('flash').hidden = true; document.getElementById('flash').textContent = ''")
+        (self.page.locator(target) if isinstance(target, str) else target).click()
+        self.page.wait_for_selector("#flash:not([hidden])")
+        text = str(self.page.inner_text("#flash"))
+        assert expect in text and self.page.locator("#flash.error").count() == 0, text
+        return text
+
+    def trigger(self) -> str:
+        """Press "Trigger now" on a job page; the manual run's id."""
+        found = re.search(r"\((.+@manual:ui-[0-9a-f]+)\)", self.act("#trigger", "triggered"))
+        assert found
+        return found.group(1)
 
     def run_rows(self, status: str | None = None) -> Any:
         sel = "#run-table tbody tr[data-run-id]" + (f'[data-status="{status}"]' if status else "")
@@ -115,14 +132,15 @@ def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, stack: Sta
     ui.sign_in(TOKEN, "acme")
     tag = secrets.token_hex(3)
     job_id = ui.create_job(f"ui-every-2s-{tag}", ["sh", "-c", f"echo ui-hello-{tag}; echo ui-bye-{tag} >&2"],
-                           schedule="*/2 * * * * *")
-    # the definition, and the next 10 fire times in the job's zone (every 2 s, UTC)
+                           schedule="*/2 * * * * *", tz="America/New_York")
+    # the definition, and the next 10 fire times in the job's zone (every 2 s)
     assert f'"id": "{job_id}"' in ui.page.inner_text("#definition")
     fires = ui.page.locator("#fires tbody tr").all_inner_texts()
     assert len(fires) == 10, fires
     stamps = [re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)", f) for f in fires]
     seconds = [int(m.group(1)[17:19]) for m in stamps if m]
     assert len(seconds) == 10 and all(s % 2 == 0 for s in seconds), fires
+    assert all(re.search(r" E[SD]T\t", f) for f in fires), fires  # wall time in New York
 
     # runs appear on their own: the table and the timeline, coloured by status, with start lags
     ui.wait_rows("succeeded", 4)
@@ -175,36 +193,28 @@ def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, stack: Stack) -> No
     now = time.time()
     ui.page.fill("#backfill input[name=from]", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 3 * 3600 - 60)))
     ui.page.fill("#backfill input[name=to]", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
-    ui.page.click("#backfill button")
-    ui.page.wait_for_selector("#flash.ok")
-    assert re.search(r"backfill: 3 slots, 3 new runs", ui.page.inner_text("#flash")), ui.page.inner_text("#flash")
+    ui.act("#backfill button", "backfill: 3 slots, 3 new runs, 0 already run")
     ui.wait_rows("succeeded", 1, timeout_s=60)
 
     # trigger now, open the run while it runs: its log follows without a reload
-    ui.page.click("#trigger")
-    ui.page.wait_for_selector("#flash.ok")
-    run_id = re.search(r"\((.+@manual:ui-[0-9a-f]+)\)", ui.page.inner_text("#flash"))
-    assert run_id, ui.page.inner_text("#flash")
-    row = ui.page.locator(f'#run-table tr[data-run-id="{run_id.group(1)}"]')
+    run_id = ui.trigger()
+    row = ui.page.locator(f'#run-table tr[data-run-id="{run_id}"]')
     wait_for(lambda: row.count() == 1 and row.get_attribute("data-status") == "running", RUN_WAIT_S,
              "the manual run running on the job page")
     row.locator("a").first.click()
     ui.page.wait_for_url(re.compile(r".*/ui/runs/.+"))
-    wait_for(lambda: f"first-{tag}" in ui.page.inner_text("#logs"), 10, "the first line, live")
-    assert ui.page.inner_text("#run-status") == "running" and f"second-{tag}" not in ui.page.inner_text("#logs")
+    wait_for(lambda: f"stdout first-{tag}" in ui.page.inner_text("#logs"), 10, "the first line, live")
+    assert ui.page.inner_text("#run-status") == "running" and f"stdout second-{tag}" not in ui.page.inner_text("#logs")
     ui.shot("run-live")
-    wait_for(lambda: f"second-{tag}" in ui.page.inner_text("#logs"), 20, "the second line, live")
+    wait_for(lambda: f"stdout second-{tag}" in ui.page.inner_text("#logs"), 20, "the second line, live")
     wait_for(lambda: ui.page.inner_text("#run-status") == "succeeded", 20, "the run's end, live")
 
     # cancel a run from the run page
     ui.page.click("#job-link")
-    ui.page.click("#trigger")
-    ui.page.wait_for_selector("#flash.ok")
-    second = re.search(r"\((.+@manual:ui-[0-9a-f]+)\)", ui.page.inner_text("#flash"))
-    assert second
-    row = ui.page.locator(f'#run-table tr[data-run-id="{second.group(1)}"]')
+    second = ui.trigger()
+    row = ui.page.locator(f'#run-table tr[data-run-id="{second}"]')
     wait_for(lambda: row.count() == 1, RUN_WAIT_S, "the second manual run on the job page")
-    row.locator("button", has_text="Cancel").click()
+    ui.act(row.locator("button", has_text="Cancel"), "cancel requested")
     wait_for(lambda: row.get_attribute("data-status") == "cancelled", 30, "the run cancelled")
     assert job_id in ui.page.url
 
@@ -213,11 +223,7 @@ def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, stack: Stack) -> None:
     ui.sign_in(TOKEN, "acme")
     tag = secrets.token_hex(3)
     ui.create_job(f"ui-failing-{tag}", ["sh", "-c", f"echo failing-{tag}; exit 1"], schedule="0 0 1 1 *")
-    ui.page.click("#trigger")
-    ui.page.wait_for_selector("#flash.ok")
-    found = re.search(r"\((.+@manual:ui-[0-9a-f]+)\)", ui.page.inner_text("#flash"))
-    assert found
-    run_id = found.group(1)
+    run_id = ui.trigger()
     ui.wait_rows("failed", 1)
 
     def dead_row() -> Any:
@@ -229,9 +235,7 @@ def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, stack: Stack) -> None:
     assert row.locator("td.replays").inner_text() == "0"
     assert "exit" in row.inner_text().lower(), row.inner_text()
     ui.shot("dead-letters")
-    row.locator("button", has_text="Replay").click()
-    ui.page.wait_for_selector("#flash.ok")
-    assert "replay requested" in ui.page.inner_text("#flash")
+    ui.act(row.locator("button", has_text="Replay"), "replay requested")
     # the replay ran (and failed again, with a fresh budget): back in the list, replayed once
     replayed = wait_for(lambda: (r := dead_row()) is not None and r.locator("td.replays").inner_text() == "1" and r,
                         45, "the replayed run dead-lettered again", interval_s=1)
@@ -239,18 +243,14 @@ def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, stack: Stack) -> None:
     ui.goto(f"/ui/runs/{run_id}")
     assert ui.page.inner_text('#run-fields td[data-field="replays"]') == "1"
     assert ui.page.inner_text('#run-fields td[data-field="attempt"]') == "2"
-    assert ui.page.locator("#logs").inner_text().count(f"failing-{tag}") == 2  # one line per attempt
+    assert ui.page.locator("#logs").inner_text().count(f"stdout failing-{tag}") == 2  # one line per attempt
 
 
 def test_tenant_b_cannot_see_tenant_a(ui: Ui, stack: Stack, browser: Any) -> None:
     ui.sign_in(TOKEN, "acme")
     tag = secrets.token_hex(3)
     job_id = ui.create_job(f"ui-secret-{tag}", ["true"], schedule="0 0 1 1 *")
-    ui.page.click("#trigger")
-    ui.page.wait_for_selector("#flash.ok")
-    found = re.search(r"\((.+@manual:ui-[0-9a-f]+)\)", ui.page.inner_text("#flash"))
-    assert found
-    run_id = found.group(1)
+    run_id = ui.trigger()
     ui.wait_rows("succeeded", 1)
 
     other = browser.new_context(viewport=VIEWPORT)

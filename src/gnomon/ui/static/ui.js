@@ -119,7 +119,8 @@ document.addEventListener("submit", async (event) => {
     try {
       // the same key for every submit of this form: a retry after a lost answer is the same job
       const job = await api("POST", "/v1/jobs", jobBody(form), { "Idempotency-Key": form.dataset.key });
-      flash(`created ${job.id}`);
+      flash(`created ${job.id}; waiting for the processor to apply it`);
+      await waitForJobStatus(`/v1/jobs/${encodeURIComponent(job.id)}`, job.status);  // history has it
       location.href = `${PREFIX}/jobs/${encodeURIComponent(job.id)}`;
     } catch (e) {
       flash(e.message, true);
