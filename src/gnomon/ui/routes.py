@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 import jinja2
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from gnomon.api.auth import Authenticator
@@ -89,10 +89,10 @@ def templates() -> jinja2.Environment:
 
 
 def install(app: FastAPI, clock: Clock) -> None:
-    """Add the /ui routes to ``app`` (the API built by ``create_app``)."""
+    """Add the /ui routes to ``app`` (the API built by ``create_app``), on the app itself
+    (not an included router), so ``app.routes`` lists them (tests/security's matrix)."""
     env = templates()
     backend = ApiBackend(app)
-    router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
     def auth() -> Authenticator:
         found: Authenticator = app.state.auth
@@ -150,15 +150,15 @@ def install(app: FastAPI, clock: Clock) -> None:
 
     # ---- sign-in ---------------------------------------------------------------------
 
-    @router.get("")
+    @app.get(PREFIX, include_in_schema=False)
     async def ui_root() -> RedirectResponse:
         return RedirectResponse(f"{PREFIX}/jobs", status_code=303)
 
-    @router.get("/login")
+    @app.get(PREFIX + "/login", include_in_schema=False)
     async def ui_login_form(request: Request) -> HTMLResponse:
         return render("login.html", None, next=safe_next(request.query_params.get("next")), error=None)
 
-    @router.post("/login")
+    @app.post(PREFIX + "/login", include_in_schema=False)
     async def ui_login(request: Request) -> Response:
         if not same_origin(request.headers.get("origin"), request.headers.get("host")):
             raise PageError(403, "cross-origin sign-in refused")
@@ -176,7 +176,7 @@ def install(app: FastAPI, clock: Clock) -> None:
                        secure=request.url.scheme == "https")
         return out
 
-    @router.post("/logout")
+    @app.post(PREFIX + "/logout", include_in_schema=False)
     async def ui_logout(request: Request) -> Response:
         session = signed_in(request)
         form = parse_qs((await read_bounded(request, LOGIN_BODY_MAX_BYTES)).decode(errors="replace"))
@@ -186,7 +186,7 @@ def install(app: FastAPI, clock: Clock) -> None:
         out.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return out
 
-    @router.get("/static/{name}")
+    @app.get(PREFIX + "/static/{name}", include_in_schema=False)
     async def ui_static(name: str) -> Response:
         if name not in STATIC:
             raise PageError(404, "no such file")
@@ -195,7 +195,7 @@ def install(app: FastAPI, clock: Clock) -> None:
 
     # ---- pages -----------------------------------------------------------------------
 
-    @router.get("/jobs")
+    @app.get(PREFIX + "/jobs", include_in_schema=False)
     async def ui_jobs(request: Request) -> HTMLResponse:
         session = signed_in(request)
         params = {"limit": JOBS_PAGE_MAX}
@@ -221,7 +221,7 @@ def install(app: FastAPI, clock: Clock) -> None:
         return {"job": job, "runs": runs["items"], "timeline": layout(runs["items"]), "status_filter": status or "",
                 "terminal": _TERMINAL}
 
-    @router.get("/jobs/{job_id}")
+    @app.get(PREFIX + "/jobs/{job_id}", include_in_schema=False)
     async def ui_job(job_id: str, request: Request) -> HTMLResponse:
         session = signed_in(request)
         status = request.query_params.get("status") or None
@@ -231,7 +231,7 @@ def install(app: FastAPI, clock: Clock) -> None:
                       backfill_from=ms_to_iso((now - 3_600_000) // 1000 * 1000),
                       backfill_to=ms_to_iso(now // 1000 * 1000), **runs_context(job, runs, status))
 
-    @router.get("/jobs/{job_id}/runs")
+    @app.get(PREFIX + "/jobs/{job_id}/runs", include_in_schema=False)
     async def ui_job_runs(job_id: str, request: Request) -> HTMLResponse:
         """The job page's runs (timeline and table), which its script reloads."""
         session = signed_in(request)
@@ -239,7 +239,7 @@ def install(app: FastAPI, clock: Clock) -> None:
         job, runs = await job_and_runs(session, job_id, status)
         return render("_runs.html", session, **runs_context(job, runs, status))
 
-    @router.get("/runs/{run_id}")
+    @app.get(PREFIX + "/runs/{run_id}", include_in_schema=False)
     async def ui_run(run_id: str, request: Request) -> HTMLResponse:
         session = signed_in(request)
         rid = quoted(run_id, "run")
@@ -248,7 +248,7 @@ def install(app: FastAPI, clock: Clock) -> None:
         return render("run.html", session, run=run, logs=logs["items"], more=logs["cursor"] is not None,
                       terminal=run["status"] in _TERMINAL)
 
-    @router.get("/runs/{run_id}/tail")
+    @app.get(PREFIX + "/runs/{run_id}/tail", include_in_schema=False)
     async def ui_run_tail(run_id: str, request: Request) -> JSONResponse:
         """The run's state and its log lines after (attempt, seq): the run page's live tail."""
         session = signed_in(request)
@@ -264,7 +264,7 @@ def install(app: FastAPI, clock: Clock) -> None:
         return JSONResponse({"run": run, "terminal": run["status"] in _TERMINAL, "lines": logs["items"],
                              "more": logs["cursor"] is not None}, headers={"Cache-Control": "no-store"})
 
-    @router.get("/dead-letters")
+    @app.get(PREFIX + "/dead-letters", include_in_schema=False)
     async def ui_dead_letters(request: Request) -> HTMLResponse:
         session = signed_in(request)
         params: dict[str, str | int] = {"limit": DEAD_LETTERS_SHOWN}
@@ -276,7 +276,7 @@ def install(app: FastAPI, clock: Clock) -> None:
 
     # ---- the JSON API for the pages' scripts -------------------------------------------
 
-    @router.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PATCH", "DELETE"])
+    @app.api_route(PREFIX + "/api/v1/{rest:path}", methods=["GET", "POST", "PATCH", "DELETE"], include_in_schema=False)
     async def ui_api(rest: str, request: Request) -> Response:
         """``/ui/api/v1/X`` is ``/v1/X`` with the cookie's token; it needs the CSRF token."""
         session = session_of(request)
@@ -293,7 +293,6 @@ def install(app: FastAPI, clock: Clock) -> None:
         return Response(answer.body, status_code=answer.status, media_type=answer.headers.get("content-type"),
                         headers=_pick(answer.headers, _FORWARDED_ANSWER_HEADERS))
 
-    app.include_router(router)
 
 
 def _pick(headers: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
