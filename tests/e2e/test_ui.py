@@ -2,12 +2,16 @@
 Playwright) on the real stack: API -> Kafka -> processor -> worker -> projector ->
 Cassandra -> API -> the browser.
 
-Tenant acme signs in, creates jobs with the UI's form, sees their runs appear on the job
+Tenant A signs in, creates jobs with the UI's form, sees their runs appear on the job
 page (timeline and table), opens a run and sees its log lines, follows a running run's
 log live, pauses, resumes, backfills and cancels from the buttons, and replays a dead
-letter; tenant other sees none of it (listing and direct URLs). Screenshots of every
-page go to the pytest tmp dir (printed); with GNOMON_UI_DOCS_SCREENSHOT=PATH the job page
-is also saved there (how docs/img/ui-job.png was made).
+letter; tenant B sees none of it (an empty listing, 404 on direct URLs). Screenshots of
+every page go to the pytest tmp dir (printed); with GNOMON_UI_DOCS_SCREENSHOT=PATH the job
+page is also saved there (how docs/img/ui-job.png was made).
+
+The session stack's processor and projector do the work; this module starts its own API
+(port 18797, tokens of two tenants new on every run, so their listings hold only what
+this module made) and a worker serving tenant A.
 """
 
 from __future__ import annotations
@@ -15,20 +19,62 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import OTHER_TOKEN, TOKEN, Stack, wait_for
+from harness import Stack, own_stack, wait_for
+
+from gnomon.client import Client
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = os.environ.get("GNOMON_CHROMIUM", "/usr/bin/chromium")
 RUN_WAIT_S = 45.0  # a run of a new job: registration, staging, the run, history, the page's refresh
 VIEWPORT = {"width": 1280, "height": 900}
+UI_API_PORT = int(os.environ.get("GNOMON_TEST_UI_API_PORT", "18797"))
+
+
+class Tenants:
+    def __init__(self, url: str, tag: str) -> None:
+        self.url = url
+        self.a, self.b = f"ui{tag}", f"ui{tag}-b"
+        self.token_a, self.token_b = f"test-token-ui-a-{tag}", f"test-token-ui-b-{tag}"
+        self.client = Client(url, self.token_a)
+
+
+@pytest.fixture(scope="module")
+def tenants(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
+    """An API and a worker of this module's own, on the session stack's processor and projector."""
+    import httpx
+
+    tag = secrets.token_hex(3)
+    logs = tmp_path_factory.mktemp("ui-stack-logs")
+    t = Tenants(f"http://127.0.0.1:{UI_API_PORT}", tag)
+    policy = logs / "worker-policy.toml"
+    policy.write_text(f'tenants = ["{t.a}"]\n\n[commands]\nenabled = true\nexecutables = ["sh", "true"]\n')
+    st = own_stack(logs, {"GNOMON_API_TOKENS": f"{t.token_a}:{t.a},{t.token_b}:{t.b}"})
+    st.start("api", "api", "--port", str(UI_API_PORT))
+    st.start("worker", "worker", "--worker-id", f"e2e-ui-{tag}", "--concurrency", "8", "--tenant", t.a,
+             "--policy", str(policy))
+    try:
+        def up() -> bool:
+            for name, p in st.procs.items():
+                if p.poll() is not None:
+                    pytest.fail(f"{name} exited early:\n" + (logs / f"{name}.log").read_text()[-3000:])
+            try:
+                return httpx.get(t.url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 60, "the UI test's API")
+        yield t
+    finally:
+        for name in list(st.procs):
+            st.stop(name)
+        print(f"\nUI test's API and worker logs in {logs}")
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +102,7 @@ class Ui:
     def __init__(self, page: Any, base: str, shots: Path) -> None:
         self.page, self.base, self.shots = page, base, shots
         self.errors: list[str] = []
+        self.created: list[str] = []  # job ids, deleted after the test (the broker outlives it)
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
         page.set_default_timeout(15_000)
 
@@ -91,6 +138,7 @@ class Ui:
         self.page.click("#create")
         self.page.wait_for_url(re.compile(r".*/ui/jobs/job_[0-9a-f]+$"))
         job_id = self.page.inner_text("#job-id")
+        self.created.append(str(job_id))
         assert self.page.inner_text("h1").startswith(name)
         return str(job_id)
 
@@ -120,16 +168,18 @@ class Ui:
 
 
 @pytest.fixture
-def ui(stack: Stack, browser: Any, shots: Path) -> Iterator[Ui]:
+def ui(tenants: Tenants, browser: Any, shots: Path) -> Iterator[Ui]:
     context = browser.new_context(viewport=VIEWPORT)
-    u = Ui(context.new_page(), stack.api_url, shots)
+    u = Ui(context.new_page(), tenants.url, shots)
     yield u
     context.close()
+    for job_id in u.created:
+        tenants.client.delete(job_id)
     assert u.errors == [], f"script errors in the UI: {u.errors}"
 
 
-def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, stack: Stack) -> None:
-    ui.sign_in(TOKEN, "acme")
+def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, tenants: Tenants) -> None:
+    ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
     job_id = ui.create_job(f"ui-every-2s-{tag}", ["sh", "-c", f"echo ui-hello-{tag}; echo ui-bye-{tag} >&2"],
                            schedule="*/2 * * * * *", tz="America/New_York")
@@ -150,8 +200,9 @@ def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, stack: Sta
     lag = ui.run_rows("succeeded").first.locator("td").nth(4).inner_text()
     assert re.fullmatch(r"-?\d+\.\d{3} s", lag), lag
     ui.shot("job")
-    if os.environ.get("GNOMON_UI_DOCS_SCREENSHOT"):
-        shutil.copy(ui.shots / "job.png", os.environ["GNOMON_UI_DOCS_SCREENSHOT"])
+    if os.environ.get("GNOMON_UI_DOCS_SCREENSHOT"):  # the README's picture: more runs, one screen
+        ui.wait_rows("succeeded", 12)
+        ui.page.screenshot(path=os.environ["GNOMON_UI_DOCS_SCREENSHOT"])
 
     # a run's page and its log lines, both streams
     ui.run_rows("succeeded").first.locator("a").first.click()
@@ -180,12 +231,10 @@ def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, stack: Sta
     ui.page.click("#resume")
     ui.page.wait_for_selector("#pause", timeout=20_000)
     assert ui.page.inner_text("#job-status") == "active"
-    ui.page.click("#pause")  # stop it again: the rest of the suite does not need a run every 2 s
-    ui.page.wait_for_selector("#resume", timeout=20_000)
 
 
-def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, stack: Stack) -> None:
-    ui.sign_in(TOKEN, "acme")
+def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, tenants: Tenants) -> None:
+    ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
     # hourly: backfill the last 3 h from the job page's form
     job_id = ui.create_job(f"ui-hourly-{tag}", ["sh", "-c", f"echo first-{tag}; sleep 8; echo second-{tag}"],
@@ -219,8 +268,8 @@ def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, stack: Stack) -> No
     assert job_id in ui.page.url
 
 
-def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, stack: Stack) -> None:
-    ui.sign_in(TOKEN, "acme")
+def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, tenants: Tenants) -> None:
+    ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
     ui.create_job(f"ui-failing-{tag}", ["sh", "-c", f"echo failing-{tag}; exit 1"], schedule="0 0 1 1 *")
     run_id = ui.trigger()
@@ -246,8 +295,8 @@ def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, stack: Stack) -> None:
     assert ui.page.locator("#logs").inner_text().count(f"stdout failing-{tag}") == 2  # one line per attempt
 
 
-def test_tenant_b_cannot_see_tenant_a(ui: Ui, stack: Stack, browser: Any) -> None:
-    ui.sign_in(TOKEN, "acme")
+def test_tenant_b_cannot_see_tenant_a(ui: Ui, tenants: Tenants, browser: Any) -> None:
+    ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
     job_id = ui.create_job(f"ui-secret-{tag}", ["true"], schedule="0 0 1 1 *")
     run_id = ui.trigger()
@@ -255,11 +304,11 @@ def test_tenant_b_cannot_see_tenant_a(ui: Ui, stack: Stack, browser: Any) -> Non
 
     other = browser.new_context(viewport=VIEWPORT)
     try:
-        b = Ui(other.new_page(), stack.api_url, ui.shots)
-        b.sign_in(OTHER_TOKEN, "other")
+        b = Ui(other.new_page(), tenants.url, ui.shots)
+        b.sign_in(tenants.token_b, tenants.b)
         listing = b.page.inner_text("#jobs")
         assert job_id not in listing and f"ui-secret-{tag}" not in listing
-        assert "ui-secret" not in listing and "ui-every-2s" not in listing  # none of acme's UI jobs
+        assert b.page.locator("#no-jobs").count() == 1, listing  # none of A's jobs: B has none
         b.shot("tenant-other-jobs")
         for path in (f"/ui/jobs/{job_id}", f"/ui/jobs/{job_id}/runs", f"/ui/runs/{run_id}"):
             resp = b.goto(path)
@@ -267,7 +316,8 @@ def test_tenant_b_cannot_see_tenant_a(ui: Ui, stack: Stack, browser: Any) -> Non
             assert f"ui-secret-{tag}" not in b.page.content()
         b.goto("/ui/dead-letters")
         assert run_id not in b.page.inner_text("#dead-letters")
-        # the pages' JSON API with other's own cookie and CSRF token: acme's job is not found
+        assert b.page.locator("#no-dead-letters").count() == 1
+        # the pages' JSON API with B's own cookie and CSRF token: A's job is not found
         status = b.page.evaluate(
             """async (path) => (await fetch(path, {method: "POST", headers: {"X-CSRF-Token":
                  document.querySelector('meta[name="csrf"]').content}})).status""",
@@ -276,6 +326,6 @@ def test_tenant_b_cannot_see_tenant_a(ui: Ui, stack: Stack, browser: Any) -> Non
         assert b.errors == []
     finally:
         other.close()
-    # and acme still has it, active (other's pause did nothing)
+    # and A still has it, active (B's pause did nothing)
     ui.goto(f"/ui/jobs/{job_id}")
     assert ui.page.inner_text("#job-status") == "active"

@@ -193,6 +193,7 @@ async function tail(pre) {
       if (r.status === 401 || r.status === 404) break;
       if (r.ok) {
         const body = await r.json();
+        const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
         for (const l of body.lines) {
           const span = document.createElement("span");
           span.className = "line " + l.stream;
@@ -201,6 +202,7 @@ async function tail(pre) {
           span.textContent = `${l.at} [${l.attempt}] ${l.stream} ${l.line}\n`;
           pre.append(span);
         }
+        if (body.lines.length && atBottom) pre.scrollTop = pre.scrollHeight;  // follow, unless scrolled up
         if (body.lines.length) { const none = document.getElementById("no-logs"); if (none) none.remove(); }
         showRun(body.run);
         settled = body.terminal && !body.more ? settled + 1 : 0;
