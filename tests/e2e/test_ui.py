@@ -80,7 +80,7 @@ def tenants(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make sysdeps` (as root) installs Debian's chromium")
+        pytest.fail(f"{CHROMIUM} is missing: `make testdeps` (as root) installs Debian's chromium")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
