@@ -264,3 +264,10 @@ def test_the_live_tail_reads_after_a_position(world: dict[str, Any], gnomon_api:
     assert body["terminal"] is True and body["run"]["status"] == "failed" and body["more"] is False
     everything = acme.client.get(url, headers={"X-CSRF-Token": acme.csrf}).json()
     assert [line["seq"] for line in everything["lines"]] == [1, 2, 3]
+
+
+def test_only_the_uis_own_static_files_are_served(gnomon_api: Any) -> None:
+    client = TestClient(gnomon_api.app)
+    assert client.get("/ui/static/ui.js").headers["content-type"].startswith("text/javascript")
+    for bad in ("routes.py", "..%2Froutes.py", "%2e%2e%2f__init__.py", "ui.js%00.png"):
+        assert client.get(f"/ui/static/{bad}").status_code == 404, bad

@@ -186,11 +186,13 @@ def install(app: FastAPI, clock: Clock) -> None:
         out.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return out
 
+    static = {name: (HERE / "static" / name).read_bytes() for name in STATIC}  # read once, not on the loop
+
     @app.get(PREFIX + "/static/{name}", include_in_schema=False)
     async def ui_static(name: str) -> Response:
-        if name not in STATIC:
+        if name not in static:
             raise PageError(404, "no such file")
-        return Response((HERE / "static" / name).read_bytes(), media_type=STATIC[name],
+        return Response(static[name], media_type=STATIC[name],
                         headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
 
     # ---- pages -----------------------------------------------------------------------
