@@ -64,6 +64,7 @@ from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatu
 from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
+from gnomon.ui import install as install_ui
 
 __all__ = ["BODY_MAX_BYTES", "PAGE_MAX", "AsyncReads", "CommandSink", "ReadCache", "create_app", "idempotent_job_id"]
 
@@ -514,6 +515,7 @@ def create_app(
     def get_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
         return run_view(owned_run(tenant, run_id))
 
+    install_ui(app, clock)  # the web UI under /ui, on these routes (README, "Web UI")
     return app
 
 
