@@ -211,3 +211,30 @@ def test_two_clusters_in_one_process_keep_their_own_counts(_quiet: None) -> None
     count = [sum(value(parse(generate_latest(p.metrics.registry).decode()), "gnomon_runs_finished_total")
                  for p in c.live_processors()) for c in (a, b)]
     assert count[0] > 0 and count[1] == 0
+
+
+def test_serve_takes_the_port_it_is_given_and_never_fails_the_process() -> None:
+    import socket
+
+    import httpx
+
+    from gnomon.metrics.serve import serve
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        w = WorkerMetrics("default", "w-serve", now_s=lambda: 0)
+        assert serve(w.registry, "worker", port=taken.getsockname()[1], process_metrics=False) is None
+        assert serve(w.registry, "worker", port=0) is None  # off
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+        free.close()
+        endpoint = serve(w.registry, "worker", port=port)
+        assert endpoint is not None and endpoint.port == port
+        s = parse(httpx.get(endpoint.url, timeout=5).text)
+        assert value(s, "gnomon_worker_info", worker_id="w-serve", pool="default") == 1
+        assert any(x.name == "process_cpu_seconds_total" for x in s)
+    finally:
+        taken.close()

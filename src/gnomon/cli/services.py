@@ -154,10 +154,8 @@ def worker(
     except PolicyError as exc:
         fail(str(exc), 2)
     w.secrets = SecretStore(secrets_dir or load().state_dir / "secrets")
-    from gnomon.metrics.worker import WorkerMetrics
-
-    w.metrics = WorkerMetrics(w.pool, w.worker_id, now_s=lambda: w.clock.now_ms() // 1000)
-    _serve_metrics(w.metrics.registry, "worker", metrics_port)
+    s = load()
+    w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host)
     _stop_on_signals(w)
     w.run()
 

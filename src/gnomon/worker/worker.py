@@ -204,6 +204,16 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    def serve_metrics(self, port: int | None = None, host: str = "127.0.0.1") -> str | None:
+        """Serve this worker's /metrics on ``port`` (None: the first free one from 9490;
+        0: off), before ``run()``; the URL, or None (logged) if not served."""
+        from gnomon.metrics.serve import serve
+
+        if self.metrics is None:
+            self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
+        endpoint = serve(self.metrics.registry, "worker", port=port, host=host)
+        return None if endpoint is None else endpoint.url
+
     # ---- loop --------------------------------------------------------------------------
 
     def start(self) -> None:
