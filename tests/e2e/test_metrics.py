@@ -93,6 +93,8 @@ def test_every_process_exposes_its_metrics_after_a_few_runs(stack: Stack) -> Non
     for t in (topo.job_commands, topo.run_events):
         assert any(s.name == "gnomon_consumer_lag_records" and s.labels == {"group": "gnomon-processor", "topic": t}
                    for s in proc), t
+    assert any(s.name == "gnomon_consumer_committed_lag_records"
+               and s.labels == {"group": "gnomon-history", "topic": topo.runs} for s in proc)
     for pool in topo.pools:
         for prio in topo.priorities:
             assert any(s.name == "gnomon_queue_depth" and s.labels == {"pool": pool, "priority": prio} for s in proc)

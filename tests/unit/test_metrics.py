@@ -191,6 +191,12 @@ def test_processor_and_worker_counts_match_what_was_committed(_quiet: None) -> N
     owned = {int(s.labels["partition"]) for s in p if s.name == "gnomon_processor_partition_owned"}
     assert owned == set(range(c.topo.partitions))
     assert value(p, "gnomon_workers_live", pool="default") == 1
+    # no projector in the simulation: the history group committed nothing, the ledger is all lag
+    # (as of the last sample, taken every 5 s)
+    ledger_records = sum(c.log.high((c.topo.runs, part)) for part in range(c.topo.partitions))
+    history_lag = value(p, "gnomon_consumer_committed_lag_records", group="gnomon-history", topic=c.topo.runs)
+    assert ledger_records * 0.5 < history_lag <= ledger_records
+    assert any(s.name == "gnomon_consumer_lag_records" and s.labels["group"] == "gnomon-processor" for s in p)
 
     w = parse(generate_latest(worker.metrics.registry).decode())
     started = [r for r in final.values() if r.started_at_ms is not None]

@@ -11,7 +11,9 @@ and rewound batch counts nothing), and sampled from its partitions' state betwee
   running by pool (``ws/`` and ``tq/``), live workers and free slots (the worker
   directory), and the consumer group's lag on the owned partitions (local positions
   and cached high watermarks: no broker round trip). Index scans are bounded by
-  ``scan_max`` per partition and family;
+  ``scan_max`` per partition and family. Also the history projector's *committed* lag
+  on the run ledger of the owned partitions, from the samples the processor takes
+  anyway to decide purges (``HistoryWatermark``): it grows while the projector is down;
 * ``restored(source, seconds)``: a partition's restore, by where it came from.
 """
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 OUTCOMES = ("succeeded", "failed", "cancelled", "skipped")
 RESTORE_SOURCES = ("standby", "checkpoint", "rebuild")
 RESTORE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+HISTORY_GROUP = "gnomon-history"  # the projector's group (streams.history_mark.HISTORY_GROUP)
 _PRIORITY_OF_RANK = {b"0": "high", b"1": "normal", b"2": "low"}  # streams.task._PRIO_RANK
 
 
@@ -83,6 +86,9 @@ class ProcessorMetrics:
                                        "them", ["pool"], registry=r)
         self.consumer_lag = Gauge("gnomon_consumer_lag_records", "Records not yet consumed by the group, on the "
                                   "partitions this process consumes", ["group", "topic"], registry=r)
+        self.committed_lag = Gauge("gnomon_consumer_committed_lag_records", "Records after the group's committed "
+                                   "offsets, on this processor's partitions (the history projector's on the run "
+                                   "ledger)", ["group", "topic"], registry=r)
         self.partitions.set(topology.partitions)
         for pool in topology.pools:  # every series exists from the start (rate() from zero)
             for outcome in OUTCOMES:
@@ -132,8 +138,8 @@ class ProcessorMetrics:
     # ---- sampled from state ---------------------------------------------------------------------
 
     def sample(self, now_ms: int, tasks: Mapping[int, PartitionTask], directory: WorkerDirectory,
-               standbys: int, consumer: GroupConsumer | None = None, inputs: Sequence[str] = (), *,
-               force: bool = False) -> bool:
+               standbys: int, consumer: GroupConsumer | None = None, inputs: Sequence[str] = (),
+               history_lag: Mapping[int, int] | None = None, *, force: bool = False) -> bool:
         """Refresh the gauges if ``interval_ms`` passed (or ``force``); True if it did."""
         if not force and now_ms - self._sampled_at_ms < self.interval_ms:
             return False
@@ -160,6 +166,9 @@ class ProcessorMetrics:
             self.worker_slots_free.labels(pool).set(directory.free_slots(pool, now_ms))
         if consumer is not None:
             self._lag(consumer, sorted(owned), inputs)
+        if history_lag is not None:
+            self.committed_lag.labels(HISTORY_GROUP, self.topo.runs).set(
+                sum(n for p, n in history_lag.items() if p in owned))
         return True
 
     def _scan_task(self, task: PartitionTask, directory: WorkerDirectory, waiting: dict[tuple[str, str], int],

@@ -127,9 +127,12 @@ def summarize(scrapes: Sequence[Scrape]) -> Status:
             st.projector.append(sc.url)
         if _named(s, "gnomon_api_requests_in_flight"):
             st.api.append(sc.url)
-        for x in _named(s, "gnomon_consumer_lag_records"):
-            st.lag.setdefault(x.labels["group"], {}).setdefault(x.labels["topic"], 0.0)
-            st.lag[x.labels["group"]][x.labels["topic"]] += x.value
+        for metric, suffix in (("gnomon_consumer_lag_records", ""), ("gnomon_consumer_committed_lag_records",
+                                                                     " (committed)")):
+            for x in _named(s, metric):
+                group = x.labels["group"] + suffix
+                st.lag.setdefault(group, {}).setdefault(x.labels["topic"], 0.0)
+                st.lag[group][x.labels["topic"]] += x.value
     for pool, live in live_seen.items():
         pools[pool]["live"] = live
     st.pools = {p: dict(v) for p, v in sorted(pools.items())}

@@ -385,7 +385,7 @@ class Processor:
             self._commit(outputs, offsets)
         self._clean = True
         self.metrics.sample(now, self.tasks, self.directory, len(self.standbys.copies) if self.standbys else 0,
-                            self.consumer, self.inputs)
+                            self.consumer, self.inputs, self.history.lag if self.history is not None else None)
 
     def _behind(self) -> set[int]:
         """Partitions of run-events with unread records (cached high watermark and local
