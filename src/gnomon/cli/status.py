@@ -71,4 +71,4 @@ def status(
         print(json.dumps(st.as_json(), indent=2))
         return
     for line in render(st):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
