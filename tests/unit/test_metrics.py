@@ -244,3 +244,31 @@ def test_serve_takes_the_port_it_is_given_and_never_fails_the_process() -> None:
         assert any(x.name == "process_cpu_seconds_total" for x in s)
     finally:
         taken.close()
+
+
+def test_gnomon_status_reads_the_targets_it_is_given() -> None:
+    import json
+    import socket
+
+    from typer.testing import CliRunner
+
+    from gnomon.cli.main import app
+    from gnomon.metrics.serve import serve
+
+    topo = load_topology()
+    m = ProcessorMetrics(topo, "p-cli")
+    m.partition_owned.labels("0").set(1)
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert serve(m.registry, "processor", port=port, process_metrics=False) is not None
+    runner = CliRunner()
+    out = runner.invoke(app, ["status", "--target", f"127.0.0.1:{port}"])
+    assert out.exit_code == 0, out.output
+    assert "p-cli" in out.output and "partitions 0 " in out.output
+    assert f"unowned: {','.join(map(str, range(1, topo.partitions)))}" in out.output
+    out = runner.invoke(app, ["status", "--target", f"127.0.0.1:{port}", "--json"])
+    assert json.loads(out.output)["processors"][0]["partitions"] == [0]
+    out = runner.invoke(app, ["status", "--target", "127.0.0.1:9", "--timeout-s", "1"])
+    assert out.exit_code == 1 and "no gnomon /metrics endpoint answered" in out.output
