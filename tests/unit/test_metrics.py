@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -272,3 +273,34 @@ def test_gnomon_status_reads_the_targets_it_is_given() -> None:
     assert json.loads(out.output)["processors"][0]["partitions"] == [0]
     out = runner.invoke(app, ["status", "--target", "127.0.0.1:9", "--timeout-s", "1"])
     assert out.exit_code == 1 and "no gnomon /metrics endpoint answered" in out.output
+
+
+def test_api_processes_share_their_counts_in_multiprocess_mode(tmp_path: Path) -> None:
+    """``gnomon api --workers N``: each process counts into the directory
+    (``multiprocess_dir``); a scrape of any of them reports the sum."""
+    import os
+    import subprocess
+    import sys
+
+    count = (
+        "from gnomon.metrics.api import ApiMetrics\n"
+        "ApiMetrics().observe('GET', '/v1/jobs', 200, 0.01)\n"
+    )
+    scrape = (
+        "from fastapi import FastAPI\n"
+        "from fastapi.testclient import TestClient\n"
+        "from gnomon.metrics import api\n"
+        "app = FastAPI()\n"
+        "api.install(app)\n"
+        "print(TestClient(app).get('/metrics').text)\n"
+    )
+    from gnomon.metrics.api import MULTIPROC_ENV
+
+    env = {**os.environ, MULTIPROC_ENV: str(tmp_path)}
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", count], env=env, check=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", scrape], env=env, check=True, timeout=60, capture_output=True,
+                         text=True).stdout
+    s = parse(out)
+    assert value(s, "gnomon_api_requests_total", method="GET", route="/v1/jobs", status="200") == 2
+    assert value(s, "gnomon_api_request_duration_seconds_count", route="/v1/jobs") == 2

@@ -2,13 +2,19 @@
 data in it). An ASGI middleware counts every request by method, route *template*
 (``/v1/jobs/{job_id}``, never the id itself) and status code, and times it.
 
-With ``gnomon api --workers N`` each process counts its own requests, and a scrape
-reads whichever process answers it.
+With ``gnomon api --workers N`` the processes share their counts through files
+(prometheus-client's multiprocess mode: ``multiprocess_dir`` sets it up before they
+start), so a scrape answered by any of them reports all of them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -19,10 +25,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # the route label of a request no route matched (a 404 or 405)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when it is imported
 
 
 class ApiMetrics:
@@ -33,7 +41,8 @@ class ApiMetrics:
                                 ["method", "route", "status"], registry=r)
         self.latency = Histogram("gnomon_api_request_duration_seconds", "Time to answer an HTTP request",
                                  ["method", "route"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.in_flight = Gauge("gnomon_api_requests_in_flight", "HTTP requests being answered", registry=r)
+        self.in_flight = Gauge("gnomon_api_requests_in_flight", "HTTP requests being answered", registry=r,
+                               multiprocess_mode="livesum")
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in METHODS else "other"
@@ -78,9 +87,26 @@ def install(app: Any, metrics: ApiMetrics | None = None) -> ApiMetrics:
     m = metrics if metrics is not None else ApiMetrics()
 
     async def scrape(_: Request) -> Response:
-        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+        registry = m.registry
+        if os.environ.get(MULTIPROC_ENV):  # several API processes: every one's counts
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_route("/metrics", scrape, methods=["GET"], include_in_schema=False)
     app.add_middleware(MetricsMiddleware, metrics=m)
     app.state.metrics = m
     return m
+
+
+@contextlib.contextmanager
+def multiprocess_dir() -> Iterator[str]:
+    """A fresh directory for the counts of API processes about to be started (they
+    inherit the environment), removed when they are gone."""
+    path = tempfile.mkdtemp(prefix="gnomon-api-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
