@@ -64,8 +64,8 @@ class WorkerMetrics:
         r = self.registry
         self.info = Info("gnomon_worker", "This worker", registry=r)
         self.info.info({"worker_id": worker_id, "pool": pool})
-        self.start_lag = Histogram("gnomon_start_lag_seconds", "Start of a run's first attempt minus its slot "
-                                   "(measured by the worker when the handler starts)", ["pool", "priority"],
+        self.start_lag = Histogram("gnomon_start_lag_seconds", "Start of a run's first attempt minus its slot (plus "
+                                   "the job's fixed jitter offset), measured by the worker when the handler starts", ["pool", "priority"],
                                    buckets=START_LAG_BUCKETS_S, registry=r)
         self.window = _WindowCollector(now_s, window_s)
         r.register(self.window)
