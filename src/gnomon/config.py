@@ -61,13 +61,6 @@ class Settings:
         default_factory=lambda: _env_int("GNOMON_CASSANDRA_STORAGE_PORT", 7000)
     )
     api_port: int = field(default_factory=lambda: _env_int("GNOMON_API_PORT", 8787))
-    # /metrics of the processor, the worker and the projector, each on a port of its own
-    # (the API serves it on api_port). None: the kind's default, or the first free port
-    # after it (gnomon.metrics.serve: 9470, 9480, 9490); 0: off.
-    processor_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_PROCESSOR_METRICS_PORT"))
-    worker_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_WORKER_METRICS_PORT"))
-    projector_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_PROJECTOR_METRICS_PORT"))
-    metrics_host: str = field(default_factory=lambda: os.environ.get("GNOMON_METRICS_HOST", "127.0.0.1"))
     # Where `gnomon infra up` writes the generated credentials (one 0600 JSON file per
     # role; see infra/README.md) and where clients look for theirs; default
     # <state_dir>/credentials. Production: $GNOMON_KAFKA_USERNAME/$GNOMON_KAFKA_PASSWORD,
@@ -80,6 +73,13 @@ class Settings:
     topology_path: Path = field(
         default_factory=lambda: Path(p) if (p := os.environ.get("GNOMON_TOPOLOGY")) else data_path(TOPOLOGY)
     )
+    # /metrics of the processor, the worker and the projector, each on a port of its own
+    # (the API serves it on api_port). None: the kind's default, or the first free port
+    # after it (gnomon.metrics.serve: 9470, 9480, 9490); 0: off.
+    processor_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_PROCESSOR_METRICS_PORT"))
+    worker_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_WORKER_METRICS_PORT"))
+    projector_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_PROJECTOR_METRICS_PORT"))
+    metrics_host: str = field(default_factory=lambda: os.environ.get("GNOMON_METRICS_HOST", "127.0.0.1"))
 
     @property
     def credentials_dir(self) -> Path:
