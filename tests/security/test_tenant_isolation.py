@@ -14,10 +14,10 @@ from gnomon.core.clock import SystemClock
 from gnomon.core.messages import LogLine, LogStream
 from gnomon.core.runs import RunState, RunStatus
 
-# Routes without tenant data: the contract, the docs and the health check.
+# Routes without tenant data: the contract, the docs, the health check and the metrics.
 PUBLIC_ROUTES = {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"),
                  ("GET", "/redoc"), ("GET", "/healthz"), ("HEAD", "/openapi.json"), ("HEAD", "/docs"),
-                 ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc")}
+                 ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc"), ("GET", "/metrics"), ("HEAD", "/metrics")}
 JOB = {"name": "a-secret-job", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
 
 # (method, route path) -> (body, which of acme's ids to use); every such call by "other" is a 404.

@@ -41,6 +41,7 @@ from gnomon.core.jobs import JobState
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.history.base import HistoryBatch, ProjectionStore
+from gnomon.metrics.projector import ProjectorMetrics
 from gnomon.retrying import Retry
 from gnomon.topology import load_topology
 
@@ -114,6 +115,7 @@ class HistoryProjector:
         self.poison_sink = poison_sink
         self.owns_store = owns_store
         self.stats = ProjectorStats()
+        self.metrics = ProjectorMetrics(group_id)  # a registry of its own; the CLI serves it
         self._stop = threading.Event()
         if consumer is None:
             from confluent_kafka import Consumer
@@ -147,6 +149,7 @@ class HistoryProjector:
     def on_poison(self, msg: Any, reason: str) -> None:
         """A record that cannot be projected; it is skipped after this returns."""
         self.stats.poison += 1
+        self.metrics.poison.labels(str(msg.topic())).inc()
         log.warning("poison %s[%s]@%s skipped: %s", msg.topic(), msg.partition(), msg.offset(), reason)
         if self.poison_sink is not None:
             self.poison_sink(msg, reason)
@@ -180,6 +183,7 @@ class HistoryProjector:
         ``timeout_s`` for the first one; write them; commit. Returns records consumed."""
         n = max(1, min(max_messages, self.batch_max))
         first = self.consumer.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        self.metrics.lag(self.consumer, list(self.topics.values()))
         if first is None:
             return 0
         msgs = [first]
@@ -206,6 +210,7 @@ class HistoryProjector:
                 log.warning("consume error: %s", err.str())
                 continue
             count += 1
+            self.metrics.records.labels(str(msg.topic())).inc()
             tp = (msg.topic(), msg.partition())
             first.setdefault(tp, msg.offset())
             last[tp] = msg.offset()
@@ -222,6 +227,7 @@ class HistoryProjector:
         if len(batch):
             self._write(batch, first)
         self.stats.batches += 1
+        self.metrics.batches.inc()
         self.stats.jobs += len(batch.jobs)
         self.stats.jobs_deleted += len(batch.deleted_jobs)
         self.stats.runs += len(batch.runs)
@@ -285,9 +291,11 @@ class HistoryProjector:
             log.warning("history write attempt %d/%d failed: %s", attempt, self.write_attempts, exc)
 
         try:
-            self._write_retry().call(lambda: self.store.write_batch(batch), on_retry=retrying)
+            with self.metrics.write_seconds.time():
+                self._write_retry().call(lambda: self.store.write_batch(batch), on_retry=retrying)
         except HistoryStoreError:
             self.stats.write_failures += 1
+            self.metrics.write_failures.inc()
             self._rewind(first)
             raise
 
@@ -309,6 +317,7 @@ class HistoryProjector:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:  # e.g. a rebalance: the records are replayed, idempotently
             self.stats.commit_failures += 1
+            self.metrics.commit_failures.inc()
             log.warning("offset commit failed (records will be re-applied): %s", exc)
 
     def close(self) -> None:
