@@ -31,7 +31,7 @@ from gnomon.config import load
 # Topology attribute names, one per topic role (the dispatch family aside).
 ROLES: tuple[str, ...] = (
     "job_commands", "command_results", "run_events", "jobs", "runs", "run_history", "worker_inbox", "run_logs",
-    "dead_letters", "poison", "workers", "tenants", "tenant_usage",
+    "dead_letters", "poison", "workers", "tenants", "tenant_usage", "alert_configs",
 )
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
 CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs")
@@ -104,6 +104,7 @@ class Topology:
     workers: str = field(default_factory=_packaged("workers"))
     tenants: str = field(default_factory=_packaged("tenants"))  # tenant limits (core.tenants), key tenant
     tenant_usage: str = field(default_factory=_packaged("tenant_usage"))  # per-partition usage, "<tenant>/<p>"
+    alert_configs: str = field(default_factory=_packaged("alert_configs"))  # alert webhooks (core.alerts), key tenant
     topics: tuple[TopicSpec, ...] = ()  # every topic, dispatch ones included ((): not from a file)
     processors: tuple[ProcessorSpec, ...] = ()
     replication_factor: int = 1

@@ -23,6 +23,7 @@ from gnomon.core.validation import (
     BACKOFF_MAX_S,
     IDEMPOTENCY_KEY_MAX_CHARS,
     JITTER_MAX_S,
+    LATE_MAX_S,
     NAME_MAX_CHARS,
     RETRY_MAX_ATTEMPTS,
     SECRETS_MAX_ITEMS,
@@ -136,6 +137,10 @@ class _JobFields(_Closed):
     jitterS: Annotated[int, Field(ge=0, le=JITTER_MAX_S)] | SkipJsonSchema[None] = Omittable(
         description="start each scheduled run at a fixed offset (a hash of job and slot) in "
                     "[slot, slot + jitterS]; the run id keeps the slot. Default 0")
+    alertLateS: Annotated[int, Field(ge=0, le=LATE_MAX_S)] | None = Field(
+        default=None, description="a run whose first attempt starts more than this many seconds after its "
+                                  "start time sends a 'late' alert (PUT /v1/alerts); null: the tenant's "
+                                  "alert config default")
 
 
 class JobSpecInput(_JobFields):
@@ -176,6 +181,7 @@ class Job(_Closed):
     secrets: list[str]
     jitterS: int
     overlap: Overlap
+    alertLateS: int | None
 
 
 class Run(_Closed):
