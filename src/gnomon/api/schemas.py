@@ -332,3 +332,33 @@ class Problem(BaseModel):
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobPatch, TriggerBody, TenantLimitsInput)
+
+
+# ---- alerts (api/alerts.py) -------------------------------------------------------------
+
+AlertKindName = Literal["dead_letter", "late", "skipped"]
+
+
+class AlertConfigInput(_Closed):
+    """The tenant's alert webhook (PUT /v1/alerts replaces the whole config)."""
+
+    url: str = Field(max_length=URL_MAX_CHARS, description="http(s) webhook; checked by the SSRF guard at every "
+                     "call (a literal private or loopback address is refused here)")
+    kinds: list[AlertKindName] | SkipJsonSchema[None] = Omittable(
+        description="alerts to send, default all: dead_letter (a run dead-lettered), late (a run started more "
+                    "than the threshold after its start time), skipped (a slot recorded skipped)")
+    lateS: Annotated[int, Field(ge=0, le=LATE_MAX_S)] | None = Field(
+        default=None, description="late threshold, seconds, for jobs without alertLateS; null: only jobs with "
+                                  "their own alertLateS alert late")
+
+
+class AlertConfigView(_Closed):
+    tenant: str
+    configured: bool = Field(description="false: no alert config, no alerts are sent")
+    url: str | None
+    kinds: list[AlertKindName]
+    lateS: int | None
+    updatedAt: Instant | None
+
+
+REQUEST_MODELS = (*REQUEST_MODELS, AlertConfigInput)
