@@ -152,7 +152,7 @@ class Alerter:
                 raise ValueError("bootstrap is required unless a consumer is given")
             consumer = Consumer(consumer_config(bootstrap, group_id, role=kafka_role, **{
                 "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": False}))
-            consumer.subscribe([self.topic], on_revoke=self._on_revoke)
+            consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
         self.consumer = consumer
 
     # ---- loop ----------------------------------------------------------------------------
@@ -283,6 +283,27 @@ class Alerter:
             return
         with self._lock:
             self.tracker.committed(offsets)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """A partition this group never committed starts at the ledger's end (a new
+        alerter alerts what happens from now on, not the dead letters of the past week);
+        that position is committed at once, so a restart resumes from it, missing nothing."""
+        from confluent_kafka import KafkaException
+
+        fresh: list[Any] = []
+        try:
+            positions = consumer.committed(partitions, timeout=10)
+            fresh = [p for p in positions if p.offset < 0]
+            for p in fresh:
+                p.offset = consumer.get_watermark_offsets(p, timeout=10)[1]
+            if fresh:
+                consumer.commit(offsets=fresh, asynchronous=False)
+        except KafkaException as exc:  # assign as given: the group's reset policy applies
+            log.warning("alerter: cannot read or set the start offsets (%s); using the reset policy", exc)
+            positions = partitions
+        consumer.assign(positions)
+        log.info("alerter: assigned %d partition(s) of %s (%d new, from the end)", len(positions), self.topic,
+                 len(fresh))
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
         self.commit()

@@ -162,6 +162,9 @@ def alerter(
     backoff_cap_s: Annotated[float, typer.Option(min=0, max=3600, help="longest wait between calls")] = 30.0,
     timeout_s: Annotated[float, typer.Option(min=0.1, max=300, help="one call's timeout")] = 5.0,
     in_flight_max: Annotated[int, typer.Option(min=1, max=1024, help="alerts being delivered at once")] = 32,
+    group_id: Annotated[str, typer.Option(
+        help="the ledger consumer group (gnomon-alerter or gnomon-alerter-<name>); a new group starts at the "
+             "ledger's end")] = "gnomon-alerter",
     verbose: bool = False,
 ) -> None:
     """Call the tenants' alert webhooks: dead letters, skipped slots, late starts (README, "Alerts")."""
@@ -174,6 +177,8 @@ def alerter(
     from gnomon.worker.http_target import HttpPolicy
     from gnomon.worker.secrets import SecretStore
 
+    if not (group_id == "gnomon-alerter" or group_id.startswith("gnomon-alerter-")):
+        fail("--group-id: must be gnomon-alerter or start with gnomon-alerter- (the alerter's Kafka ACL)", 2)
     try:
         http = HttpPolicy(allowed_cidrs=tuple(allowed_cidr) if allowed_cidr else allowed_cidrs())
         policy = DeliveryPolicy(attempts_max, backoff_s, max(backoff_s, backoff_cap_s), timeout_s, in_flight_max)
@@ -186,7 +191,7 @@ def alerter(
     sender = AlertSender(http, SecretStore(secrets_dir or s.state_dir / "secrets"))
     stop = threading.Event()
     _stop_on_signals(stop)
-    Alerter(feed.book, sender, policy, bootstrap=s.kafka_bootstrap, feed=feed).run(stop)
+    Alerter(feed.book, sender, policy, bootstrap=s.kafka_bootstrap, feed=feed, group_id=group_id).run(stop)
 
 
 @command

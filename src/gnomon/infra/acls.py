@@ -63,7 +63,8 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>
-    "alerter": (("gnomon-alerter", LITERAL, "READ"),  # the ledger consumer (alerts/service.py)
+    # the ledger consumer (alerts/service.py): gnomon-alerter, or gnomon-alerter-<name> (--group-id)
+    "alerter": (("gnomon-alerter", PREFIXED, "READ"),
                 ("gnomon-alert-configs", LITERAL, "READ")),  # alert configs, assigned (alerts/feed.py)
 }
 TRANSACTIONAL_IDS: Mapping[str, tuple[tuple[str, str], ...]] = {
