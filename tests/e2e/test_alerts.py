@@ -9,6 +9,7 @@ API -> gnomon.alert-configs -> alerter; API -> processor -> worker -> gnomon.run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from harness import Stack, wait_for
 
+from gnomon.client import ApiError, Client
 from gnomon.core.clock import ms_to_iso
 from gnomon.worker.http_target import verify_signature
 
@@ -55,6 +57,16 @@ def receiver() -> Iterator[str]:
     server.shutdown()
 
 
+def known(c: Client, job_id: str) -> bool:
+    try:
+        c.get_job(job_id)
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def delivered(job_id: str, kind: str) -> list[dict[str, Any]]:
     """The 2xx calls of ``kind`` about ``job_id``, bodies decoded."""
     with AlertReceiver.lock:
@@ -84,6 +96,7 @@ def test_dead_letter_late_and_skipped_alerts_arrive_signed_and_a_failed_call_is_
     stack.start("alerter", "alerter", "--secrets-dir", str(secrets_dir), "--allowed-cidr", "127.0.0.1/32",
                 "--group-id", group, "--backoff-s", "0.5", "--attempts-max", "5", "--timeout-s", "5")
     log_file = stack.logs / "alerter.log"
+    made: list[str] = []  # jobs to delete at the end
     try:
         wait_for(lambda: "assigned" in log_file.read_text(), 60, "the alerter to be assigned the ledger")
         tag = secrets.token_hex(3)
@@ -92,10 +105,14 @@ def test_dead_letter_late_and_skipped_alerts_arrive_signed_and_a_failed_call_is_
         dead_job = c.create_job({"name": f"e2e-alert-dead-{tag}", "runAt": ms_to_iso(at_ms),
                                  "target": {"type": "command", "argv": ["sh", "-c", "exit 3"]},
                                  "timeoutS": 30, "retry": {"max": 1}})["id"]
+        made.append(dead_job)
         # a late start: threshold 0 s; a manual run starts after its request went through Kafka
-        late_job = c.create_job({"name": f"e2e-alert-late-{tag}", "schedule": "0 0 1 1 *",
-                                 "target": {"type": "command", "argv": ["true"]}, "alertLateS": 0})["id"]
-        assert c.get_job(late_job)["alertLateS"] == 0
+        created = c.create_job({"name": f"e2e-alert-late-{tag}", "schedule": "0 0 1 1 *",
+                                "target": {"type": "command", "argv": ["true"]}, "alertLateS": 0})
+        assert created["alertLateS"] == 0
+        late_job = created["id"]
+        made.append(late_job)
+        wait_for(lambda: known(c, late_job), 30, "the late job in history")  # the API triggers known jobs
         late_run = c.trigger(late_job, "late-" + tag)
         # skipped slots: a run every second that takes 5 s, overlap forbid
         skip_job = c.create_job({"name": f"e2e-alert-skip-{tag}", "schedule": "* * * * * *",
@@ -109,6 +126,10 @@ def test_dead_letter_late_and_skipped_alerts_arrive_signed_and_a_failed_call_is_
         dead = wait_for(lambda: delivered(dead_job, "dead_letter"), 60, "a dead-letter alert")
     finally:
         stack.stop("alerter")
+        c.delete_alerts()  # leave acme without a webhook (the receiver is gone after the test)
+        for job in made:
+            with contextlib.suppress(ApiError):  # a finished one-time job may be gone already
+                c.delete(job)
 
     # what each alert says
     (late_call,) = late

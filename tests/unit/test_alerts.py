@@ -327,3 +327,58 @@ def test_alert_routes_set_get_delete_own_tenant_only() -> None:
     assert client.delete("/v1/alerts", headers=a).json()["configured"] is False
     assert producer.sent[-1] == (topo.alert_configs, "acme", None)
     assert len(producer.sent) == 2  # the refused PUT wrote nothing
+
+
+# ---- gnomon alerts set|get|delete against the in-process API ---------------------------------
+
+@pytest.fixture
+def cli_api(monkeypatch: pytest.MonkeyPatch) -> ListProducer:
+    from gnomon.cli import alerts as cli_alerts
+    from gnomon.client import Client
+
+    producer, topo = ListProducer(), load_topology()
+    service = AlertService(AlertBook(), writer=producer, topic=topo.alert_configs, allowed=())
+    app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(producer, topo.job_commands),
+                     auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(NOW), alerts=service)
+
+    def make() -> Client:
+        c = Client(url="http://testserver", token="tok-a")
+        test_client = TestClient(app)
+        test_client.headers["Authorization"] = "Bearer tok-a"
+        c._http = test_client
+        return c
+
+    monkeypatch.setattr(cli_alerts, "Client", make)
+    return producer
+
+
+def cli(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from gnomon.cli import main as cli_main
+
+    return CliRunner().invoke(cli_main.app, ["alerts", *args])
+
+
+def test_cli_set_get_delete(cli_api: ListProducer) -> None:
+    out = cli("set", "https://ops.example.com/h", "--kinds", "dead_letter,skipped", "--late-s", "30", "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["kinds"] == ["dead_letter", "skipped"]
+    out = cli("get")
+    assert out.exit_code == 0 and "https://ops.example.com/h" in out.stdout and "30 s" in out.stdout
+    out = cli("delete")
+    assert out.exit_code == 0 and "alerts off" in out.stdout
+    assert [v for _, _, v in cli_api.sent][-1] is None
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["set", "ftp://x.example.com"], "URL"),
+    (["set", "https://x.example.com", "--kinds", "late,nope"], "--kinds"),
+    (["set", "https://x.example.com", "--late-s", "-3"], "--late-s"),
+    (["set", "http://10.1.2.3/h"], "url"),  # refused by the API's SSRF check, named by it
+])
+def test_cli_bad_input_is_exit_2_with_one_line(cli_api: ListProducer, args: list[str], names: str) -> None:
+    out = cli(*args)
+    assert out.exit_code == 2, out.output
+    assert names in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert cli_api.sent == []

@@ -185,6 +185,8 @@ def alerter(
     except ValueError as exc:
         fail(f"alerter: {exc}", 2)
     _logging(verbose)
+    if not verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # the alerter logs each call itself
     s = load()
     feed = AlertFeed(s.kafka_bootstrap, load_topology(), AlertBook(), role=ROLE)
     feed.load()
