@@ -382,3 +382,91 @@ def test_cli_bad_input_is_exit_2_with_one_line(cli_api: ListProducer, args: list
     assert out.exit_code == 2, out.output
     assert names in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert cli_api.sent == []
+
+
+# ---- the Alerter loop over a fake consumer and a scripted sender -----------------------------
+
+class FakeMsg:
+    def __init__(self, topic: str, offset: int, key: str, value: bytes | None) -> None:
+        self._t, self._o, self._k, self._v = topic, offset, key, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._o
+
+    def key(self) -> bytes:
+        return self._k.encode()
+
+    def value(self) -> bytes | None:
+        return self._v
+
+
+class FakeConsumer:
+    def __init__(self, batches: list[list[FakeMsg]]) -> None:
+        self.batches = batches
+        self.commits: list[dict[tuple[str, int], int]] = []
+
+    def consume(self, _n: int, _timeout_s: float) -> list[FakeMsg]:
+        return self.batches.pop(0) if self.batches else []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedSender:
+    """Fails the first ``failures[key]`` calls of each alert, then delivers."""
+
+    def __init__(self, failures: dict[str, int]) -> None:
+        self.failures = failures
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def send(self, alert: Any, url: str, timeout_s: float) -> int:
+        with self.lock:
+            self.calls.append(alert.key)
+            if self.failures.get(alert.key, 0) > 0:
+                self.failures[alert.key] -= 1
+                raise AlertDeliveryError("HTTP 500")
+        return 200
+
+
+def test_alerter_retries_gives_up_and_commits_only_settled_offsets() -> None:
+    from gnomon.alerts.service import Alerter
+
+    topic = load_topology().runs
+    failed = run(RunStatus.FAILED, run_id="job_a@f")
+    skipped = run(RunStatus.SKIPPED, run_id="job_a@s", reason="paused")
+    other = replace(failed, run_id="job_b@f", tenant="other")  # no config: no alert
+    msgs = [FakeMsg(topic, i, s.run_id, codec.encode(s, topic)) for i, s in enumerate((failed, skipped, other))]
+    msgs.append(FakeMsg(topic, 3, failed.run_id, codec.encode(failed, topic)))  # the same state again
+    msgs.append(FakeMsg(topic, 4, "job_a@gone", None))  # a tombstone
+    consumer = FakeConsumer([msgs])
+    book = AlertBook()
+    book.apply("acme", CFG)
+    sender = ScriptedSender({f"{failed.run_id}:dead_letter:0": 2, f"{skipped.run_id}:skipped:0": 99})
+    given_up: list[str] = []
+    alerter = Alerter(book, sender, DeliveryPolicy(attempts_max=3, backoff_base_s=0.01, backoff_cap_s=0.02,
+                                                   in_flight_max=1),  # type: ignore[arg-type]
+                      consumer=consumer, clock=FakeClock(NOW), on_given_up=lambda a, _why: given_up.append(a.key))
+    assert alerter.run_once() == 5
+    assert alerter.wait_idle(10)
+    alerter.commit()
+    assert sorted(sender.calls) == sorted([f"{failed.run_id}:dead_letter:0"] * 3 + [f"{skipped.run_id}:skipped:0"] * 3)
+    assert given_up == [f"{skipped.run_id}:skipped:0"]
+    s = alerter.stats
+    assert (s.alerts, s.delivered, s.given_up, s.retries, s.no_config, s.tombstones) == (2, 1, 1, 4, 1, 1)
+    assert consumer.commits[-1] == {(topic, 0): 5}  # everything settled: past the last record
+    # never past a record whose alert was in flight: 1 (the skipped one pending) or the end
+    assert {c[(topic, 0)] for c in consumer.commits} <= {1, 5}, consumer.commits
+    alerter.close()
