@@ -33,7 +33,8 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "api": ("tenants", "tenant_usage", "command_results"),
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
-    "connect": ("run_history",),  # connectors/history-runs-file-sink.properties
+    # connectors/history-runs-file-sink.properties; the run-exports sinks (JSON lines, JDBC)
+    "connect": ("run_history", "run_exports"),
 }
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
@@ -41,6 +42,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
+    "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)
 }
 # Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).
 DISPATCH_WRITERS: tuple[str, ...] = ("processor",)
