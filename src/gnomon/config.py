@@ -50,6 +50,8 @@ class Settings:
         default_factory=lambda: _env_int("GNOMON_CASSANDRA_STORAGE_PORT", 7000)
     )
     api_port: int = field(default_factory=lambda: _env_int("GNOMON_API_PORT", 8787))
+    # the private PostgreSQL that Kafka Connect's JDBC sink exports runs into (gnomon.infra.postgres)
+    postgres_port: int = field(default_factory=lambda: _env_int("GNOMON_POSTGRES_PORT", 15432))
     # Where `gnomon infra up` writes the generated credentials (one 0600 JSON file per
     # role; see infra/README.md) and where clients look for theirs; default
     # <state_dir>/credentials. Production: $GNOMON_KAFKA_USERNAME/$GNOMON_KAFKA_PASSWORD,
