@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import registry_stub
 from gnomon.codec import encode, schema_id_for_topic
-from gnomon.codec.registry import default_schema_dir, load_registry
 from gnomon.config import load
 from gnomon.core.exports import export_of
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
@@ -41,41 +39,20 @@ REF_SCHEMA = {"type": "record", "name": "Outer", "namespace": "t",
 INNER = {"type": "record", "name": "Inner", "namespace": "t", "fields": [{"name": "n", "type": "long"}]}
 
 
-def _served() -> dict[str, dict[str, Any]]:
-    reg = load_registry(default_schema_dir())
-    docs = {f"/schemas/ids/{v.id}": {"schema": json.dumps(v.schema)} for v in reg}
-    docs[f"/schemas/ids/{REF_ID}"] = {"schema": json.dumps(REF_SCHEMA), "references": [
-        {"name": "t.Inner", "subject": "t.Inner", "version": 1}]}
-    docs["/subjects/t.Inner/versions/1"] = {"subject": "t.Inner", "version": 1, "id": 9_000,
-                                            "schema": json.dumps(INNER)}
-    return docs
-
-
-class _Registry(BaseHTTPRequestHandler):
-    docs: dict[str, dict[str, Any]] = {}
-    hits: list[str] = []
-
-    def do_GET(self) -> None:
-        _Registry.hits.append(self.path)
-        doc = self.docs.get(self.path)
-        body = json.dumps(doc if doc else {"error_code": 40403, "message": "Schema not found"}).encode()
-        self.send_response(200 if doc else 404)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+EXTRA = {
+    f"/schemas/ids/{REF_ID}": {"schema": json.dumps(REF_SCHEMA), "references": [
+        {"name": "t.Inner", "subject": "t.Inner", "version": 1}]},
+    "/subjects/t.Inner/versions/1": {"subject": "t.Inner", "version": 1, "id": 9_000, "schema": json.dumps(INNER)},
+}
+HITS: list[str] = []
 
 
 @pytest.fixture(scope="module")
 def registry_url() -> Iterator[str]:
-    _Registry.docs = _served()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with registry_stub.serve(EXTRA) as (url, hits):
+        global HITS
+        HITS = hits
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +96,10 @@ def test_json_mode_gives_one_json_line_per_record(classpath: str, registry_url: 
         "manual": False, "updated_at_ms": run.updated_at_ms, "start_lag_ms": 42,
         "started_at_ms": run.started_at_ms, "finished_at_ms": run.finished_at_ms, "exit_code": 2,
         "reason": run.reason}
-    assert list(first) == [f["name"] for f in json.loads(_Registry.docs["/schemas/ids/80"]["schema"])["fields"]]
+    assert list(first) == [f["name"] for f in json.loads(registry_stub.gnomon_documents()["/schemas/ids/80"]["schema"])["fields"]]
     second = json.loads(lines[1])
     assert second["start_lag_ms"] is None and second["reason"] is None and second["run_id"] == "acme.conv@other"
-    assert f"/schemas/ids/{schema_id_for_topic(EXPORTS)}" in _Registry.hits
+    assert f"/schemas/ids/{schema_id_for_topic(EXPORTS)}" in HITS
 
 
 def test_struct_mode_maps_records_enums_and_optional_fields(classpath: str, registry_url: str,
@@ -153,7 +130,7 @@ def test_references_are_fetched_by_subject_version(classpath: str, registry_url:
     got = _decode(classpath, registry_url, [b"\x00" + REF_ID.to_bytes(4, "big") + buf.getvalue()], tmp_path, "json")
     assert got.returncode == 0, got.stderr[-3000:]
     assert json.loads(got.stdout) == {"inner": {"n": 7}, "tags": ["a", "b"]}
-    assert "/subjects/t.Inner/versions/1" in _Registry.hits
+    assert "/subjects/t.Inner/versions/1" in HITS
 
 
 def test_unknown_ids_and_unframed_values_are_refused_with_the_reason(classpath: str, registry_url: str,

@@ -18,15 +18,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import cassandra, connect, fetch, jvm, kafka, procs
+from gnomon.infra import cassandra, connect, fetch, jvm, kafka, postgres, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import ensure_topics, topic_specs
 
 COMPONENTS: tuple[str, ...] = ("kafka", "cassandra")  # what `up` starts by default
-# Kafka Connect is opt-in (`up --only connect`, after Kafka); `down` stops it too.
-ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, "connect")
-MODULES = {"kafka": kafka, "cassandra": cassandra, "connect": connect}
+# Kafka Connect is opt-in (`up --only connect`, after Kafka; it starts PostgreSQL, its JDBC
+# sink's database, too); PostgreSQL alone with `up --only postgres`; `down` stops them too.
+ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, "connect", "postgres")
+MODULES = {"kafka": kafka, "cassandra": cassandra, "connect": connect}  # the JVMs
 STOP_TIMEOUT_S = 60.0
 
 
@@ -67,6 +68,8 @@ def up(
     begun = time.monotonic()
     with _lock(settings):
         for component in components:  # check Java and download first, then start JVMs together
+            if component not in MODULES:
+                continue
             module = MODULES[component]
             jvm.find_java(module.JAVA_VERSIONS, module.LABEL)
             fetch.fetch(settings.state_dir, module.COMPONENT, module.LABEL)
@@ -92,6 +95,9 @@ def up(
             cassandra.wait_ready(settings)
             cassandra.ensure_auth(settings)
             say(f"Cassandra is up on {cassandra.address(settings)}")
+        if "postgres" in components or "connect" in components:  # the JDBC sink writes into it
+            postgres.start(settings)
+            say(f"PostgreSQL is up on {postgres.address(settings)} (database {postgres.DATABASE})")
         if "connect" in components:  # needs Kafka (and its topics) up
             connect.start(settings)
             connect.wait_ready(settings)
@@ -114,7 +120,11 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
             names += cassandra.running_names(settings)
         if "kafka" in components:
             names += kafka.running_names(settings)
+        pg = "postgres" in components and postgres.stop(settings)  # not a JVM: pg_ctl stops it
         if not names:
+            if pg:
+                say("stopped postgres")
+                return ["postgres"]
             say("nothing to stop")
             return []
         say(f"stopping {', '.join(names)}…")
@@ -125,14 +135,15 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
         for name in names:
             procs.stop(settings.state_dir, name, STOP_TIMEOUT_S)
         say("stopped")
-        return names
+        return [*names, "postgres"] if pg else names
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """``{"kafka": {...}, "cassandra": {...}, "connect": {...}}``; each has ``state``
-    (up/starting/degraded/down)."""
+    """``{"kafka": {...}, "cassandra": {...}, "connect": {...}, "postgres": {...}}``; each
+    has ``state`` (up/starting/degraded/down)."""
     return {
         "kafka": kafka.status(settings),
         "cassandra": cassandra.status(settings),
         "connect": connect.status(settings),
+        "postgres": postgres.status(settings),
     }
