@@ -19,8 +19,14 @@ REST port: ``$GNOMON_CONNECT_PORT`` (default 8083), bound to 127.0.0.1. Healthy 
 ``GET /connectors?expand=status`` lists every configured connector with the connector
 and all its tasks RUNNING.
 
-The run ledger export (``connectors/history-runs-file-sink.properties``) holds one line
-per ``gnomon.runs`` record: the record value, Confluent-framed Avro, in base64.
+Plugins: ``plugin.path`` is ``<state_dir>/connect-plugins`` (gnomon's registry converter,
+built with Maven, and the Debezium JDBC sink; ``gnomon.infra.connect_plugins``). The run
+exports (``gnomon.run-exports``) go to PostgreSQL (``runs-postgres-sink``, the server of
+``gnomon.infra.postgres``) and to ``<state_dir>/exports/runs.jsonl``, both decoded by the
+registry converter at ``$GNOMON_REGISTRY_URL`` (default http://127.0.0.1:8081).
+
+The older run-history export (``connectors/history-runs-file-sink.properties``) holds one
+line per ``gnomon.run-history`` record: the record value, Confluent-framed Avro, in base64.
 :func:`read_export` decodes such a file; ``python -m gnomon.infra.connect decode FILE``
 prints it as JSON lines. See ``connectors/README.md``.
 """
