@@ -98,8 +98,3 @@ def ensure(state_dir: Path) -> Path:
         link.symlink_to(lib, target_is_directory=True)
     return top
 
-
-def converter_classpath(state_dir: Path) -> str:
-    """The converter's jars (for running ``gnomon.connect.Decode`` outside Connect; add
-    connect-api from ``lib/connect``)."""
-    return str(fetch.lib_dir(state_dir, CONVERTER_COMPONENT) / "*")

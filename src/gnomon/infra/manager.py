@@ -120,20 +120,19 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
             names += cassandra.running_names(settings)
         if "kafka" in components:
             names += kafka.running_names(settings)
-        pg = "postgres" in components and postgres.stop(settings)  # not a JVM: pg_ctl stops it
-        if not names:
-            if pg:
-                say("stopped postgres")
-                return ["postgres"]
+        pg = "postgres" in components and postgres.pid(settings) is not None  # not a JVM: pg_ctl stops it
+        if not names and not pg:
             say("nothing to stop")
             return []
-        say(f"stopping {', '.join(names)}…")
+        say(f"stopping {', '.join([*names, 'postgres'] if pg else names)}…")
         if connect.NAME in names:  # first, while Kafka still takes its final offset commits
             connect.stop(settings)
         for name in names:  # signal everyone first: Kafka nodes must not wait for a lost quorum
             procs.signal_term(settings.state_dir, name)
         for name in names:
             procs.stop(settings.state_dir, name, STOP_TIMEOUT_S)
+        if pg:  # after Connect, whose JDBC sink writes into it
+            postgres.stop(settings)
         say("stopped")
         return [*names, "postgres"] if pg else names
 

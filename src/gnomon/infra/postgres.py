@@ -38,7 +38,7 @@ CREDENTIAL = "postgres"  # <credentials_dir>/postgres.json
 USERNAME = "gnomon"
 DATABASE = "gnomon"
 OS_USER = "postgres"  # the Debian package's system user; the server never runs as root
-BIN_GLOB = "/usr/lib/postgresql/*/bin"
+SERVER_ROOT = Path("/usr/lib/postgresql")  # Debian: one <major>/bin per installed server
 INSTALL_HINT = "install the Debian package postgresql (`make sysdeps`, or apt-get install postgresql)"
 
 
@@ -64,17 +64,11 @@ def jdbc_url(settings: Settings) -> str:
 
 def bin_dir() -> Path:
     """The newest installed server's bin dir; InfraError with the install hint if none."""
-    found = sorted((Path(p) for p in _glob(BIN_GLOB) if (Path(p) / "initdb").exists()),
+    found = sorted((p for p in SERVER_ROOT.glob("*/bin") if (p / "initdb").exists()),
                    key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     if not found:
-        raise InfraError(f"PostgreSQL server binaries not found ({BIN_GLOB}/initdb); {INSTALL_HINT}")
+        raise InfraError(f"PostgreSQL server binaries not found ({SERVER_ROOT}/<major>/bin/initdb); {INSTALL_HINT}")
     return found[-1]
-
-
-def _glob(pattern: str) -> list[str]:
-    import glob
-
-    return glob.glob(pattern)
 
 
 def _as_server_user(argv: list[str]) -> list[str]:
