@@ -8,3 +8,11 @@ from any test module. Their asserts are rewritten like a test module's.
 import pytest
 
 pytest.register_assert_rewrite("history_contract")
+
+# Speed is measured in bench/, not asserted: hypothesis's per-example deadline (200 ms by
+# default) fails tests on a loaded 2-core CI box (the services start while the unit suite
+# runs). Examples stay bounded by each test's max_examples.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("gnomon", deadline=None)
+settings.load_profile("gnomon")

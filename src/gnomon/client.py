@@ -79,6 +79,22 @@ class Client:
             headers["Idempotency-Key"] = validate_idempotency_key(idempotency_key, "Idempotency-Key")
         return self._call("POST", "/v1/jobs", json=body, headers=headers)  # type: ignore[no-any-return]
 
+    def create_jobs(self, bodies: list[dict[str, Any]], idempotency_keys: list[str | None] | None = None
+                    ) -> dict[str, Any]:
+        """Register up to 1,000 jobs in one call (``POST /v1/jobs:batch``): the answer has
+        one result per body, in order (``status`` 201/200 with ``job``, or a ``problem``).
+        ``idempotency_keys``: one per body (None: that job has none)."""
+        keys = idempotency_keys or [None] * len(bodies)
+        if len(keys) != len(bodies):
+            raise ValueError(f"{len(bodies)} jobs but {len(keys)} idempotency keys")
+        items: list[dict[str, Any]] = []
+        for i, (body, key) in enumerate(zip(bodies, keys, strict=True)):
+            item = dict(body)
+            if key is not None:
+                item["idempotencyKey"] = validate_idempotency_key(key, f"jobs[{i}].idempotencyKey")
+            items.append(item)
+        return self._call("POST", "/v1/jobs:batch", json={"jobs": items})  # type: ignore[no-any-return]
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{quote(job_id)}")  # type: ignore[no-any-return]
 

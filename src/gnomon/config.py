@@ -52,6 +52,8 @@ class Settings:
     api_port: int = field(default_factory=lambda: _env_int("GNOMON_API_PORT", 8787))
     # the private PostgreSQL that Kafka Connect's JDBC sink exports runs into (gnomon.infra.postgres)
     postgres_port: int = field(default_factory=lambda: _env_int("GNOMON_POSTGRES_PORT", 15432))
+    # The schema registry `gnomon infra up` starts (gnomon.registry, docs/adr/0009), on 127.0.0.1.
+    registry_port: int = field(default_factory=lambda: _env_int("GNOMON_REGISTRY_PORT", 8081))
     # Where `gnomon infra up` writes the generated credentials (one 0600 JSON file per
     # role; see infra/README.md) and where clients look for theirs; default
     # <state_dir>/credentials. Production: $GNOMON_KAFKA_USERNAME/$GNOMON_KAFKA_PASSWORD,
@@ -76,6 +78,11 @@ class Settings:
     @property
     def cassandra_hosts(self) -> list[str]:
         return os.environ.get("GNOMON_CASSANDRA_HOSTS", "127.0.0.1").split(",")
+
+    @property
+    def registry_url(self) -> str:
+        """Where producers outside gnomon find the schema registry (``$GNOMON_REGISTRY_URL``)."""
+        return os.environ.get("GNOMON_REGISTRY_URL", f"http://127.0.0.1:{self.registry_port}")
 
     @property
     def api_url(self) -> str:

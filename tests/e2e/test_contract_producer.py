@@ -1,7 +1,9 @@
 """A producer that does not import gnomon (issue 11, point 5): a Java program built from
-Maven Central jars registers a job knowing only the job-event contract (the schema files
-and ids in schemas/avro/, the topics, the key and the framing: docs/job-events.md),
-reads the processor's answer, and the job runs. No schema registry: ADR 0009."""
+Maven Central jars registers a job knowing only the job-event contract (the topics, the
+key and the framing: docs/job-events.md) and the schemas, taken either from the files
+and ids in schemas/avro/ or from gnomon's schema registry (its Confluent REST API: the
+subject's latest version and its references; ADR 0009), reads the processor's answer,
+and the job runs."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from pathlib import Path
 import pytest
 from harness import Stack, wait_for
 
+from gnomon.codec import default_codec
 from gnomon.config import REPO_ROOT, load
 from gnomon.events import JobEvents
-from gnomon.infra import credentials, fetch
+from gnomon.infra import credentials, fetch, registry
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration
@@ -30,13 +33,14 @@ def producer_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"{classes}:{lib}/*"
 
 
-def _produce(classpath: str, job_id: str, cron: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def _produce(classpath: str, job_id: str, cron: str, *argv: str, schemas: str | None = None,
+             ) -> subprocess.CompletedProcess[str]:
     settings, topo = load(), load_topology()
     cred = credentials.read(settings.credentials_dir, "api")
     assert cred is not None, "no Kafka credentials for the api role (gnomon infra up writes them)"
     return subprocess.run(
         ["java", "-cp", classpath, "ContractProducer", settings.kafka_bootstrap, cred.username, cred.password,
-         str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
+         schemas or str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
         capture_output=True, text=True, timeout=120)
 
 
@@ -55,6 +59,27 @@ def test_a_java_producer_registers_a_job_reads_the_answer_and_the_job_runs(stack
         again = _produce(producer_classpath, job_id, "*/3 * * * * *", "true")
         assert again.returncode == 3, f"exit {again.returncode}\n{again.stdout}\n{again.stderr[-3000:]}"
         assert '"code": "refused"' in again.stdout and "already exists" in again.stdout, again.stdout
+    finally:
+        with JobEvents("acme", load().kafka_bootstrap) as events:
+            events.delete(job_id)
+
+
+def test_a_java_producer_takes_the_schemas_from_the_registry(stack: Stack, producer_classpath: str) -> None:
+    settings = load()
+    assert registry.status(settings)["state"] == "up", "gnomon infra up starts the registry"
+    job_id = "java-sr-" + secrets.token_hex(6)
+    sent = _produce(producer_classpath, job_id, "*/2 * * * * *", "sh", "-c", "echo via the registry",
+                    schemas=registry.url(settings))
+    assert sent.returncode == 0, f"exit {sent.returncode}\n{sent.stdout}\n{sent.stderr[-3000:]}"
+    commands = default_codec.registry.latest(f"{load_topology().job_commands}-value")
+    results = default_codec.registry.latest(f"{load_topology().command_results}-value")
+    assert f"schema ids {commands.id} and {results.id} from http" in sent.stdout, sent.stdout
+    assert '"code": "accepted"' in sent.stdout, sent.stdout
+    try:
+        ran = wait_for(lambda: stack.client.list_runs(job_id, status="succeeded", limit=5)["items"], 60,
+                       f"a succeeded run of {job_id}")
+        logs = stack.client.get_logs(ran[0]["id"])["items"]
+        assert any(line["line"] == "via the registry" for line in logs), logs
     finally:
         with JobEvents("acme", load().kafka_bootstrap) as events:
             events.delete(job_id)

@@ -24,6 +24,7 @@ def test_status_reports_both_up(infra: Settings) -> None:
     assert st["kafka"]["version"].startswith("3.9.")
     assert st["cassandra"]["state"] == "up"
     assert st["cassandra"]["version"].startswith("5.0.")
+    assert st["registry"]["state"] == "up" and st["registry"]["subjects"] > 0
 
 
 def test_topics_match_topology(infra: Settings) -> None:
@@ -47,6 +48,7 @@ def test_up_again_is_idempotent(infra: Settings) -> None:
     assert time.monotonic() - started < 15
     assert after["kafka"]["pids"] == before["kafka"]["pids"]
     assert after["cassandra"]["pid"] == before["cassandra"]["pid"]
+    assert after["registry"]["pid"] == before["registry"]["pid"]
     specs = topics.topic_specs(infra.topology_path)
     assert topics.ensure_topics(infra.kafka_bootstrap, specs, replication_factor=1) == []
 

@@ -36,7 +36,7 @@ BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
     ("POST", "/v1/runs/{run_id}:replay"): (None, "failed_run"),
 }
 # Tenant-wide listings and the create: checked by the tests below.
-LISTINGS = {("GET", "/v1/jobs"), ("GET", "/v1/dead-letters"), ("POST", "/v1/jobs")}
+LISTINGS = {("GET", "/v1/jobs"), ("GET", "/v1/dead-letters"), ("POST", "/v1/jobs"), ("POST", "/v1/jobs:batch")}
 # Tenants' limits: the admin role only (a tenant token gets 403 and nothing is written) ...
 ADMIN_ONLY = {("GET", "/v1/tenants"), ("GET", "/v1/tenants/{tenant}"), ("PUT", "/v1/tenants/{tenant}"),
               ("DELETE", "/v1/tenants/{tenant}")}
@@ -109,6 +109,16 @@ def test_the_same_idempotency_key_is_another_job_for_another_tenant(gnomon_api: 
     assert [key for _, key, _ in gnomon_api.producer.sent] == [theirs.json()["id"]]
     listed = client.get("/v1/jobs", headers=gnomon_api.auth("other")).json()["items"]
     assert [j["id"] for j in listed] == [theirs.json()["id"]]
+
+
+def test_a_batch_key_another_tenant_used_is_a_new_job_of_ones_own(gnomon_api: Any, world: dict[str, Any]) -> None:
+    client, ids = world["client"], world["ids"]
+    r = client.post("/v1/jobs:batch", json={"jobs": [{**JOB, "idempotencyKey": "shared"}]},
+                    headers=gnomon_api.auth("other"))
+    result = r.json()["results"][0]
+    assert result["status"] == 201 and result["job"]["id"] != ids["job"] and result["job"]["tenant"] == "other"
+    assert ids["job"] not in r.text  # nothing of acme's job in the answer
+    assert [key for _, key, _ in gnomon_api.producer.sent] == [result["job"]["id"]]
 
 
 @pytest.mark.parametrize(("method", "path"), sorted(ADMIN_ONLY))

@@ -110,3 +110,26 @@ def test_run_commands_on_the_job_commands_topic_are_refused() -> None:
     (res, _), = _results(out, c)
     assert res.code is ResultCode.REFUSED and "job commands" in (res.reason or "")
     assert task.run("j@manual:x") is None
+
+
+def test_a_failing_state_store_is_not_answered_as_a_refusal() -> None:
+    """RocksDB failing is not the command's fault: no "refused" answer (the producer would
+    give up on a valid command), no poison record; the error stops the processor, whose
+    restart applies the command from the last commit."""
+    import pytest
+
+    from gnomon.core.errors import StateStoreError
+
+    c = InMemoryCluster(partitions=4)
+    task, p = _task(c, "j")
+
+    class Broken:
+        def __getattr__(self, name: str) -> object:
+            def fail(*_a: object, **_k: object) -> None:
+                raise StateStoreError("RocksDB get failed: IO error")
+            return fail
+
+    task.kv = Broken()  # type: ignore[assignment]
+    now = c.clock.now_ms()
+    with pytest.raises(StateStoreError):
+        task.handle_command(J.RegisterJob("j", "acme", SPEC, now), now, p, 1)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,37 @@ class SyncProducer:
             raise EventLogError(f"Kafka did not acknowledge the write to {topic} within {timeout_s}s")
         if errors:
             raise EventLogError(f"Kafka refused the write to {topic}: {errors[0].str()}")
+
+    def send_many(self, topic: str, items: Sequence[tuple[str, bytes]], timeout_s: float = 15.0) -> list[str | None]:
+        """Produce every ``(key, value)``, then wait once for Kafka's acknowledgements
+        (acks=all). One entry per item: None, or why it is not known to be written."""
+        errors: list[str | None] = ["not acknowledged"] * len(items)
+
+        def on_delivery_of(i: int) -> Callable[[KafkaError | None, Any], None]:
+            def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+                errors[i] = None if err is None else f"Kafka refused the write to {topic}: {err.str()}"
+            return on_delivery
+
+        deadline = time.monotonic() + timeout_s
+        for i, (key, value) in enumerate(items):
+            while True:
+                try:
+                    self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery_of(i))
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    if time.monotonic() > deadline:
+                        errors[i] = f"could not queue the write to {topic} within {timeout_s}s"
+                        break
+                    self._p.poll(0.05)
+                except KafkaException as exc:
+                    errors[i] = f"could not write to {topic}: {exc}"
+                    break
+        why = f"Kafka did not acknowledge the write to {topic} within {timeout_s}s"
+        try:
+            self._p.flush(max(0.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            why = f"could not write to {topic}: {exc}"
+        return [why if e == "not acknowledged" else e for e in errors]
 
     def close(self) -> None:
         self._p.flush(5)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Security
@@ -38,6 +38,7 @@ from gnomon import codec
 from gnomon.api import problems, schemas
 from gnomon.api.auth import Authenticator
 from gnomon.api.backfill import add_backfill_route
+from gnomon.api.batch import add_batch_route
 from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import finish, problem_responses, request_body
 from gnomon.api.problems import CommandOutcomeUnknown
@@ -134,6 +135,30 @@ class CommandSink:
                 if left_s > 0:
                     self._sleep(left_s)
             raise CommandOutcomeUnknown(str(exc)) from exc
+
+    def send_many(self, items: Sequence[tuple[str, Any]]) -> list[CommandOutcomeUnknown | None]:
+        """Send ``(job id, command)`` pairs with one wait for Kafka's acknowledgements;
+        one entry per item: None (acknowledged) or why its outcome is unknown. A producer
+        without ``send_many`` (the tests' lists) gets one ``send`` per item."""
+        values = [(job_id, codec.encode(command, self._topic)) for job_id, command in items]
+        send_many = getattr(self._producer, "send_many", None)
+        if send_many is None:
+            out: list[CommandOutcomeUnknown | None] = []
+            for job_id, value in values:
+                try:
+                    self._producer.send(self._topic, job_id, value)
+                    out.append(None)
+                except EventLogError as exc:
+                    out.append(CommandOutcomeUnknown(str(exc)))
+            return out
+        started = self._monotonic()
+        timeout_s = 15.0 if self.delivery_timeout_s is None else self.delivery_timeout_s + FLUSH_MARGIN_S
+        errors: list[str | None] = send_many(self._topic, values, timeout_s=timeout_s)
+        if any(errors) and self.delivery_timeout_s is not None:
+            left_s = self.delivery_timeout_s - (self._monotonic() - started)
+            if left_s > 0:
+                self._sleep(left_s)  # as send(): the producer has stopped retrying by then
+        return [None if err is None else CommandOutcomeUnknown(err) for err in errors]
 
     def to(self, topic: str) -> CommandSink:
         """The same producer, another topic."""
@@ -257,6 +282,11 @@ def create_app(
     run_views = RunViews()
     runs_cache = ReadCache(runs_cache_s)
     app.state.reads, app.state.run_views, app.state.runs_cache = reads, run_views, runs_cache
+    add_batch_route(app, reads=reads, commands=commands, tenants=tenants, clock=clock, pools=pools,
+                    responses={200: {"model": schemas.JobBatchAck, "description": "one result per item, in order"},
+                               **problem_responses(401, 413, 422, 503)},
+                    openapi_extra=request_body(schemas.JobBatchInput, example={"jobs": [
+                        {**_EXAMPLE_JOB, "idempotencyKey": "nightly-close-eu"}]}))  # POST /v1/jobs:batch
 
     def owned_job(tenant: str, job_id: str) -> JobState:
         return owned(history.get_job(job_id), tenant, job_id)

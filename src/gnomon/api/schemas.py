@@ -145,6 +145,19 @@ class JobSpecInput(_JobFields):
     target: Target
 
 
+class JobBatchItem(JobSpecInput):
+    """A job definition of a batch, optionally with its idempotency key."""
+
+    idempotencyKey: str | SkipJsonSchema[None] = Omittable(
+        description="the Idempotency-Key of this job: a retry of the batch never registers it twice")
+
+
+class JobBatchInput(_Closed):
+    """POST /v1/jobs:batch."""
+
+    jobs: list[JobBatchItem] = Field(min_length=1, max_length=1000)
+
+
 class JobPatch(_JobFields):
     """Fields to change (PATCH /v1/jobs/{job_id}); the merged definition is re-validated."""
 
@@ -325,4 +338,20 @@ class Problem(BaseModel):
         "idempotency key); not-written = nothing was sent")
 
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobPatch, TriggerBody, TenantLimitsInput)
+class JobBatchResult(_Closed):
+    index: int = Field(description="the item's place in jobs, from 0")
+    status: Literal[200, 201, 409, 422, 429, 503] = Field(
+        description="201 registered; 200 already registered with this key and definition; else refused")
+    job: Job | SkipJsonSchema[None] = Omittable(description="with 200 and 201")
+    problem: Problem | SkipJsonSchema[None] = Omittable(description="with the other statuses; its field starts "
+                                                       "with jobs[index]")
+
+
+class JobBatchAck(_Closed):
+    results: list[JobBatchResult]
+    created: int
+    existing: int
+    refused: int
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobBatchInput, JobPatch, TriggerBody, TenantLimitsInput)

@@ -192,9 +192,13 @@ class TenantService:
 
     # ---- admission pre-checks (core.admission) -----------------------------------------
 
-    def check_registration(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
+    def limits_and_totals(self, tenant: str, now_ms: int) -> tuple[TenantLimits, dict[str, int]]:
+        """The tenant's limits and its usage (``UsageBook.totals``), read together."""
         with self.lock:
-            limits, totals = self.book.limits(tenant), self.usage.totals(tenant, now_ms)
+            return self.book.limits(tenant), self.usage.totals(tenant, now_ms)
+
+    def check_registration(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
+        limits, totals = self.limits_and_totals(tenant, now_ms)
         admission.check_registration(limits, spec, jobs=totals["jobs"], backlog=totals["backlog"], now_ms=now_ms)
 
     def check_schedule(self, tenant: str, spec: JobSpec, now_ms: int) -> None:

@@ -1,4 +1,5 @@
-"""``gnomon infra up|down|status``: Kafka (KRaft) and Cassandra from Maven Central."""
+"""``gnomon infra up|down|status``: Kafka (KRaft) and Cassandra from Maven Central, and
+gnomon's schema registry (gnomon.registry)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ app = typer.Typer(help="Fetch, start and stop Kafka and Cassandra (no Docker nee
 @app.command()
 @command
 def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft nodes")] = 1) -> None:
-    """Fetch (first time), start and wait until Kafka and Cassandra serve; create topics."""
+    """Fetch (first time), start and wait until Kafka, Cassandra and the schema registry
+    serve; create topics."""
     from gnomon.core.errors import ValidationError
     from gnomon.infra import manager
 

@@ -76,9 +76,15 @@ class TenantBook:
     def __init__(self, tenants_max: int = 1_000_000) -> None:
         self.tenants_max = tenants_max
         self._by_tenant: dict[str, TenantLimits] = {}
+        # the defaults as each tenant without a record sees them (built on first use; every
+        # apply clears it): a processor asks for a tenant's limits on every command
+        self._derived: dict[str, TenantLimits] = {}
+
+    DERIVED_MAX = 10_000
 
     def apply(self, tenant: str, limits: TenantLimits | None) -> None:
         """A record read from the topic: ``limits`` None is a tombstone (back to defaults)."""
+        self._derived.clear()
         if limits is None:
             self._by_tenant.pop(tenant, None)
             return
@@ -98,8 +104,16 @@ class TenantBook:
         own = self._by_tenant.get(tenant)
         if own is not None:
             return own
-        d = self.defaults()
-        return TenantLimits(tenant, **d.limits(), updated_at_ms=d.updated_at_ms) if tenant != DEFAULTS_KEY else d
+        if tenant == DEFAULTS_KEY:
+            return self.defaults()
+        derived = self._derived.get(tenant)
+        if derived is None:
+            d = self.defaults()
+            derived = TenantLimits(tenant, **d.limits(), updated_at_ms=d.updated_at_ms)
+            if len(self._derived) >= self.DERIVED_MAX:
+                self._derived.clear()
+            self._derived[tenant] = derived
+        return derived
 
     def configured(self, tenant: str) -> bool:
         return tenant in self._by_tenant

@@ -1,9 +1,9 @@
 """``python -m gnomon.infra up|down|status|topics [--kafka-nodes N] [--only COMPONENT]``.
 
-``up`` starts Kafka and Cassandra; Kafka Connect only with ``--only connect`` (port
-``$GNOMON_CONNECT_PORT``, default 8083), which also starts PostgreSQL (``--only postgres``
-alone: port ``$GNOMON_POSTGRES_PORT``, default 15432). ``down`` without ``--only`` stops
-them all.
+``up`` starts Kafka, Cassandra and the schema registry (port ``$GNOMON_REGISTRY_PORT``,
+default 8081); Kafka Connect only with ``--only connect`` (port ``$GNOMON_CONNECT_PORT``,
+default 8083), which also starts PostgreSQL (``--only postgres`` alone: port
+``$GNOMON_POSTGRES_PORT``, default 15432). ``down`` without ``--only`` stops them all.
 
 ``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
 (``--bootstrap``, ``--replication-factor``) and applies changed configs to existing ones,
@@ -23,7 +23,7 @@ from gnomon.infra.errors import InfraError
 
 USAGE = (
     "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] "
-    "[--only kafka|cassandra|connect|postgres] "
+    "[--only kafka|cassandra|registry|connect|postgres] "
     "[--json] [--bootstrap HOST:PORT] [--replication-factor N]"
 )
 
@@ -50,9 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("kafka", "cassandra", "connect", "postgres"),
-        help="act on one component (connect: Kafka Connect, never started by default, and with it "
-        "postgres, the database its JDBC sink writes to)",
+        choices=("kafka", "cassandra", "registry", "connect", "postgres"),
+        help="act on one component (registry: the schema registry; connect: Kafka Connect, "
+        "never started by default, and with it postgres, the database its JDBC sink writes to)",
     )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument("--bootstrap", help="topics only: Kafka to use (default: settings)")

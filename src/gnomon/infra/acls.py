@@ -35,6 +35,7 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "projector": ("jobs", "runs", "run_logs"),
     # connectors/history-runs-file-sink.properties; the run-exports sinks (JSON lines, JDBC)
     "connect": ("run_history", "run_exports"),
+    "registry": ("schemas",),  # the schema registry reads its store at start (gnomon.registry)
 }
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
@@ -43,6 +44,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
     "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)
+    "registry": ("schemas",),
 }
 # Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).
 DISPATCH_WRITERS: tuple[str, ...] = ("processor",)
@@ -62,6 +64,7 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>
+    "registry": (("gnomon-registry", LITERAL, "READ"),),  # its store, assigned (registry/kafka_store.py)
 }
 TRANSACTIONAL_IDS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "processor": (("gnomon-processor-", PREFIXED),),

@@ -23,7 +23,8 @@ Plugins: ``plugin.path`` is ``<state_dir>/connect-plugins`` (gnomon's registry c
 built with Maven, and the Debezium JDBC sink; ``gnomon.infra.connect_plugins``). The run
 exports (``gnomon.run-exports``) go to PostgreSQL (``runs-postgres-sink``, the server of
 ``gnomon.infra.postgres``) and to ``<state_dir>/exports/runs.jsonl``, both decoded by the
-registry converter at ``$GNOMON_REGISTRY_URL`` (default http://127.0.0.1:8081).
+registry converter against ``Settings.registry_url`` (``$GNOMON_REGISTRY_URL``, default
+http://127.0.0.1:8081, the registry ``gnomon infra up`` starts).
 
 The older run-history export (``connectors/history-runs-file-sink.properties``) holds one
 line per ``gnomon.run-history`` record: the record value, Confluent-framed Avro, in base64.
@@ -60,8 +61,6 @@ GC = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError")
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8083
 PORT_ENV = "GNOMON_CONNECT_PORT"
-REGISTRY_URL_ENV = "GNOMON_REGISTRY_URL"
-DEFAULT_REGISTRY_URL = "http://127.0.0.1:8081"  # the schema registry `gnomon infra up` starts
 CONF_DIR = fetch.INFRA_DIR / "connect"
 CONNECTORS_DIR = REPO_ROOT / "connectors"
 WORKER_TEMPLATE = CONNECTORS_DIR / "worker.properties"
@@ -75,11 +74,6 @@ def rest_port() -> int:
         return int(raw) if raw else DEFAULT_PORT
     except ValueError as exc:
         raise InfraError(f"environment variable {PORT_ENV}={raw!r} is not an integer") from exc
-
-
-def registry_url() -> str:
-    """Where the converter fetches schemas: ``$GNOMON_REGISTRY_URL`` or 127.0.0.1:8081."""
-    return os.environ.get(REGISTRY_URL_ENV, "") or DEFAULT_REGISTRY_URL
 
 
 @dataclass(frozen=True)
@@ -220,7 +214,7 @@ def template_variables(settings: Settings, w: Worker, role: str = ROLE,
         "exports_dir": w.exports_dir,
         "state_dir": w.state_dir,
         "plugin_path": plugins or connect_plugins.plugin_path(w.state_dir),
-        "registry_url": registry_url(),
+        "registry_url": settings.registry_url,  # the schema registry `gnomon infra up` starts
         "postgres_url": postgres.jdbc_url(settings),
         "postgres_user": pg.username,
         "postgres_password": pg.password,

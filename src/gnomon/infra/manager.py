@@ -5,8 +5,9 @@
 ``Settings.topology_path`` and sets the declared configs that differ on existing ones
 (:func:`gnomon.infra.topics.sync_topics`), upserts the Kafka role users and their ACLs
 (docs/adr/0006) and sets up Cassandra's roles; credentials are generated into
-``Settings.credentials_dir`` (0700, files 0600). A lock file serialises concurrent
-``up``/``down`` calls.
+``Settings.credentials_dir`` (0700, files 0600). Then it starts the schema registry
+(a Python process, gnomon.infra.registry), which needs Kafka's topics and users. A lock
+file serialises concurrent ``up``/``down`` calls.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import cassandra, connect, fetch, jvm, kafka, postgres, procs
+from gnomon.infra import cassandra, connect, fetch, jvm, kafka, postgres, procs, registry
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import ensure_topics, topic_specs
 
-COMPONENTS: tuple[str, ...] = ("kafka", "cassandra")  # what `up` starts by default
+COMPONENTS: tuple[str, ...] = ("kafka", "cassandra", "registry")  # what `up` starts by default
 # Kafka Connect is opt-in (`up --only connect`, after Kafka; it starts PostgreSQL, its JDBC
 # sink's database, too); PostgreSQL alone with `up --only postgres`; `down` stops them too.
 ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, "connect", "postgres")
-MODULES = {"kafka": kafka, "cassandra": cassandra, "connect": connect}  # the JVMs
+JVM_MODULES = {"kafka": kafka, "cassandra": cassandra, "connect": connect}  # fetched, need Java
 STOP_TIMEOUT_S = 60.0
 
 
@@ -68,9 +69,9 @@ def up(
     begun = time.monotonic()
     with _lock(settings):
         for component in components:  # check Java and download first, then start JVMs together
-            if component not in MODULES:
+            if component not in JVM_MODULES:
                 continue
-            module = MODULES[component]
+            module = JVM_MODULES[component]
             jvm.find_java(module.JAVA_VERSIONS, module.LABEL)
             fetch.fetch(settings.state_dir, module.COMPONENT, module.LABEL)
         if "kafka" in components:
@@ -95,6 +96,10 @@ def up(
             cassandra.wait_ready(settings)
             cassandra.ensure_auth(settings)
             say(f"Cassandra is up on {cassandra.address(settings)}")
+        if "registry" in components:  # needs Kafka, its store topic and its Kafka user
+            registry.start(settings)
+            registry.wait_ready(settings)
+            say(f"the schema registry is up on {registry.url(settings)}")
         if "postgres" in components or "connect" in components:  # the JDBC sink writes into it
             postgres.start(settings)
             say(f"PostgreSQL is up on {postgres.address(settings)} (database {postgres.DATABASE})")
@@ -116,6 +121,8 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
         names: list[str] = []
         if "connect" in components:
             names += connect.running_names(settings)
+        if "registry" in components:
+            names += registry.running_names(settings)
         if "cassandra" in components:
             names += cassandra.running_names(settings)
         if "kafka" in components:
@@ -127,6 +134,8 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
         say(f"stopping {', '.join([*names, 'postgres'] if pg else names)}…")
         if connect.NAME in names:  # first, while Kafka still takes its final offset commits
             connect.stop(settings)
+        if registry.NAME in names:
+            registry.stop(settings)
         for name in names:  # signal everyone first: Kafka nodes must not wait for a lost quorum
             procs.signal_term(settings.state_dir, name)
         for name in names:
@@ -138,11 +147,12 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """``{"kafka": {...}, "cassandra": {...}, "connect": {...}, "postgres": {...}}``; each
-    has ``state`` (up/starting/degraded/down)."""
+    """``{"kafka": {...}, "cassandra": {...}, "registry": {...}, "connect": {...},
+    "postgres": {...}}``; each has ``state`` (up/starting/degraded/down)."""
     return {
         "kafka": kafka.status(settings),
         "cassandra": cassandra.status(settings),
+        "registry": registry.status(settings),
         "connect": connect.status(settings),
         "postgres": postgres.status(settings),
     }

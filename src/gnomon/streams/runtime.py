@@ -26,7 +26,7 @@ from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import EventLogError, GnomonError
+from gnomon.core.errors import EventLogError, GnomonError, InfraError
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.quota import QuotaBook
@@ -402,6 +402,10 @@ class Processor:
             if msg.topic == self.topo.job_commands:  # answered on the command-results topic, refusals too
                 return task.handle_command(cmd, now, msg.partition, msg.offset)
             return task.handle(cmd, now, msg.topic)
+        except InfraError:
+            # the state store (or the log) failed, not the record: poisoning it would lose
+            # it. The processor stops; its restart resumes from the last commit.
+            raise
         except GnomonError as exc:
             self.poisoned += 1
             log.warning("poison %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)

@@ -49,7 +49,7 @@ from gnomon.core import admission as A
 from gnomon.core import jobs as J
 from gnomon.core import quota as Q
 from gnomon.core import runs as R
-from gnomon.core.errors import GnomonError, TransitionError, ValidationError
+from gnomon.core.errors import GnomonError, InfraError, TransitionError, ValidationError
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
 from gnomon.core.priorities import WeightedPicker
@@ -438,6 +438,8 @@ class PartitionTask:
             written = [o.value for o in out if o.topic == self.topo.jobs and isinstance(o.value, J.JobState)]
             job = written[-1] if written else (
                 self.job(cmd.job_id) if isinstance(cmd, J.JOB_COMMANDS) else None)
+        except InfraError:
+            raise  # not the command's fault (a state store that failed): the runtime aborts and retries
         except GnomonError as exc:
             self.stats.commands_refused += 1
             return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]

@@ -2,6 +2,11 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.ByteArrayOutputStream;
 import java.io.File;
+import java.net.URI;
+import java.net.URLEncoder;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
@@ -10,6 +15,8 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.Set;
+import java.util.HashSet;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericDatumReader;
@@ -36,8 +43,11 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * names, the key (the job id) and the Confluent framing. Then it waits for the
  * processor's answer on the command-results topic and prints it.
  *
- * <p>Arguments: bootstrap username password schemaDir commandsTopic resultsTopic jobId
- * tenant cron argv... Exit 0: accepted; 3: refused; 4: no answer in time.
+ * <p>Arguments: bootstrap username password schemaSource commandsTopic resultsTopic jobId
+ * tenant cron argv... where schemaSource is the schema directory (registry.json and the
+ * .avsc files) or the URL of gnomon's schema registry (Confluent REST API: the latest
+ * version of each subject and the versions it references). Exit 0: accepted; 3:
+ * refused; 4: no answer in time.
  */
 public final class ContractProducer {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -48,11 +58,22 @@ public final class ContractProducer {
     String commandsTopic = args[4], resultsTopic = args[5], jobId = args[6], tenant = args[7], cron = args[8];
     List<String> argv = new ArrayList<>(List.of(args).subList(9, args.length));
 
-    JsonNode registry = JSON.readTree(new File(dir, "registry.json")).get("schemas");
-    Latest command = latest(registry, commandsTopic + "-value");
-    Latest result = latest(registry, resultsTopic + "-value");
-    Schema commandSchema = parse(registry, dir, command.entry);
-    Schema resultSchema = parse(registry, dir, result.entry);
+    Latest command, result;
+    Schema commandSchema, resultSchema;
+    if (args[3].startsWith("http://") || args[3].startsWith("https://")) {
+      String url = args[3];
+      command = latestFromRegistry(url, commandsTopic + "-value");
+      result = latestFromRegistry(url, resultsTopic + "-value");
+      commandSchema = parseFromRegistry(url, command.entry, new Schema.Parser(), new HashSet<>());
+      resultSchema = parseFromRegistry(url, result.entry, new Schema.Parser(), new HashSet<>());
+    } else {
+      JsonNode registry = JSON.readTree(new File(dir, "registry.json")).get("schemas");
+      command = latest(registry, commandsTopic + "-value");
+      result = latest(registry, resultsTopic + "-value");
+      commandSchema = parse(registry, dir, command.entry);
+      resultSchema = parse(registry, dir, result.entry);
+    }
+    System.out.println("schema ids " + command.id + " and " + result.id + " from " + args[3]);
 
     Schema body = commandSchema.getField("body").schema();
     Schema register = body.getTypes().stream().filter(s -> s.getName().equals("RegisterJob")).findFirst()
@@ -143,6 +164,40 @@ public final class ContractProducer {
       throw new IllegalStateException("no schema registered for " + subject);
     }
     return best;
+  }
+
+  private static final HttpClient HTTP = HttpClient.newHttpClient();
+
+  private static JsonNode get(String url) throws Exception {
+    HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(url))
+        .header("Accept", "application/vnd.schemaregistry.v1+json").build(), HttpResponse.BodyHandlers.ofString());
+    if (r.statusCode() != 200) {
+      throw new IllegalStateException("GET " + url + ": " + r.statusCode() + " " + r.body());
+    }
+    return JSON.readTree(r.body());
+  }
+
+  private static String version(String url, String subject, String version) {
+    return url + "/subjects/" + URLEncoder.encode(subject, StandardCharsets.UTF_8) + "/versions/" + version;
+  }
+
+  /** A subject's latest version in the registry: {"id", "schema", "references", ...}. */
+  private static Latest latestFromRegistry(String url, String subject) throws Exception {
+    JsonNode v = get(version(url, subject, "latest"));
+    return new Latest(v.get("id").asInt(), v);
+  }
+
+  /** A registry version's schema, its references (and theirs) parsed first. */
+  private static Schema parseFromRegistry(String url, JsonNode v, Schema.Parser parser, Set<String> done)
+      throws Exception {
+    for (JsonNode ref : v.path("references")) {
+      String key = ref.get("subject").asText() + ":" + ref.get("version").asInt();
+      if (done.add(key)) {
+        parseFromRegistry(url, get(version(url, ref.get("subject").asText(), ref.get("version").asText())),
+            parser, done);
+      }
+    }
+    return parser.parse(v.get("schema").asText());
   }
 
   /** A registered schema with the schemas it references parsed first (they share names). */
