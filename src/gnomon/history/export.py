@@ -38,8 +38,12 @@ class RunExportPublisher:
     """Produces one ``RunExport`` (Confluent-framed Avro, key ``run_id``) per final run."""
 
     def __init__(self, producer: Any, topic: str, *, flush_timeout_s: float = 30.0) -> None:
+        from gnomon.topology import load_topology
+
         self.producer = producer
         self.topic = topic
+        # the value schema is the run-exports role's, whatever the topic is called (tests)
+        self._codec_topic = load_topology().run_exports
         self.flush_timeout_s = flush_timeout_s
         self.published = 0
 
@@ -73,7 +77,7 @@ class RunExportPublisher:
 
         try:
             for e in exports:
-                self._produce(e.run_id.encode(), encode(e, self.topic), delivered)
+                self._produce(e.run_id.encode(), encode(e, self._codec_topic), delivered)
             left = self.producer.flush(self.flush_timeout_s)
         except KafkaException as exc:
             raise ExportPublishError(f"publishing run exports to {self.topic}: {exc}") from exc
