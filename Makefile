@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup sysdeps run test test-security test-unit test-integration test-chaos lint typecheck bench infra-up infra-down clean
+.PHONY: help setup sysdeps testdeps run test test-security test-unit test-integration test-chaos lint typecheck bench infra-up infra-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -31,6 +31,13 @@ sysdeps: ## install the sandbox tools (bubblewrap, podman, runc, busybox-static)
 	  else echo "gnomon: command targets need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
 	fi
 
+testdeps: ## install chromium from Debian packages (the web UI's browser test, tests/e2e/test_ui.py), as root, if missing
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "gnomon: installing chromium (the web UI's browser test)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	  else echo "gnomon: the web UI's browser test needs chromium; install it (apt-get install chromium)"; exit 1; fi; }
+
 run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live (DURATION=s to stop by itself)
 	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
 
@@ -39,7 +46,7 @@ run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a dem
 # the processor-kill one, whose checks do not depend on timing. Their output follows each.
 CHAOS_SIDE := tests/chaos/test_broker_loss.py
 CHAOS_SERIAL := tests/chaos/test_chaos.py $(sort $(filter-out tests/chaos/test_chaos.py $(CHAOS_SIDE),$(wildcard tests/chaos/test_*.py)))
-test: setup sysdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
+test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src
 	@set -u; out=$$(mktemp -d); \

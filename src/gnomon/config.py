@@ -36,6 +36,17 @@ def _env_int(name: str, default: int) -> int:
         raise SystemExit(f"gnomon: environment variable {name}={raw!r} is not an integer") from exc
 
 
+def _env_port(name: str) -> int | None:
+    """A port from the environment; None when unset (the process kind's default)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    port = _env_int(name, 0)
+    if not 0 <= port <= 65535:
+        raise SystemExit(f"gnomon: environment variable {name}={raw!r} is not a port (0 turns it off)")
+    return port
+
+
 @dataclass(frozen=True)
 class Settings:
     state_dir: Path = field(
@@ -66,6 +77,13 @@ class Settings:
     topology_path: Path = field(
         default_factory=lambda: Path(p) if (p := os.environ.get("GNOMON_TOPOLOGY")) else data_path(TOPOLOGY)
     )
+    # /metrics of the processor, the worker and the projector, each on a port of its own
+    # (the API serves it on api_port). None: the kind's default, or the first free port
+    # after it (gnomon.metrics.serve: 9470, 9480, 9490); 0: off.
+    processor_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_PROCESSOR_METRICS_PORT"))
+    worker_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_WORKER_METRICS_PORT"))
+    projector_metrics_port: int | None = field(default_factory=lambda: _env_port("GNOMON_PROJECTOR_METRICS_PORT"))
+    metrics_host: str = field(default_factory=lambda: os.environ.get("GNOMON_METRICS_HOST", "127.0.0.1"))
 
     @property
     def credentials_dir(self) -> Path:

@@ -21,6 +21,9 @@ import pytest
 from gnomon.client import Client
 
 API_PORT = int(os.environ.get("GNOMON_TEST_API_PORT", "18787"))
+# /metrics of the session stack's processor, projector and worker (tests/e2e/test_metrics.py);
+# other processes a test starts inherit them, find the port taken and run without metrics
+METRICS_PORTS = {"processor": 19470, "projector": 19480, "worker": 19490}
 TOKEN, OTHER_TOKEN = "test-token-acme", "test-token-other"
 ADMIN_TOKEN = "test-token-admin"  # tenant ops, admin role: sets tenants' limits
 QUOTA_TOKEN = "test-token-quota"  # tenant quota: only tests/e2e/test_quota.py uses it
@@ -65,7 +68,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("stack-logs")
     env = dict(os.environ)
     env.update({"GNOMON_API_TOKENS": f"{TOKEN}:acme,{OTHER_TOKEN}:other,{ADMIN_TOKEN}:ops:admin,{QUOTA_TOKEN}:quota", "GNOMON_API_PORT": str(API_PORT),
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1",
+                **{f"GNOMON_{kind.upper()}_METRICS_PORT": str(port) for kind, port in METRICS_PORTS.items()}})
     url = f"http://127.0.0.1:{API_PORT}"
     st = Stack(url, Client(url, TOKEN), {}, logs, env)
     st.start("processor", "processor", "--instance-id", "e2e-0")

@@ -14,10 +14,10 @@ from gnomon.core.clock import SystemClock
 from gnomon.core.messages import LogLine, LogStream
 from gnomon.core.runs import RunState, RunStatus
 
-# Routes without tenant data: the contract, the docs and the health check.
+# Routes without tenant data: the contract, the docs, the health check and the metrics.
 PUBLIC_ROUTES = {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"),
                  ("GET", "/redoc"), ("GET", "/healthz"), ("HEAD", "/openapi.json"), ("HEAD", "/docs"),
-                 ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc")}
+                 ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc"), ("GET", "/metrics"), ("HEAD", "/metrics")}
 JOB = {"name": "a-secret-job", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
 
 # (method, route path) -> (body, which of acme's ids to use); every such call by "other" is a 404.
@@ -42,6 +42,12 @@ ADMIN_ONLY = {("GET", "/v1/tenants"), ("GET", "/v1/tenants/{tenant}"), ("PUT", "
               ("DELETE", "/v1/tenants/{tenant}")}
 # ... and a tenant's own limits and usage.
 OWN = {("GET", "/v1/tenant")}
+# The web UI: signed in by cookie, not by bearer header; its isolation, sign-in and CSRF
+# matrix is tests/security/test_ui.py (which checks these routes against app.routes too).
+UI = {("GET", "/ui"), ("GET", "/ui/login"), ("POST", "/ui/login"), ("POST", "/ui/logout"),
+      ("GET", "/ui/static/{name}"), ("GET", "/ui/jobs"), ("GET", "/ui/jobs/{job_id}"),
+      ("GET", "/ui/jobs/{job_id}/runs"), ("GET", "/ui/runs/{run_id}"), ("GET", "/ui/runs/{run_id}/tail"),
+      ("GET", "/ui/dead-letters"), *((m, "/ui/api/v1/{rest:path}") for m in ("GET", "POST", "PATCH", "DELETE"))}
 
 
 def _app_routes(app: Any) -> set[tuple[str, str]]:
@@ -67,8 +73,8 @@ def world(gnomon_api: Any) -> dict[str, Any]:
 
 def test_every_route_is_in_the_matrix(gnomon_api: Any) -> None:
     routes = _app_routes(gnomon_api.app) - PUBLIC_ROUTES
-    covered = set(BY_ID) | LISTINGS | ADMIN_ONLY | OWN
-    assert routes - covered == set(), "new route(s): add them to BY_ID or LISTINGS"
+    covered = set(BY_ID) | LISTINGS | ADMIN_ONLY | OWN | UI
+    assert routes - covered == set(), "new route(s): add them to BY_ID or LISTINGS (or UI)"
     assert covered - routes == set(), "the matrix lists routes the app no longer has"
 
 

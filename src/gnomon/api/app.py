@@ -62,8 +62,10 @@ from gnomon.core.jobs import (
 from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id
 from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatus
 from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
+from gnomon.metrics import api as api_metrics
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
+from gnomon.ui import install as install_ui
 
 __all__ = ["BODY_MAX_BYTES", "PAGE_MAX", "AsyncReads", "CommandSink", "ReadCache", "create_app", "idempotent_job_id"]
 
@@ -270,6 +272,7 @@ def create_app(
         generate_unique_id_function=lambda route: route.name,  # operationId = handler name (create_job)
     )
     problems.install(app)
+    api_metrics.install(app)  # GET /metrics and the request counters (gnomon.metrics.api)
     app.openapi = finish(app)  # type: ignore[method-assign]
     app.state.auth = auth
     install_tenant_routes(app, tenants, clock)
@@ -514,6 +517,7 @@ def create_app(
     def get_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
         return run_view(owned_run(tenant, run_id))
 
+    install_ui(app, clock)  # the web UI under /ui, on these routes (README, "Web UI")
     return app
 
 

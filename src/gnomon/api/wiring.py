@@ -81,9 +81,12 @@ def serve(*, host: str, port: int, workers: int = 1, access_log: bool = True) ->
         return
     from uvicorn.supervisors import Multiprocess
 
+    from gnomon.metrics.api import multiprocess_dir
+
     config = _TcpConfig(APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_level="info",
                         access_log=access_log)
-    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    with multiprocess_dir():  # the workers' /metrics report all of them
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
 
 
 class _TcpConfig(uvicorn.Config):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gnomon.cli import cron, infra, jobs, services, tenants
+from gnomon.cli import cron, infra, jobs, services, status, tenants
 
 app = typer.Typer(
     name="gnomon",
@@ -25,6 +25,7 @@ app.command()(services.worker)
 app.command()(services.projector)
 app.command()(services.api)
 app.command()(services.dev)
+app.command()(status.status)
 
 
 def main() -> None:

@@ -11,17 +11,35 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gnomon.cli.common import command, console, fail, require_server_extra
 from gnomon.config import REPO_ROOT, load
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
 
 def _logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+MetricsPort = Annotated[int | None, typer.Option(
+    "--metrics-port", min=0, max=65535,
+    help="serve /metrics on this port (0: off; default: $GNOMON_<KIND>_METRICS_PORT, else the first free one "
+         "from 9470 processor, 9480 projector, 9490 worker)")]
+
+
+def _serve_metrics(registry: CollectorRegistry, kind: str, port: int | None) -> None:
+    from gnomon.metrics.serve import serve
+
+    s = load()
+    configured = {"processor": s.processor_metrics_port, "worker": s.worker_metrics_port,
+                  "projector": s.projector_metrics_port}[kind]
+    serve(registry, kind, port=port if port is not None else configured, host=s.metrics_host)
 
 
 def _stop_on_signals(stop: threading.Event | object) -> None:
@@ -52,6 +70,7 @@ def processor(
              "the changelog tail (costs a second apply of every changelog record)")] = True,
     priority_weights: Annotated[str, typer.Option(
         help="high,normal,low: under contention, runs take free worker slots in these proportions")] = "70,20,10",
+    metrics_port: MetricsPort = None,
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
@@ -78,6 +97,7 @@ def processor(
                                          priority_weights=weights,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
     proc = Processor(cfg)
+    _serve_metrics(proc.metrics.registry, "processor", metrics_port)
     _stop_on_signals(proc)
     proc.run()
 
@@ -95,6 +115,7 @@ def worker(
         help="the pool's policy file (TOML): commands, containers, sandbox limits, HTTP rules")] = None,
     secrets_dir: Annotated[Path | None, typer.Option(
         help="per-tenant secrets on this host: DIR/<tenant>/<name> (default: <state dir>/secrets)")] = None,
+    metrics_port: MetricsPort = None,
     verbose: bool = False,
 ) -> None:
     """Run a worker of POOL: holds runs staged on it and starts each at its slot.
@@ -133,12 +154,14 @@ def worker(
     except PolicyError as exc:
         fail(str(exc), 2)
     w.secrets = SecretStore(secrets_dir or load().state_dir / "secrets")
+    s = load()
+    w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host)
     _stop_on_signals(w)
     w.run()
 
 
 @command
-def projector(verbose: bool = False) -> None:
+def projector(metrics_port: MetricsPort = None, verbose: bool = False) -> None:
     """Project run events, jobs and logs into Cassandra history."""
     require_server_extra("projector", "cassandra")
     from gnomon.history.projector import HistoryProjector
@@ -147,7 +170,9 @@ def projector(verbose: bool = False) -> None:
     s = load()
     stop = threading.Event()
     _stop_on_signals(stop)
-    HistoryProjector.from_settings(s).run(stop)
+    proj = HistoryProjector.from_settings(s)
+    _serve_metrics(proj.metrics.registry, "projector", metrics_port)
+    proj.run(stop)
 
 
 @command

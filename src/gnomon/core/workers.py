@@ -163,6 +163,15 @@ class WorkerDirectory:
         second = now_ms // 1000
         return sum(max(0, self._by_id[w].free_at(second)) for w in self._pools.get(pool, []) if self.alive(w, now_ms))
 
+    def live(self, pool: str, now_ms: int) -> int:
+        """Live workers of ``pool`` (for metrics)."""
+        return sum(1 for w in self._pools.get(pool, []) if self.alive(w, now_ms))
+
+    def pool_of(self, worker_id: str) -> str | None:
+        """The pool ``worker_id`` last advertised, or None if it never did."""
+        e = self._by_id.get(worker_id)
+        return None if e is None else e.advert.pool
+
     def snapshot(self, now_ms: int) -> dict[str, int]:
         """worker_id -> free slots now (for status logs)."""
         return {wid: e.free_at(now_ms // 1000) for wid, e in self._by_id.items()}

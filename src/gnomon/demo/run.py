@@ -118,6 +118,10 @@ def main() -> None:
         console.print(f"registered {len(ids)} demo jobs: " + ", ".join(ids.values()))
         console.print("CLI: .venv/bin/gnomon jobs list · .venv/bin/gnomon runs list JOB_ID · "
                       ".venv/bin/gnomon runs logs RUN_ID")
+        from gnomon.tokens import dev_token
+
+        console.print(f"Web UI: {s.api_url}/ui (sign in with the dev token {dev_token(s)}, also in "
+                      f"{s.state_dir}/dev-token)", highlight=False)
         end = time.monotonic() + args.duration_s if args.duration_s else float("inf")
         with Live(table(client, ids), console=console, refresh_per_second=1) as live:
             while time.monotonic() < end and dev.poll() is None:

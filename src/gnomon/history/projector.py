@@ -48,6 +48,7 @@ from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.history.base import HistoryBatch, ProjectionStore
 from gnomon.history.export import RunExportPublisher
+from gnomon.metrics.projector import ProjectorMetrics
 from gnomon.retrying import Retry
 from gnomon.topology import load_topology
 
@@ -124,6 +125,7 @@ class HistoryProjector:
         self.owns_store = owns_store
         self.exporter = exporter
         self.stats = ProjectorStats()
+        self.metrics = ProjectorMetrics(group_id)  # a registry of its own; the CLI serves it
         self._stop = threading.Event()
         if consumer is None:
             from confluent_kafka import Consumer
@@ -160,6 +162,7 @@ class HistoryProjector:
     def on_poison(self, msg: Any, reason: str) -> None:
         """A record that cannot be projected; it is skipped after this returns."""
         self.stats.poison += 1
+        self.metrics.poison.labels(str(msg.topic())).inc()
         log.warning("poison %s[%s]@%s skipped: %s", msg.topic(), msg.partition(), msg.offset(), reason)
         if self.poison_sink is not None:
             self.poison_sink(msg, reason)
@@ -193,6 +196,7 @@ class HistoryProjector:
         ``timeout_s`` for the first one; write them; commit. Returns records consumed."""
         n = max(1, min(max_messages, self.batch_max))
         first = self.consumer.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        self.metrics.lag(self.consumer, list(self.topics.values()))
         if first is None:
             return 0
         msgs = [first]
@@ -219,6 +223,7 @@ class HistoryProjector:
                 log.warning("consume error: %s", err.str())
                 continue
             count += 1
+            self.metrics.records.labels(str(msg.topic())).inc()
             tp = (msg.topic(), msg.partition())
             first.setdefault(tp, msg.offset())
             last[tp] = msg.offset()
@@ -235,6 +240,7 @@ class HistoryProjector:
         if len(batch):
             self._write(batch, first)
         self.stats.batches += 1
+        self.metrics.batches.inc()
         self.stats.jobs += len(batch.jobs)
         self.stats.jobs_deleted += len(batch.deleted_jobs)
         self.stats.runs += len(batch.runs)
@@ -303,9 +309,11 @@ class HistoryProjector:
                 self.stats.exported += self.exporter.publish(batch.runs)
 
         try:
-            self._write_retry().call(step, on_retry=retrying)
+            with self.metrics.write_seconds.time():  # the store write and the exports' publish
+                self._write_retry().call(step, on_retry=retrying)
         except HistoryStoreError:
             self.stats.write_failures += 1
+            self.metrics.write_failures.inc()
             self._rewind(first)
             raise
 
@@ -327,6 +335,7 @@ class HistoryProjector:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:  # e.g. a rebalance: the records are replayed, idempotently
             self.stats.commit_failures += 1
+            self.metrics.commit_failures.inc()
             log.warning("offset commit failed (records will be re-applied): %s", exc)
 
     def close(self) -> None:

@@ -38,6 +38,9 @@ class HistoryWatermark:
         self.timeout_s = timeout_s
         self._samples: dict[int, deque[tuple[int, int]]] = {}
         self._until: dict[int, int] = {}
+        # partition -> records of the ledger after the projector's committed position, at
+        # the last sample (end - 1 - committed: the last offset is a commit marker)
+        self.lag: dict[int, int] = {}
         self._last_ms = -(10**15)
         # never subscribes: it only reads the projector group's committed offsets (no join)
         self._consumer = log.reader(group_id, config={"enable.auto.commit": False,
@@ -67,8 +70,10 @@ class HistoryWatermark:
     def forget(self, partition: int) -> None:
         self._samples.pop(partition, None)
         self._until.pop(partition, None)
+        self.lag.pop(partition, None)
 
     def _observe(self, partition: int, now_ms: int, end: int, committed: int) -> None:
+        self.lag[partition] = max(0, end - 1 - committed) if committed >= 0 else max(0, end)
         samples = self._samples.setdefault(partition, deque())
         samples.append((now_ms, end))
         while len(samples) > self.samples_max:

@@ -43,6 +43,7 @@ from gnomon.eventlog.port import (
     TransactionalProducer,
     TransactionError,
 )
+from gnomon.metrics.processor import ProcessorMetrics
 from gnomon.streams.adverts import AdvertFeed
 from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.standby import StandbySet
@@ -86,11 +87,13 @@ class Processor:
     """``log``: the event log (default: Kafka at ``cfg.bootstrap``, principal ``processor``);
     ``stores``: the partitions' state stores and checkpoints (default: RocksDB under
     ``cfg.state_dir``); ``monotonic``: the clock that bounds the standbys' work per step
-    (the simulation passes a constant one so that work does not depend on speed)."""
+    (the simulation passes a constant one so that work does not depend on speed);
+    ``metrics``: where it counts (default: a registry of its own, served by the CLI)."""
 
     def __init__(self, cfg: ProcessorConfig, clock: Clock | None = None, topology: Topology | None = None, *,
                  log: EventLog | None = None, stores: StateStores | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 metrics: ProcessorMetrics | None = None) -> None:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
@@ -99,6 +102,8 @@ class Processor:
         self.tasks: dict[int, PartitionTask] = {}
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
+        self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
+                                                                            group_id=GROUP_ID)
         self._stop = threading.Event()
         self._last_tick_ms = 0
         self._clean = True  # False while local state may hold writes not yet committed
@@ -328,6 +333,8 @@ class Processor:
                     except GnomonError as exc:
                         log.error("changelog %s[%d] key %s undecodable, skipped: %s", topic, partition, key, exc)
         counted = task.load_counts()
+        self.metrics.restored("standby" if promoted is not None else "rebuild" if ckpt is None else "checkpoint",
+                              time.monotonic() - started)
         log.info("partition %d restored: %d records in %.2fs (%s); %d tenant counting entries", partition, n,
                  time.monotonic() - started, source, counted)
         return task
@@ -377,6 +384,8 @@ class Processor:
         if outputs or offsets:
             self._commit(outputs, offsets)
         self._clean = True
+        self.metrics.sample(now, self.tasks, self.directory, len(self.standbys.copies) if self.standbys else 0,
+                            self.consumer, self.inputs, self.history.lag if self.history is not None else None)
 
     def _behind(self) -> set[int]:
         """Partitions of run-events with unread records (cached high watermark and local
@@ -433,6 +442,7 @@ class Processor:
                 self._txn(lambda: self.producer.send_offsets(tps, meta, 30))
             self._txn(lambda: self.producer.commit(30))
             self.transactions += 1
+            self.metrics.committed(outputs)
             self._fatal_count = 0
         except EventLogError as exc:
             if isinstance(exc, TransactionError) and exc.fatal:

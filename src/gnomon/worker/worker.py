@@ -52,6 +52,7 @@ from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
 from gnomon.eventlog.port import EventLog, Producer, Reader
+from gnomon.metrics.worker import WorkerMetrics
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Executor, Handler
 from gnomon.worker.http_target import redact_url
@@ -62,6 +63,7 @@ from gnomon.worker.secrets import SecretStore
 
 log = logging.getLogger("gnomon.worker")
 
+INBOX_GROUP = "gnomon-worker-inbox"
 RESULT_SENDS_MAX = 10  # a result whose delivery failed this often is given up (its lease then lapses)
 
 
@@ -149,6 +151,10 @@ class Worker:
         self._undelivered: deque[tuple[str, bytes, bytes, int, str]] = deque()
         self.undelivered_total = 0
         self._pool = AttemptPool(concurrency_max)
+        self._inbox_tp: tuple[str, int] | None = None
+        # counts at the edges (attempt start and end, the loop); made at start() unless set
+        # before (the CLI sets it to serve it)
+        self.metrics: WorkerMetrics | None = None
 
     # ---- SDK ---------------------------------------------------------------------------
 
@@ -198,6 +204,16 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    def serve_metrics(self, port: int | None = None, host: str = "127.0.0.1") -> str | None:
+        """Serve this worker's /metrics on ``port`` (None: the first free one from 9490;
+        0: off), before ``run()``; the URL, or None (logged) if not served."""
+        from gnomon.metrics.serve import serve
+
+        if self.metrics is None:
+            self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
+        endpoint = serve(self.metrics.registry, "worker", port=port, host=host)
+        return None if endpoint is None else endpoint.url
+
     # ---- loop --------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -220,6 +236,8 @@ class Worker:
         self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         self._inbox = self._open_inbox()
+        if self.metrics is None:
+            self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
         log.info("worker %s serving pool %s for %s (concurrency %d; commands %s, containers %s)", self.worker_id,
                  self.pool, ", ".join(sorted(policy.tenants)), self.concurrency_max,
                  "on" if policy.commands.enabled else "off", "on" if policy.containers.enabled else "off")
@@ -282,15 +300,32 @@ class Worker:
         if not force and now - self._last_advert_ms < self.advert_interval_ms:
             return
         self._last_advert_ms = now
+        self._observe_held()
         long_running = sum(1 for a in self._running.values() if now - a.started_ms >= LONG_RUNNING_MS)
         self._send(self.topo.workers, self.worker_id, WorkerAdvert(
             self.worker_id, self.pool, self.concurrency_max, len(self._running), len(self._staged),
             self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants))))
 
+    def _observe_held(self) -> None:
+        """Gauges of what this worker holds and how far its inbox is behind (local
+        position and cached high watermark: no broker round trip)."""
+        if self.metrics is None:
+            return
+        self.metrics.held(len(self._running), len(self._staged), len(self._due), self.concurrency_max)
+        if self._inbox is not None and self._inbox_tp is not None:
+            try:
+                pos = self._inbox.position([self._inbox_tp]).get(self._inbox_tp, -1)
+                _, high = self._inbox.watermarks(self._inbox_tp, cached=True)
+            except EventLogError:
+                return
+            if pos >= 0 and high >= 0:
+                self.metrics.lag(INBOX_GROUP, self._inbox_tp[0], high - pos)
+
     def _open_inbox(self) -> Reader:
         assert self._log is not None
-        c = self._log.reader("gnomon-worker-inbox", client_id=f"worker-{self.worker_id}")
+        c = self._log.reader(INBOX_GROUP, client_id=f"worker-{self.worker_id}")
         p = partition_for(self.worker_id, len(c.partitions(self.topo.worker_inbox)))
+        self._inbox_tp = (self.topo.worker_inbox, p)
         _, high = c.watermarks((self.topo.worker_inbox, p), 10)
         c.assign([(self.topo.worker_inbox, p, high)])
         return c
@@ -319,6 +354,8 @@ class Worker:
         while self._undelivered:
             topic, key, value, tries, err = self._undelivered.popleft()
             self.undelivered_total += 1
+            if self.metrics is not None:
+                self.metrics.resends.labels(self.pool).inc()
             if tries > RESULT_SENDS_MAX:
                 log.error("gave up on a result for %s after %d sends: %s", key.decode(), tries, err)
                 continue
@@ -393,6 +430,8 @@ class Worker:
 
     def _hand_back(self, grant: Grant, reason: str, now: int) -> None:
         self.returned += 1
+        if self.metrics is not None:
+            self.metrics.handbacks.labels(self.pool).inc()
         self._send(self.topo.run_events, grant.job_id, ReturnGrant(grant.run_id, self.worker_id, grant.token, reason, now),
                    checked=True)
 
@@ -480,6 +519,9 @@ class Worker:
             except queue.Empty:
                 return
             g = att.grant
+            if self.metrics is not None:  # the handler's start minus the run's start instant
+                self.metrics.attempt_started(g.spec.priority.value, g.attempt, att.started_ms,
+                                             max(g.slot_ms, g.not_before_ms))
             if not att.finished:
                 self._send(self.topo.run_events, g.job_id,
                            AttemptStarted(g.run_id, self.worker_id, g.token, att.started_ms, self.clock.now_ms()),
@@ -500,6 +542,8 @@ class Worker:
             if self._running.get(g.run_id) is att:  # not a newer attempt of the same run
                 del self._running[g.run_id]
             self.completed += 1
+            if self.metrics is not None:
+                self.metrics.attempt_finished(result.outcome.value, (self.clock.now_ms() - att.started_ms) / 1000)
             self._send(self.topo.run_events, g.job_id, CompleteAttempt(
                 g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
                 att.started_ms, result.output), checked=True)

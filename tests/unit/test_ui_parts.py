@@ -1,0 +1,103 @@
+"""The web UI's pure parts: the run timeline's layout, the next fire times in a job's zone,
+the jobs page's filters, and the session's CSRF token and redirect checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gnomon.core.clock import iso_to_ms
+from gnomon.core.model import jitter_offset_ms
+from gnomon.ui.filters import JobFilter
+from gnomon.ui.preview import next_fires
+from gnomon.ui.session import csrf_for, csrf_ok, safe_next, same_origin
+from gnomon.ui.timeline import BLOCK_WIDTH_MAX_PX, COLOURS, LAG_BAND_PX, WIDTH_PX, layout
+
+
+def run(i: int, status: str, lag: float | None, staged: bool = False) -> dict[str, Any]:
+    return {"id": f"j@{i}", "status": status, "staged": staged, "slot": f"2026-01-01T00:00:{i:02d}Z",
+            "startLagS": lag}
+
+
+def test_timeline_is_oldest_first_coloured_by_status_with_lag_bars() -> None:
+    newest_first = [run(3, "running", None, staged=True), run(2, "failed", 0.5), run(1, "succeeded", 0.25),
+                    run(0, "skipped", None)]
+    tl = layout(newest_first)
+    assert [b.run_id for b in tl.blocks] == ["j@0", "j@1", "j@2", "j@3"]
+    assert [b.status for b in tl.blocks] == ["skipped", "succeeded", "failed", "staged"]
+    assert [b.colour for b in tl.blocks] == [COLOURS[s] for s in ("skipped", "succeeded", "failed", "staged")]
+    # the largest lag fills the band; the others are in proportion; no start, no bar
+    assert [b.lag_height_px for b in tl.blocks] == [0.0, LAG_BAND_PX / 2, LAG_BAND_PX, 0.0]
+    assert tl.lag_scale_s == 0.5 and tl.lag_max_s == 0.5 and tl.lag_p50_s == 0.375
+    assert (tl.first_slot, tl.last_slot) == ("2026-01-01T00:00:00Z", "2026-01-01T00:00:03Z")
+    assert "start lag 0.500 s" in tl.blocks[2].title and "not started" in tl.blocks[3].title
+    xs = [b.x_px for b in tl.blocks]
+    assert xs == sorted(xs) and all(b.width_px <= BLOCK_WIDTH_MAX_PX for b in tl.blocks)
+
+
+def test_timeline_fits_many_runs_and_small_lags_stay_small() -> None:
+    tl = layout([run(i % 60, "succeeded", 0.001) for i in range(500)])
+    assert tl.blocks[-1].x_px + tl.blocks[-1].width_px <= WIDTH_PX + 0.01
+    assert all(b.lag_height_px == 1.0 for b in tl.blocks)  # 1 ms of a 100 ms minimum scale: a 1 px mark
+    empty = layout([])
+    assert empty.blocks == () and empty.lag_p50_s is None and empty.first_slot is None
+
+
+def test_next_fires_follow_the_zone_across_daylight_saving() -> None:
+    # 02:30 every day in New York; DST starts 2026-03-08 (02:30 does not exist: runs at 03:00 EDT)
+    job = {"id": "j1", "schedule": "30 2 * * *", "timezone": "America/New_York", "jitterS": 0}
+    fires = next_fires(job, iso_to_ms("2026-03-06T12:00:00Z"), count=4)
+    assert [f.local for f in fires] == ["2026-03-07 02:30:00 EST", "2026-03-08 03:00:00 EDT",
+                                        "2026-03-09 02:30:00 EDT", "2026-03-10 02:30:00 EDT"]
+    assert [f.slot_utc for f in fires][:2] == ["2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z"]
+    assert all(f.start_utc == f.slot_utc for f in fires)
+
+
+def test_next_fires_show_the_jittered_start() -> None:
+    job = {"id": "job_x", "schedule": "*/10 * * * * *", "timezone": "UTC", "jitterS": 5}
+    fires = next_fires(job, iso_to_ms("2026-01-01T00:00:00Z"))
+    assert len(fires) == 10 and fires[0].slot_utc == "2026-01-01T00:00:10Z"
+    for f in fires:
+        slot = iso_to_ms(f.slot_utc)
+        assert iso_to_ms(f.start_utc) == slot + jitter_offset_ms("job_x", slot, 5)
+
+
+def test_next_fires_of_a_one_time_job() -> None:
+    job = {"id": "j", "runAt": "2026-05-01T09:00:00Z", "timezone": "Europe/London"}
+    assert [f.local for f in next_fires(job, iso_to_ms("2026-04-01T00:00:00Z"))] == ["2026-05-01 10:00:00 BST"]
+    assert next_fires(job, iso_to_ms("2026-06-01T00:00:00Z")) == []
+
+
+JOBS = [{"id": "job_a1", "name": "Nightly billing", "status": "active", "target": {"type": "command"}, "pool": "batch"},
+        {"id": "job_b2", "name": "hourly report", "status": "paused", "target": {"type": "http"}, "pool": "default"}]
+
+
+@pytest.mark.parametrize(("params", "ids"), [
+    ({}, ["job_a1", "job_b2"]),
+    ({"q": "BILL"}, ["job_a1"]),
+    ({"q": "b2"}, ["job_b2"]),
+    ({"status": "paused"}, ["job_b2"]),
+    ({"target": "command"}, ["job_a1"]),
+    ({"pool": "default"}, ["job_b2"]),
+    ({"status": "paused", "target": "command"}, []),
+    ({"status": "bogus", "target": "nope"}, ["job_a1", "job_b2"]),  # unknown values are dropped
+])
+def test_job_filters(params: dict[str, str], ids: list[str]) -> None:
+    flt = JobFilter.of(params)
+    assert [j["id"] for j in flt.apply(JOBS)] == ids
+    assert flt.active == (params not in ({}, {"status": "bogus", "target": "nope"}))
+
+
+def test_csrf_token_is_per_token_and_checked_in_constant_time() -> None:
+    assert csrf_for("a") != csrf_for("b") and len(csrf_for("a")) == 64
+    assert csrf_ok("a", csrf_for("a"))
+    assert not csrf_ok("a", csrf_for("b")) and not csrf_ok("a", None) and not csrf_ok("a", "")
+
+
+def test_origin_and_redirect_checks() -> None:
+    assert same_origin(None, "h:1") and same_origin("http://h:1", "h:1") and same_origin("https://H:1", "h:1")
+    assert not same_origin("http://evil:1", "h:1") and not same_origin("null", "h:1")
+    assert safe_next("/ui/runs/j@x?y=1") == "/ui/runs/j@x?y=1"
+    for bad in (None, "", "//evil", "https://evil/ui/", "/v1/jobs", "/ui\\evil", "/ui/x\r\nSet-Cookie: a"):
+        assert safe_next(bad) == "/ui/jobs"
