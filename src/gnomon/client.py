@@ -164,6 +164,17 @@ class Client:
             params["cursor"] = cursor
         return self._call("GET", "/v1/dead-letters", params=params)  # type: ignore[no-any-return]
 
+    # alerts (the caller's own tenant)
+    def get_alerts(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/alerts")  # type: ignore[no-any-return]
+
+    def set_alerts(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Replace the tenant's alert webhook config: ``{"url", "kinds"?, "lateS"?}``."""
+        return self._call("PUT", "/v1/alerts", json=config)  # type: ignore[no-any-return]
+
+    def delete_alerts(self) -> dict[str, Any]:
+        return self._call("DELETE", "/v1/alerts")  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._http.close()
 

@@ -31,7 +31,7 @@ from gnomon.config import load
 # Topology attribute names, one per topic role (the dispatch family aside).
 ROLES: tuple[str, ...] = (
     "job_commands", "command_results", "run_events", "jobs", "runs", "run_history", "run_exports", "worker_inbox",
-    "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas",
+    "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas", "alert_configs",
 )
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
 CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs")
@@ -106,6 +106,7 @@ class Topology:
     tenants: str = field(default_factory=_packaged("tenants"))  # tenant limits (core.tenants), key tenant
     tenant_usage: str = field(default_factory=_packaged("tenant_usage"))  # per-partition usage, "<tenant>/<p>"
     schemas: str = field(default_factory=_packaged("schemas"))  # the schema registry's store (gnomon.registry)
+    alert_configs: str = field(default_factory=_packaged("alert_configs"))  # alert webhooks (core.alerts), key tenant
     topics: tuple[TopicSpec, ...] = ()  # every topic, dispatch ones included ((): not from a file)
     processors: tuple[ProcessorSpec, ...] = ()
     replication_factor: int = 1

@@ -69,7 +69,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = dict(os.environ)
     env.update({"GNOMON_API_TOKENS": f"{TOKEN}:acme,{OTHER_TOKEN}:other,{ADMIN_TOKEN}:ops:admin,{QUOTA_TOKEN}:quota", "GNOMON_API_PORT": str(API_PORT),
                 "PYTHONUNBUFFERED": "1",
-                **{f"GNOMON_{kind.upper()}_METRICS_PORT": str(port) for kind, port in METRICS_PORTS.items()}})
+                **{f"GNOMON_{kind.upper()}_METRICS_PORT": str(port) for kind, port in METRICS_PORTS.items()},
+                # PUT /v1/alerts accepts a test receiver on this host (tests/e2e/test_alerts.py)
+                "GNOMON_ALERT_ALLOWED_CIDRS": "127.0.0.1/32"})
     url = f"http://127.0.0.1:{API_PORT}"
     st = Stack(url, Client(url, TOKEN), {}, logs, env)
     st.start("processor", "processor", "--instance-id", "e2e-0")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gnomon import codec
+from gnomon.api.alerts import AlertService
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator
 from gnomon.core import jobs as J
@@ -35,8 +36,8 @@ class ApplyingProducer:
         self.sent: list[tuple[str, str, Any]] = []
         self._lock = threading.Lock()
 
-    def send(self, topic: str, key: str, value: bytes) -> None:
-        command = codec.decode(value, topic=topic)
+    def send(self, topic: str, key: str, value: bytes | None) -> None:
+        command = None if value is None else codec.decode(value, topic=topic)  # None: a tombstone (alerts)
         with self._lock:
             self.sent.append((topic, key, command))
             if topic == self.job_topic and isinstance(command, J.JOB_COMMANDS):  # not cancel/replay of a run
@@ -75,7 +76,8 @@ def gnomon_api() -> GnomonApi:
     producer = ApplyingProducer(history, topo.job_commands)
     tokens = {"acme": "tok-acme-0123456789", "other": "tok-other-0123456789"}
     app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
-                     auth=Authenticator({token: tenant for tenant, token in tokens.items()}), topology=topo)
+                     auth=Authenticator({token: tenant for tenant, token in tokens.items()}), topology=topo,
+                     alerts=AlertService(writer=producer, topic=topo.alert_configs, allowed=()))
     return GnomonApi(app, history, producer, tokens)
 
 

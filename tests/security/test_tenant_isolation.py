@@ -40,8 +40,8 @@ LISTINGS = {("GET", "/v1/jobs"), ("GET", "/v1/dead-letters"), ("POST", "/v1/jobs
 # Tenants' limits: the admin role only (a tenant token gets 403 and nothing is written) ...
 ADMIN_ONLY = {("GET", "/v1/tenants"), ("GET", "/v1/tenants/{tenant}"), ("PUT", "/v1/tenants/{tenant}"),
               ("DELETE", "/v1/tenants/{tenant}")}
-# ... and a tenant's own limits and usage.
-OWN = {("GET", "/v1/tenant")}
+# ... and a tenant's own limits and usage, and its own alert webhook (the tenant is the token's).
+OWN = {("GET", "/v1/tenant"), ("GET", "/v1/alerts"), ("PUT", "/v1/alerts"), ("DELETE", "/v1/alerts")}
 # The web UI: signed in by cookie, not by bearer header; its isolation, sign-in and CSRF
 # matrix is tests/security/test_ui.py (which checks these routes against app.routes too).
 UI = {("GET", "/ui"), ("GET", "/ui/login"), ("POST", "/ui/login"), ("POST", "/ui/logout"),
@@ -145,3 +145,14 @@ def test_a_tenant_sees_only_its_own_limits(gnomon_api: Any) -> None:
         body = client.get("/v1/tenant", headers=gnomon_api.auth(tenant)).json()
         assert body["tenant"] == tenant, body
         assert ("acme" if tenant == "other" else "other") not in str(body)
+
+
+def test_a_tenant_sets_and_sees_only_its_own_alert_webhook(gnomon_api: Any) -> None:
+    client = TestClient(gnomon_api.app)
+    r = client.put("/v1/alerts", json={"url": "https://acme.example.com/alerts"}, headers=gnomon_api.auth("acme"))
+    assert r.status_code == 200 and r.json()["tenant"] == "acme"
+    assert client.get("/v1/alerts", headers=gnomon_api.auth("other")).json()["configured"] is False
+    assert client.delete("/v1/alerts", headers=gnomon_api.auth("other")).json()["tenant"] == "other"
+    assert client.get("/v1/alerts", headers=gnomon_api.auth("acme")).json()["url"] == "https://acme.example.com/alerts"
+    # every record is keyed by the caller's own tenant: other's delete tombstoned "other", not acme
+    assert [(key, value is None) for _, key, value in gnomon_api.producer.sent] == [("acme", False), ("other", True)]

@@ -55,10 +55,15 @@ def test_roles_are_least_privilege(table: list[acls.Grant]) -> None:
     assert "worker" not in acls.roles_with(table, topo.jobs, "READ")
     assert acls.roles_with(table, topo.worker_inbox, "READ") == {"worker"}
     assert acls.roles_with(table, topo.dispatch_topic("default", "high"), "WRITE") == {"processor"}
-    # the API reads only tenants' limits and usage (admission) and its commands' results;
-    # never jobs, runs or inboxes
+    # the API reads only tenants' limits and usage (admission), its commands' results and the
+    # alert configs it writes; never jobs, runs or inboxes
     api_reads = {g.name for g in table if g.role == "api" and g.operation == "READ" and g.resource == acls.TOPIC}
-    assert api_reads == {topo.tenants, topo.tenant_usage, topo.command_results}
+    assert api_reads == {topo.tenants, topo.tenant_usage, topo.command_results, topo.alert_configs}
+    # the alerter reads the ledger and the alert configs, and writes nothing
+    assert {g.name for g in table if g.role == "alerter" and g.resource == acls.TOPIC} == {
+        topo.runs, topo.alert_configs}
+    assert {g.operation for g in table if g.role == "alerter"} == {"READ"}
+    assert acls.roles_with(table, topo.alert_configs, "WRITE") == {"api"}
     assert acls.roles_with(table, topo.command_results, "WRITE") == {"processor"}
     assert {g.role for g in table} <= set(credentials.KAFKA_ROLES) - {"admin"}
     groups = {(g.role, g.name, g.operation) for g in table if g.resource == acls.GROUP}

@@ -25,6 +25,7 @@ from gnomon.codec import (
     subject_for_topic,
     topic_types,
 )
+from gnomon.core.alerts import ALL_KINDS, AlertConfig
 from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.jobs import JobState, JobStatus, PatchJob, RegisterJob
 from gnomon.core.messages import DispatchRun, LogLine, LogStream, PoisonRecord
@@ -39,6 +40,7 @@ from gnomon.core.runs import (
     RunStatus,
 )
 from gnomon.core.tenants import LIMIT_BOUNDS, TenantLimits
+from gnomon.core.validation import LATE_MAX_S
 
 # ---- strategies ------------------------------------------------------------------------
 # Derived from the dataclass type hints, for *every* field (defaulted ones included), so a
@@ -54,6 +56,11 @@ OVERRIDES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
     # TenantLimits validates itself: draw only values it accepts
     (TenantLimits, "tenant"): st.from_regex(r"\A(\*|[A-Za-z0-9._-]{1,128})\Z"),
     **{(TenantLimits, n): st.integers(lo, hi) for n, (lo, hi) in LIMIT_BOUNDS.items()},
+    # so does AlertConfig
+    (AlertConfig, "tenant"): st.from_regex(r"\A[A-Za-z0-9._-]{1,128}\Z"),
+    (AlertConfig, "url"): st.from_regex(r"\Ahttps?://[a-z0-9]{1,20}(\.[a-z]{2,5})?(:[0-9]{2,4})?(/[a-z0-9/]{0,20})?\Z"),
+    (AlertConfig, "kinds"): st.lists(st.sampled_from(ALL_KINDS), unique=True).map(tuple),
+    (AlertConfig, "late_s"): st.one_of(st.none(), st.integers(0, LATE_MAX_S)),
 }
 
 

@@ -36,6 +36,8 @@ from fastapi.security import HTTPBearer
 
 from gnomon import codec
 from gnomon.api import problems, schemas
+from gnomon.api.alerts import AlertService
+from gnomon.api.alerts import install as install_alert_routes
 from gnomon.api.auth import Authenticator
 from gnomon.api.backfill import add_backfill_route
 from gnomon.api.batch import add_batch_route
@@ -253,9 +255,11 @@ def _forget(task: asyncio.Future[Any] | None) -> None:
 def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
     clock: Clock | None = None, tenants: TenantService | None = None, runs_cache_s: float = 0.0,
+    alerts: AlertService | None = None,
 ) -> FastAPI:
     """``commands`` produces to ``topology.job_commands``. ``tenants``: limits, usage and
     the admin endpoints (api/tenants.py); default: built-in limits, no usage, read-only.
+    ``alerts``: the tenants' alert webhooks (api/alerts.py); default: none, read-only.
     ``runs_cache_s``: ``GET /v1/jobs/{id}/runs`` may answer from a read (of the job and of
     the page) that began at most this long ago (``ReadCache``; 0: every request reads)."""
     clock = clock or SystemClock()
@@ -276,6 +280,7 @@ def create_app(
     app.openapi = finish(app)  # type: ignore[method-assign]
     app.state.auth = auth
     install_tenant_routes(app, tenants, clock)
+    install_alert_routes(app, alerts or AlertService(topic=topology.alert_configs), clock)  # /v1/alerts
     add_backfill_route(app, history=history, commands=commands, clock=clock)  # POST /v1/jobs/{id}:backfill
 
     async def body_of(request: Request) -> Any:

@@ -23,6 +23,7 @@ from gnomon.core.validation import (
     BACKOFF_MAX_S,
     IDEMPOTENCY_KEY_MAX_CHARS,
     JITTER_MAX_S,
+    LATE_MAX_S,
     NAME_MAX_CHARS,
     RETRY_MAX_ATTEMPTS,
     SECRETS_MAX_ITEMS,
@@ -136,6 +137,10 @@ class _JobFields(_Closed):
     jitterS: Annotated[int, Field(ge=0, le=JITTER_MAX_S)] | SkipJsonSchema[None] = Omittable(
         description="start each scheduled run at a fixed offset (a hash of job and slot) in "
                     "[slot, slot + jitterS]; the run id keeps the slot. Default 0")
+    alertLateS: Annotated[int, Field(ge=0, le=LATE_MAX_S)] | None = Field(
+        default=None, description="a run whose first attempt starts more than this many seconds after its "
+                                  "start time sends a 'late' alert (PUT /v1/alerts); null: the tenant's "
+                                  "alert config default")
 
 
 class JobSpecInput(_JobFields):
@@ -189,6 +194,7 @@ class Job(_Closed):
     secrets: list[str]
     jitterS: int
     overlap: Overlap
+    alertLateS: int | None
 
 
 class Run(_Closed):
@@ -355,3 +361,33 @@ class JobBatchAck(_Closed):
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobBatchInput, JobPatch, TriggerBody, TenantLimitsInput)
+
+
+# ---- alerts (api/alerts.py) -------------------------------------------------------------
+
+AlertKindName = Literal["dead_letter", "late", "skipped"]
+
+
+class AlertConfigInput(_Closed):
+    """The tenant's alert webhook (PUT /v1/alerts replaces the whole config)."""
+
+    url: str = Field(max_length=URL_MAX_CHARS, description="http(s) webhook; checked by the SSRF guard at every "
+                     "call (a literal private or loopback address is refused here)")
+    kinds: list[AlertKindName] | SkipJsonSchema[None] = Omittable(
+        description="alerts to send, default all: dead_letter (a run dead-lettered), late (a run started more "
+                    "than the threshold after its start time), skipped (a slot recorded skipped)")
+    lateS: Annotated[int, Field(ge=0, le=LATE_MAX_S)] | None = Field(
+        default=None, description="late threshold, seconds, for jobs without alertLateS; null: only jobs with "
+                                  "their own alertLateS alert late")
+
+
+class AlertConfigView(_Closed):
+    tenant: str
+    configured: bool = Field(description="false: no alert config, no alerts are sent")
+    url: str | None
+    kinds: list[AlertKindName]
+    lateS: int | None
+    updatedAt: Instant | None
+
+
+REQUEST_MODELS = (*REQUEST_MODELS, AlertConfigInput)

@@ -124,6 +124,9 @@ def delivery_timeout_ms() -> int:
 
 def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     """``dev``: allow the dev token when ``GNOMON_API_TOKENS`` is unset (default: ``GNOMON_DEV=1``)."""
+    from gnomon.alerts.feed import AlertFeed
+    from gnomon.api.alerts import AlertPoller, AlertService
+    from gnomon.core.alerts import AlertBook
     from gnomon.history.cassandra import CassandraHistoryStore
     from gnomon.streams.tenant_feed import TenantFeed
 
@@ -142,8 +145,12 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     feed.load(TENANTS_LOAD_TIMEOUT_S)
     tenants = TenantService(book, usage, writer=producer, topic=topo.tenants, feed=feed)
     TenantPoller(tenants).start()
+    alert_feed = AlertFeed(settings.kafka_bootstrap, topo, AlertBook(), role=role)
+    alert_feed.load(TENANTS_LOAD_TIMEOUT_S)
+    alerts = AlertService(alert_feed.book, writer=producer, topic=topo.alert_configs, feed=alert_feed)
+    AlertPoller(alerts).start()
     return create_app(history=history, commands=sink, auth=auth,
-                      topology=topo, clock=clock, tenants=tenants, runs_cache_s=cache_s)
+                      topology=topo, clock=clock, tenants=tenants, runs_cache_s=cache_s, alerts=alerts)
 
 
 def _connect_early(history: object) -> None:

@@ -44,6 +44,9 @@ def create(
         "--key", help="idempotency key: repeating the command with the same key and job is one job")] = None,
     jitter_s: Annotated[int, typer.Option(
         "--jitter-s", help="start each run at a fixed offset in [slot, slot + N s] (spreads spikes)")] = 0,
+    alert_late_s: Annotated[int | None, typer.Option(
+        "--alert-late-s", help="alert (gnomon alerts) when a run starts more than N s late "
+                               "(default: the tenant's alert config)")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Register a job and print its id."""
@@ -54,6 +57,8 @@ def create(
         raise ValidationError("--command/--http/--handler", "give exactly one target")
     body: dict[str, Any] = {"name": name, "timezone": tz, "priority": priority, "timeoutS": timeout_s,
                             "pool": pool, "retry": {"max": retries}, "catchUp": catch_up, "jitterS": jitter_s}
+    if alert_late_s is not None:
+        body["alertLateS"] = alert_late_s
     if cron is not None:
         body["schedule"] = cron
     else:

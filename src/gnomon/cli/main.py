@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gnomon.cli import cron, infra, jobs, services, status, tenants
+from gnomon.cli import alerts, cron, infra, jobs, services, status, tenants
 
 app = typer.Typer(
     name="gnomon",
@@ -20,9 +20,11 @@ app.add_typer(jobs.runs_app, name="runs")
 app.add_typer(jobs.dead_app, name="dead-letters")
 app.add_typer(cron.app, name="cron")
 app.add_typer(tenants.app, name="tenants")
+app.add_typer(alerts.app, name="alerts")
 app.command()(services.processor)
 app.command()(services.worker)
 app.command()(services.projector)
+app.command()(services.alerter)
 app.command()(services.api)
 app.command()(services.dev)
 app.command()(status.status)

@@ -1,4 +1,4 @@
-"""Long-running services: processor, worker, projector, api, and ``dev`` (all of them)."""
+"""Long-running services: processor, worker, projector, alerter, api, and ``dev`` (all of them)."""
 
 from __future__ import annotations
 
@@ -176,6 +176,52 @@ def projector(metrics_port: MetricsPort = None, verbose: bool = False) -> None:
 
 
 @command
+def alerter(
+    secrets_dir: Annotated[Path | None, typer.Option(
+        help="the tenants' http-signing-key secrets: DIR/<tenant>/http-signing-key "
+             "(default: <state dir>/secrets); a tenant without one gets unsigned alerts")] = None,
+    allowed_cidr: Annotated[list[str] | None, typer.Option(
+        help="a network webhooks may reach although not public (repeat; default: $GNOMON_ALERT_ALLOWED_CIDRS)")] = None,
+    attempts_max: Annotated[int, typer.Option(min=1, max=100, help="calls per alert, the first included")] = 5,
+    backoff_s: Annotated[float, typer.Option(min=0, max=3600, help="wait after the first failed call, doubling")] = 1.0,
+    backoff_cap_s: Annotated[float, typer.Option(min=0, max=3600, help="longest wait between calls")] = 30.0,
+    timeout_s: Annotated[float, typer.Option(min=0.1, max=300, help="one call's timeout")] = 5.0,
+    in_flight_max: Annotated[int, typer.Option(min=1, max=1024, help="alerts being delivered at once")] = 32,
+    group_id: Annotated[str, typer.Option(
+        help="the ledger consumer group (gnomon-alerter or gnomon-alerter-<name>); a new group starts at the "
+             "ledger's end")] = "gnomon-alerter",
+    verbose: bool = False,
+) -> None:
+    """Call the tenants' alert webhooks: dead letters, skipped slots, late starts (README, "Alerts")."""
+    from gnomon.alerts.feed import AlertFeed
+    from gnomon.alerts.policy import allowed_cidrs
+    from gnomon.alerts.sender import AlertSender
+    from gnomon.alerts.service import ROLE, Alerter
+    from gnomon.core.alerts import AlertBook, DeliveryPolicy
+    from gnomon.topology import load_topology
+    from gnomon.worker.http_target import HttpPolicy
+    from gnomon.worker.secrets import SecretStore
+
+    if not (group_id == "gnomon-alerter" or group_id.startswith("gnomon-alerter-")):
+        fail("--group-id: must be gnomon-alerter or start with gnomon-alerter- (the alerter's Kafka ACL)", 2)
+    try:
+        http = HttpPolicy(allowed_cidrs=tuple(allowed_cidr) if allowed_cidr else allowed_cidrs())
+        policy = DeliveryPolicy(attempts_max, backoff_s, max(backoff_s, backoff_cap_s), timeout_s, in_flight_max)
+    except ValueError as exc:
+        fail(f"alerter: {exc}", 2)
+    _logging(verbose)
+    if not verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # the alerter logs each call itself
+    s = load()
+    feed = AlertFeed(s.kafka_bootstrap, load_topology(), AlertBook(), role=ROLE)
+    feed.load()
+    sender = AlertSender(http, SecretStore(secrets_dir or s.state_dir / "secrets"))
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    Alerter(feed.book, sender, policy, bootstrap=s.kafka_bootstrap, feed=feed, group_id=group_id).run(stop)
+
+
+@command
 def api(
     port: Annotated[int | None, typer.Option(help="default 8787 (GNOMON_API_PORT)")] = None,
     host: str = "127.0.0.1",
@@ -202,7 +248,7 @@ def api(
 def dev(
     no_infra: Annotated[bool, typer.Option("--no-infra", help="assume Kafka and Cassandra are up")] = False,
 ) -> None:
-    """Start infra, a processor, a worker, the projector and the API; Ctrl-C stops them all."""
+    """Start infra, a processor, a worker, the projector, the alerter and the API; Ctrl-C stops them all."""
     require_server_extra("dev", "rocksdict", "cassandra", "fastapi", "uvicorn")
     from gnomon.tokens import dev_admin_token, dev_token
 
@@ -216,12 +262,12 @@ def dev(
     logs.mkdir(parents=True, exist_ok=True)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker", "--tenant", "dev", "--policy", str(REPO_ROOT / "infra/policies/dev.toml")]),
-                       ("projector", ["projector"]), ("api", ["api", "--dev"])):
+                       ("projector", ["projector"]), ("alerter", ["alerter"]), ("api", ["api", "--dev"])):
         out = open(logs / f"dev-{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         procs[name] = subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)
     console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}  admin token: {dev_admin_token(s)}",
                   highlight=False)
-    console.print(f"logs: {logs}/dev-{{processor,worker,projector,api}}.log", highlight=False)
+    console.print(f"logs: {logs}/dev-{{processor,worker,projector,alerter,api}}.log", highlight=False)
     console.print("Ctrl-C stops everything this command started.")
     try:
         while all(p.poll() is None for p in procs.values()):

@@ -12,6 +12,7 @@ from fastavro import schemaless_reader, schemaless_writer
 
 from gnomon.codec._convert import Converters
 from gnomon.codec.registry import Registry, SchemaVersion
+from gnomon.core.alerts import AlertConfig
 from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.exports import RunExport
 from gnomon.core.jobs import (
@@ -103,6 +104,7 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("workers", (WorkerAdvert,), None),
     ("tenants", (TenantLimits,), None),
     ("tenant_usage", (TenantUsage,), None),
+    ("alert_configs", (AlertConfig,), None),
 )
 _TOPOLOGY = load_topology()
 TOPICS: tuple[TopicSchema, ...] = tuple(

@@ -98,6 +98,9 @@ class JobSpec:
     # a scheduled run starts at slot + jitter_offset_ms(job, slot, jitter_s): spreads a spike
     jitter_s: int = 0
     overlap: OverlapPolicy = OverlapPolicy.ALLOW
+    # a run that starts more than this many seconds after its start time alerts the tenant
+    # (gnomon.alerts); None: the tenant's alert config's default
+    alert_late_s: int | None = None
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:

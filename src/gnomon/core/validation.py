@@ -40,7 +40,7 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
-     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap"}
+     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS"}
 )
 _RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
 _TARGET_FIELDS = {
@@ -53,6 +53,7 @@ _IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._\-/:@]{0,254}")
 _SECRET_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 SECRETS_MAX_ITEMS = 16
 JITTER_MAX_S = 3600
+LATE_MAX_S = 7 * 86_400  # alertLateS: a late-start alert threshold (gnomon.core.alerts)
 _POOL_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # C0/C1 controls (ESC, NUL, newline, DEL...), line/paragraph separators and the bidi
@@ -82,6 +83,15 @@ def _int(value: Any, field: str, lo: int, hi: int) -> int:
         raise ValidationError(field, f"must be an integer between {lo} and {hi}")
     if not lo <= value <= hi:
         raise ValidationError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def check_late_s(value: object, field: str) -> int | None:
+    """A late-start alert threshold in seconds (``alertLateS``, ``lateS``), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LATE_MAX_S:
+        raise ValidationError(field, f"must be a whole number of seconds from 0 to {LATE_MAX_S}, or null")
     return value
 
 
@@ -250,6 +260,7 @@ def parse_job_spec(
         secrets=parse_secrets(data.get("secrets")),
         jitter_s=_int(data.get("jitterS", 0), "jitterS", 0, JITTER_MAX_S),
         overlap=_enum(data.get("overlap", "allow"), "overlap", OverlapPolicy),
+        alert_late_s=check_late_s(data.get("alertLateS"), "alertLateS"),
     )
 
 
@@ -283,6 +294,7 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     out["secrets"] = list(spec.secrets)
     out["jitterS"] = spec.jitter_s
     out["overlap"] = spec.overlap.value
+    out["alertLateS"] = spec.alert_late_s
     return out
 
 

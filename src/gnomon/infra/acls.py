@@ -30,16 +30,18 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants"),
     # limits and usage, for admission pre-checks (streams/tenant_feed.py); the results of the
     # job commands it (or a service producing as it: gnomon.events) wrote
-    "api": ("tenants", "tenant_usage", "command_results"),
+    "api": ("tenants", "tenant_usage", "command_results", "alert_configs"),
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
     # connectors/history-runs-file-sink.properties; the run-exports sinks (JSON lines, JDBC)
     "connect": ("run_history", "run_exports"),
     "registry": ("schemas",),  # the schema registry reads its store at start (gnomon.registry)
+    "alerter": ("runs", "alert_configs"),  # the ledger and the tenants' webhooks (gnomon.alerts)
 }
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
-    "api": ("job_commands", "run_events", "tenants"),
+    # alert configs: PUT /v1/alerts (api/alerts.py)
+    "api": ("job_commands", "run_events", "tenants", "alert_configs"),
     "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
@@ -60,11 +62,15 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
         ("gnomon-restore", LITERAL, "READ"),  # changelog restore (streams/runtime.py)
         ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (streams/history_mark.py)
     ),
-    "api": (("gnomon-tenants", LITERAL, "READ"),),  # tenant limits and usage, assigned (streams/tenant_feed.py)
+    "api": (("gnomon-tenants", LITERAL, "READ"),  # tenant limits and usage, assigned (streams/tenant_feed.py)
+            ("gnomon-alert-configs", LITERAL, "READ")),  # alert configs, assigned (alerts/feed.py)
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>
     "registry": (("gnomon-registry", LITERAL, "READ"),),  # its store, assigned (registry/kafka_store.py)
+    # the ledger consumer (alerts/service.py): gnomon-alerter, or gnomon-alerter-<name> (--group-id)
+    "alerter": (("gnomon-alerter", PREFIXED, "READ"),
+                ("gnomon-alert-configs", LITERAL, "READ")),  # alert configs, assigned (alerts/feed.py)
 }
 TRANSACTIONAL_IDS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "processor": (("gnomon-processor-", PREFIXED),),

@@ -23,7 +23,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KAFKA_ROLES: tuple[str, ...] = ("admin", "api", "processor", "worker", "projector", "connect", "registry")
+KAFKA_ROLES: tuple[str, ...] = ("admin", "api", "processor", "worker", "projector", "connect", "registry", "alerter")
 """Kafka principals (``User:<role>``); admin is the super user. ACLs: gnomon.infra.acls."""
 KAFKA_BROKER = "kafka-broker"
 KAFKA_CONTROLLER = "kafka-controller"

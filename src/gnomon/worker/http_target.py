@@ -145,6 +145,25 @@ class _Pinned:
     extensions: dict[str, Any]
 
 
+def pin(url: httpx.URL, policy: HttpPolicy, resolver: Resolver = system_resolver) -> _Pinned:
+    """``url`` checked by the SSRF guard under ``policy`` and pinned to the address it
+    checked (raises ``TargetRefused``). Also what the alerter's webhook calls go through."""
+    if url.scheme not in ("http", "https"):
+        raise TargetRefused(f"scheme {url.scheme!r} is not http or https")
+    host = url.raw_host.decode("ascii")
+    if not host:
+        raise TargetRefused("the URL has no host")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    dest = resolve_checked(host, port, resolver, allow_private=policy.allow_private, allowed=policy.networks)
+    headers = {"Host": url.netloc.decode("ascii")}
+    if url.username or url.password:
+        token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    named_tls = url.scheme == "https" and literal_address(host) is None
+    return _Pinned(url=url.copy_with(host=str(dest.address), username=None, password=None, fragment=None),
+                   headers=headers, extensions={"sni_hostname": host} if named_tls else {})
+
+
 class HttpExecutor:
     """POSTs ``{runId, jobId, attempt, payload}`` to the callback URL with
     ``Idempotency-Key: <run id>``. 2xx is success; anything else, a refused
@@ -257,21 +276,7 @@ class HttpExecutor:
                 return self._finish(resp, ctx, deadline)
 
     def _pin(self, url: httpx.URL) -> _Pinned:
-        if url.scheme not in ("http", "https"):
-            raise TargetRefused(f"scheme {url.scheme!r} is not http or https")
-        host = url.raw_host.decode("ascii")
-        if not host:
-            raise TargetRefused("the URL has no host")
-        port = url.port or (443 if url.scheme == "https" else 80)
-        dest = resolve_checked(host, port, self._resolver, allow_private=self.policy.allow_private,
-                               allowed=self.policy.networks)
-        headers = {"Host": url.netloc.decode("ascii")}
-        if url.username or url.password:
-            token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
-            headers["Authorization"] = f"Basic {token}"
-        named_tls = url.scheme == "https" and literal_address(host) is None
-        return _Pinned(url=url.copy_with(host=str(dest.address), username=None, password=None, fragment=None),
-                       headers=headers, extensions={"sni_hostname": host} if named_tls else {})
+        return pin(url, self.policy, self._resolver)
 
     def _finish(self, resp: httpx.Response, ctx: AttemptContext, deadline: float) -> AttemptResult:
         ctx.log(LogStream.SYSTEM, f"HTTP {resp.status_code}")
