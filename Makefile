@@ -20,12 +20,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## install gnomon and its dev tools into .venv/ (so .venv/bin/gnomon works)
 
-SYSDEPS := bwrap:bubblewrap prlimit:util-linux setpriv:util-linux podman:podman /usr/sbin/runc:runc busybox:busybox-static
-sysdeps: ## install the sandbox tools from Debian packages (bubblewrap, podman, runc, busybox-static), as root, if missing
+# command:package; pg_ctlcluster (postgresql-common) comes with the PostgreSQL server packages
+SYSDEPS := bwrap:bubblewrap prlimit:util-linux setpriv:util-linux podman:podman /usr/sbin/runc:runc busybox:busybox-static pg_ctlcluster:postgresql
+sysdeps: ## install the sandbox tools (bubblewrap, podman, runc, busybox-static) and PostgreSQL (the export's database) from Debian packages, as root, if missing
 	@missing=""; for dep in $(SYSDEPS); do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "gnomon: installing$$missing (sandboxes for command and container targets)"; \
+	    echo "gnomon: installing$$missing (sandboxes for command and container targets; PostgreSQL for exports)"; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null; }; \
 	  else echo "gnomon: command targets need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
 	fi

@@ -61,6 +61,8 @@ class Settings:
         default_factory=lambda: _env_int("GNOMON_CASSANDRA_STORAGE_PORT", 7000)
     )
     api_port: int = field(default_factory=lambda: _env_int("GNOMON_API_PORT", 8787))
+    # the private PostgreSQL that Kafka Connect's JDBC sink exports runs into (gnomon.infra.postgres)
+    postgres_port: int = field(default_factory=lambda: _env_int("GNOMON_POSTGRES_PORT", 15432))
     # The schema registry `gnomon infra up` starts (gnomon.registry, docs/adr/0009), on 127.0.0.1.
     registry_port: int = field(default_factory=lambda: _env_int("GNOMON_REGISTRY_PORT", 8081))
     # Where `gnomon infra up` writes the generated credentials (one 0600 JSON file per

@@ -1,11 +1,13 @@
 """Maintain schemas/avro/registry.json (see schemas/README.md).
 
     python -m gnomon.codec check
-    python -m gnomon.codec register SUBJECT FILE [--ref SUBJECT:VERSION ...]
+    python -m gnomon.codec register SUBJECT FILE [--ref SUBJECT:VERSION ...] [--id N]
 
 ``register`` appends FILE (a new file in the schema directory) as the next version of
 SUBJECT under the next free id, after checking that every earlier version of SUBJECT
 can be read with it. Without ``--ref`` it keeps the references of the previous version.
+``--id N`` takes that id instead (a free one, larger than every id this version refers
+to): a block of ids reserved for one change, so parallel changes do not collide.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def check(registry: Registry) -> list[str]:
     return problems
 
 
-def register(directory: Path, subject: str, file: str, refs: list[str] | None) -> dict[str, Any]:
+def register(directory: Path, subject: str, file: str, refs: list[str] | None,
+             schema_id: int | None = None) -> dict[str, Any]:
     path = directory / "registry.json"
     doc = json.loads(path.read_text())
     registry = load_registry(directory)
@@ -68,7 +71,9 @@ def register(directory: Path, subject: str, file: str, refs: list[str] | None) -
         problems = incompatibilities(old.schema, schema)
         if problems:
             raise RegistryError(f"{file} cannot read {subject} v{old.version}: " + "; ".join(problems))
-    new_id = max((v.id for v in registry), default=0) + 1
+    new_id = max((v.id for v in registry), default=0) + 1 if schema_id is None else schema_id
+    if new_id < 1 or str(new_id) in doc["schemas"]:
+        raise RegistryError(f"schema id {new_id} is taken or not positive")
     entry = {
         "subject": subject,
         "version": previous.version + 1 if previous else 1,
@@ -93,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     reg.add_argument("file", help="file name inside the schema directory")
     reg.add_argument("--ref", action="append", metavar="SUBJECT:VERSION",
                      help="a referenced subject version (repeatable); default: the previous version's")
+    reg.add_argument("--id", type=int, default=None, dest="schema_id",
+                     help="register under this free id (default: the next after the largest)")
     args = parser.parse_args(argv)
     directory = args.dir or default_schema_dir()
     try:
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in problems:
                 print(p, file=sys.stderr)
             return 1 if problems else 0
-        print(json.dumps(register(directory, args.subject, args.file, args.ref), indent=2))
+        print(json.dumps(register(directory, args.subject, args.file, args.ref, args.schema_id), indent=2))
         return 0
     except (RegistryError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,6 +14,7 @@ from gnomon.codec._convert import Converters
 from gnomon.codec.registry import Registry, SchemaVersion
 from gnomon.core.alerts import AlertConfig
 from gnomon.core.errors import InternalError, ValidationError
+from gnomon.core.exports import RunExport
 from gnomon.core.jobs import (
     BackfillJob,
     DeleteJob,
@@ -94,6 +95,7 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("runs", (RunState,), None),
     ("dead_letters", (RunState,), None),
     ("run_history", (RunState,), None),
+    ("run_exports", (RunExport,), None),
     ("dispatch", (DispatchRun,), None),  # the family of every dispatch topic
     ("worker_inbox", (Grant, Stop, LeaseAck), f"{NAMESPACE}.WorkerMessage"),
     ("run_logs", (LogLine,), None),

@@ -21,6 +21,12 @@ A batch whose write fails is retried ``write_attempts`` times with backoff; then
 consumer is rewound to the batch's first offsets (nothing is skipped) and
 ``HistoryStoreError`` is raised from ``run_once``; ``run`` logs it, waits and goes on.
 
+Exports: with ``exporter`` (``gnomon.history.export.RunExportPublisher``; the production
+projector has one), each batch's runs that reached a final status are published to
+``gnomon.run-exports`` after the store write and before the commit, as part of the same
+retried step: a failed publish replays the batch like a failed write (at-least-once; the
+sinks upsert by run_id).
+
 Records that cannot be decoded (or carry the wrong type, or no usable key) are poison:
 ``on_poison(msg, reason)`` is called, then the record is skipped and counted in
 ``stats.poison``. The default hook logs; pass ``poison_sink`` (or override
@@ -41,6 +47,7 @@ from gnomon.core.jobs import JobState
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.history.base import HistoryBatch, ProjectionStore
+from gnomon.history.export import RunExportPublisher
 from gnomon.metrics.projector import ProjectorMetrics
 from gnomon.retrying import Retry
 from gnomon.topology import load_topology
@@ -63,6 +70,7 @@ class ProjectorStats:
     jobs: int = 0  # job states written (after coalescing)
     jobs_deleted: int = 0
     runs: int = 0
+    exported: int = 0  # run exports published (final runs; again when a batch is replayed)
     logs: int = 0
     poison: int = 0
     ignored: int = 0  # tombstones on gnomon.runs / gnomon.run-logs
@@ -92,6 +100,7 @@ class HistoryProjector:
         poison_sink: Callable[[Any, str], None] | None = None,
         owns_store: bool = False,
         kafka_role: str | None = None,
+        exporter: RunExportPublisher | None = None,
     ) -> None:
         """``topics`` maps roles ``jobs``/``runs``/``logs`` to topic names (default: the
         topology's). ``consumer`` injects a ready, subscribed consumer (tests)."""
@@ -114,6 +123,7 @@ class HistoryProjector:
         self.retry_backoff_max_s = retry_backoff_max_s
         self.poison_sink = poison_sink
         self.owns_store = owns_store
+        self.exporter = exporter
         self.stats = ProjectorStats()
         self.metrics = ProjectorMetrics(group_id)  # a registry of its own; the CLI serves it
         self._stop = threading.Event()
@@ -137,11 +147,14 @@ class HistoryProjector:
     @classmethod
     def from_settings(cls, settings: Any, **kwargs: Any) -> HistoryProjector:
         """The production projector: Cassandra from ``settings`` (schema applied if
-        missing), Kafka at ``settings.kafka_bootstrap``."""
+        missing), Kafka at ``settings.kafka_bootstrap``, finished runs published to the
+        run-exports topic."""
         from gnomon.history.cassandra import CassandraHistoryStore
 
-        store = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
         kwargs.setdefault("kafka_role", ROLE)
+        if "exporter" not in kwargs:
+            kwargs["exporter"] = RunExportPublisher.connect(settings.kafka_bootstrap, role=kwargs["kafka_role"])
+        store = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
         return cls(store, settings.kafka_bootstrap, owns_store=True, **kwargs)
 
     # ---- hooks ---------------------------------------------------------------------------
@@ -290,9 +303,14 @@ class HistoryProjector:
         def retrying(attempt: int, exc: BaseException, _: float) -> None:
             log.warning("history write attempt %d/%d failed: %s", attempt, self.write_attempts, exc)
 
+        def step() -> None:
+            self.store.write_batch(batch)
+            if self.exporter is not None and batch.runs:
+                self.stats.exported += self.exporter.publish(batch.runs)
+
         try:
-            with self.metrics.write_seconds.time():
-                self._write_retry().call(lambda: self.store.write_batch(batch), on_retry=retrying)
+            with self.metrics.write_seconds.time():  # the store write and the exports' publish
+                self._write_retry().call(step, on_retry=retrying)
         except HistoryStoreError:
             self.stats.write_failures += 1
             self.metrics.write_failures.inc()
@@ -325,5 +343,10 @@ class HistoryProjector:
             self.consumer.close()
         except Exception as exc:  # closing twice, or a broker gone: nothing left to do
             log.debug("consumer close: %s", exc)
+        if self.exporter is not None:
+            try:
+                self.exporter.close()
+            except Exception as exc:  # Kafka gone: the batch was not committed, it is replayed
+                log.debug("exporter close: %s", exc)
         if self.owns_store:
             self.store.close()

@@ -2,7 +2,8 @@
 
 ``up`` starts Kafka, Cassandra and the schema registry (port ``$GNOMON_REGISTRY_PORT``,
 default 8081); Kafka Connect only with ``--only connect`` (port ``$GNOMON_CONNECT_PORT``,
-default 8083). ``down`` without ``--only`` stops all four.
+default 8083), which also starts PostgreSQL (``--only postgres`` alone: port
+``$GNOMON_POSTGRES_PORT``, default 15432). ``down`` without ``--only`` stops them all.
 
 ``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
 (``--bootstrap``, ``--replication-factor``) and applies changed configs to existing ones,
@@ -22,7 +23,7 @@ from gnomon.infra.errors import InfraError
 
 USAGE = (
     "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] "
-    "[--only kafka|cassandra|registry|connect] "
+    "[--only kafka|cassandra|registry|connect|postgres] "
     "[--json] [--bootstrap HOST:PORT] [--replication-factor N]"
 )
 
@@ -49,9 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("kafka", "cassandra", "registry", "connect"),
+        choices=("kafka", "cassandra", "registry", "connect", "postgres"),
         help="act on one component (registry: the schema registry; connect: Kafka Connect, "
-        "never started by default)",
+        "never started by default, and with it postgres, the database its JDBC sink writes to)",
     )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument("--bootstrap", help="topics only: Kafka to use (default: settings)")

@@ -33,7 +33,8 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "api": ("tenants", "tenant_usage", "command_results", "alert_configs"),
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
-    "connect": ("run_history",),  # connectors/history-runs-file-sink.properties
+    # connectors/history-runs-file-sink.properties; the run-exports sinks (JSON lines, JDBC)
+    "connect": ("run_history", "run_exports"),
     "registry": ("schemas",),  # the schema registry reads its store at start (gnomon.registry)
     "alerter": ("runs", "alert_configs"),  # the ledger and the tenants' webhooks (gnomon.alerts)
 }
@@ -44,6 +45,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
+    "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)
     "registry": ("schemas",),
 }
 # Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).

@@ -19,8 +19,15 @@ REST port: ``$GNOMON_CONNECT_PORT`` (default 8083), bound to 127.0.0.1. Healthy 
 ``GET /connectors?expand=status`` lists every configured connector with the connector
 and all its tasks RUNNING.
 
-The run ledger export (``connectors/history-runs-file-sink.properties``) holds one line
-per ``gnomon.runs`` record: the record value, Confluent-framed Avro, in base64.
+Plugins: ``plugin.path`` is ``<state_dir>/connect-plugins`` (gnomon's registry converter,
+built with Maven, and the Debezium JDBC sink; ``gnomon.infra.connect_plugins``). The run
+exports (``gnomon.run-exports``) go to PostgreSQL (``runs-postgres-sink``, the server of
+``gnomon.infra.postgres``) and to ``<state_dir>/exports/runs.jsonl``, both decoded by the
+registry converter against ``Settings.registry_url`` (``$GNOMON_REGISTRY_URL``, default
+http://127.0.0.1:8081, the registry ``gnomon infra up`` starts).
+
+The older run-history export (``connectors/history-runs-file-sink.properties``) holds one
+line per ``gnomon.run-history`` record: the record value, Confluent-framed Avro, in base64.
 :func:`read_export` decodes such a file; ``python -m gnomon.infra.connect decode FILE``
 prints it as JSON lines. See ``connectors/README.md``.
 """
@@ -40,7 +47,7 @@ from string import Template
 from typing import Any
 
 from gnomon.config import REPO_ROOT, Settings
-from gnomon.infra import fetch, jvm, kafka, procs
+from gnomon.infra import connect_plugins, fetch, jvm, kafka, postgres, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.readiness import wait_until_serving
@@ -195,8 +202,10 @@ def security_variables(settings: Settings, role: str = ROLE) -> dict[str, str]:
     }
 
 
-def template_variables(settings: Settings, w: Worker, role: str = ROLE) -> dict[str, object]:
+def template_variables(settings: Settings, w: Worker, role: str = ROLE,
+                       plugins: Path | None = None) -> dict[str, object]:
     layout = kafka.running_layout(settings) or 1
+    pg = postgres.credential(settings)
     return {
         **security_variables(settings, role),
         "bootstrap": kafka.bootstrap(settings, layout),
@@ -204,6 +213,11 @@ def template_variables(settings: Settings, w: Worker, role: str = ROLE) -> dict[
         "offsets_file": w.offsets_file,
         "exports_dir": w.exports_dir,
         "state_dir": w.state_dir,
+        "plugin_path": plugins or connect_plugins.plugin_path(w.state_dir),
+        "registry_url": settings.registry_url,  # the schema registry `gnomon infra up` starts
+        "postgres_url": postgres.jdbc_url(settings),
+        "postgres_user": pg.username,
+        "postgres_password": pg.password,
     }
 
 
@@ -217,10 +231,12 @@ def render(
     w: Worker,
     connectors: Sequence[Path | tuple[Path, Mapping[str, str]]],
     role: str = ROLE,
+    plugins: Path | None = None,
 ) -> list[Path]:
     """Write the worker config and one file per connector (a template, or a template and
-    property overrides) under ``w.home``. Returns the rendered connector files."""
-    variables = template_variables(settings, w, role)
+    property overrides) under ``w.home``, all 0600 (they may hold passwords). Returns the
+    rendered connector files."""
+    variables = template_variables(settings, w, role, plugins)
     w.home.mkdir(parents=True, exist_ok=True)
     w.exports_dir.mkdir(parents=True, exist_ok=True)  # FileStreamSink does not create dirs
     w.logs.mkdir(parents=True, exist_ok=True)
@@ -236,7 +252,7 @@ def render(
         if not name:
             raise InfraError(f"{path} has no `name=` property")
         out = w.connectors_dir / f"{name}.properties"
-        out.write_text(text)
+        write_secret(out, text)  # the JDBC sink's holds the PostgreSQL password
         rendered.append(out)
     return rendered
 
@@ -283,11 +299,14 @@ def start(
     connectors: Sequence[Path | tuple[Path, Mapping[str, str]]] | None = None,
     lib: Path | None = None,
     role: str = ROLE,
+    plugins: Path | None = None,
 ) -> int:
     """Render configs and start the worker unless it runs. Returns the pid.
 
     ``connectors`` defaults to every template in ``connectors/``; ``lib`` to the jars
-    fetched into ``settings.state_dir`` (pass another state dir's to reuse them).
+    fetched into ``settings.state_dir`` (pass another state dir's to reuse them);
+    ``plugins`` (the ``plugin.path``) to the plugins built and fetched into the state dir
+    ``lib`` belongs to (``gnomon.infra.connect_plugins``).
     """
     w = worker(settings, port)
     pid = procs.running_pid(settings.state_dir, NAME)
@@ -296,7 +315,9 @@ def start(
     java = jvm.find_java(JAVA_VERSIONS, LABEL)
     if lib is None:
         lib = fetch.fetch(settings.state_dir, COMPONENT, LABEL)
-    variables = template_variables(settings, w, role)
+    if plugins is None:
+        plugins = connect_plugins.ensure(lib.parent.parent)  # <state_dir>/lib/connect -> <state_dir>
+    variables = template_variables(settings, w, role, plugins)
     first = str(variables["bootstrap"]).split(",")[0]
     host, _, kport = first.rpartition(":")
     if not port_open(host, int(kport)):
@@ -309,7 +330,7 @@ def start(
             f"{HOST}:{w.port} is already in use by another process; stop it or choose "
             f"another port ({PORT_ENV})"
         )
-    files = render(settings, w, connector_templates() if connectors is None else connectors, role)
+    files = render(settings, w, connector_templates() if connectors is None else connectors, role, plugins)
     return procs.start(settings.state_dir, NAME, command(w, java, lib, files), cwd=w.home)
 
 

@@ -19,14 +19,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import cassandra, connect, fetch, jvm, kafka, procs, registry
+from gnomon.infra import cassandra, connect, fetch, jvm, kafka, postgres, procs, registry
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import ensure_topics, topic_specs
 
 COMPONENTS: tuple[str, ...] = ("kafka", "cassandra", "registry")  # what `up` starts by default
-# Kafka Connect is opt-in (`up --only connect`, after Kafka); `down` stops it too.
-ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, "connect")
+# Kafka Connect is opt-in (`up --only connect`, after Kafka; it starts PostgreSQL, its JDBC
+# sink's database, too); PostgreSQL alone with `up --only postgres`; `down` stops them too.
+ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, "connect", "postgres")
 JVM_MODULES = {"kafka": kafka, "cassandra": cassandra, "connect": connect}  # fetched, need Java
 STOP_TIMEOUT_S = 60.0
 
@@ -99,6 +100,9 @@ def up(
             registry.start(settings)
             registry.wait_ready(settings)
             say(f"the schema registry is up on {registry.url(settings)}")
+        if "postgres" in components or "connect" in components:  # the JDBC sink writes into it
+            postgres.start(settings)
+            say(f"PostgreSQL is up on {postgres.address(settings)} (database {postgres.DATABASE})")
         if "connect" in components:  # needs Kafka (and its topics) up
             connect.start(settings)
             connect.wait_ready(settings)
@@ -123,10 +127,11 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
             names += cassandra.running_names(settings)
         if "kafka" in components:
             names += kafka.running_names(settings)
-        if not names:
+        pg = "postgres" in components and postgres.pid(settings) is not None  # not a JVM: pg_ctl stops it
+        if not names and not pg:
             say("nothing to stop")
             return []
-        say(f"stopping {', '.join(names)}…")
+        say(f"stopping {', '.join([*names, 'postgres'] if pg else names)}…")
         if connect.NAME in names:  # first, while Kafka still takes its final offset commits
             connect.stop(settings)
         if registry.NAME in names:
@@ -135,16 +140,19 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
             procs.signal_term(settings.state_dir, name)
         for name in names:
             procs.stop(settings.state_dir, name, STOP_TIMEOUT_S)
+        if pg:  # after Connect, whose JDBC sink writes into it
+            postgres.stop(settings)
         say("stopped")
-        return names
+        return [*names, "postgres"] if pg else names
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """``{"kafka": {...}, "cassandra": {...}, "registry": {...}, "connect": {...}}``; each
-    has ``state`` (up/starting/degraded/down)."""
+    """``{"kafka": {...}, "cassandra": {...}, "registry": {...}, "connect": {...},
+    "postgres": {...}}``; each has ``state`` (up/starting/degraded/down)."""
     return {
         "kafka": kafka.status(settings),
         "cassandra": cassandra.status(settings),
         "registry": registry.status(settings),
         "connect": connect.status(settings),
+        "postgres": postgres.status(settings),
     }
