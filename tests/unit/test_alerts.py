@@ -470,3 +470,30 @@ def test_alerter_retries_gives_up_and_commits_only_settled_offsets() -> None:
     # never past a record whose alert was in flight: 1 (the skipped one pending) or the end
     assert {c[(topic, 0)] for c in consumer.commits} <= {1, 5}, consumer.commits
     alerter.close()
+
+
+def test_a_record_read_again_after_a_revoke_alerts_again() -> None:
+    """Partitions revoked while an alert is still being delivered: the records after the
+    last commit are read again (by this process too) and must raise their alerts again,
+    not be remembered as raised and committed past (then a crash would lose the alert)."""
+    from gnomon.alerts.service import Alerter
+
+    topic = load_topology().runs
+    failed = run(RunStatus.FAILED, run_id="job_a@f")
+    msg = FakeMsg(topic, 0, failed.run_id, codec.encode(failed, topic))
+    consumer = FakeConsumer([[msg], [msg]])
+    book = AlertBook()
+    book.apply("acme", CFG)
+    sender = ScriptedSender({})
+    alerter = Alerter(book, sender, DeliveryPolicy(attempts_max=1, backoff_base_s=0.01, backoff_cap_s=0.02),
+                      consumer=consumer, clock=FakeClock(NOW))  # type: ignore[arg-type]
+    alerter.run_once()
+    assert alerter.wait_idle(10)
+
+    from confluent_kafka import TopicPartition
+
+    alerter._on_revoke(consumer, [TopicPartition(topic, 0)])
+    alerter.run_once()  # the same record, read again after the partition came back
+    assert alerter.wait_idle(10)
+    assert sender.calls == [f"{failed.run_id}:dead_letter:0"] * 2
+    alerter.close()

@@ -114,9 +114,11 @@ def test_the_whole_call_is_refused_only_for_its_shape() -> None:
         assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json", r.text
         assert r.json()["field"] == field
     assert client.post("/v1/jobs:batch", json={"jobs": [JOB]}).status_code == 401
-    r = client.post("/v1/jobs:batch", json={"jobs": [JOB, 7, {"name": "x"}]}, headers=AUTH)
-    assert [x["status"] for x in r.json()["results"]] == [201, 422, 422]
+    r = client.post("/v1/jobs:batch", json={"jobs": [JOB, 7, {"name": "x"}, dict(JOB, idempotencyKey="bad key")]},
+                    headers=AUTH)
+    assert [x["status"] for x in r.json()["results"]] == [201, 422, 422, 422]
     assert r.json()["results"][1]["problem"]["field"] == "jobs[1]"
+    assert r.json()["results"][3]["problem"]["field"] == "jobs[3].idempotencyKey"
 
 
 def test_an_item_kafka_refused_answers_503_outcome_unknown_and_the_others_stand() -> None:

@@ -269,8 +269,40 @@ def test_http_register_conflict_config_and_compatibility(http: TestClient) -> No
     assert (found["id"], found["version"]) == (OUTSIDE_MIN_ID, 1)
     missing = http.post("/subjects/orders-value", json={"schema": text(record(B_DEFAULT))})
     assert (missing.status_code, missing.json()["error_code"]) == (404, 40403)
-    bad = http.post("/subjects/orders-value/versions", content=b"not json")
+    bad = http.post("/subjects/orders-value/versions", content=b"not json",
+                    headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
     assert (bad.status_code, bad.json()["error_code"]) == (422, 42201)
+    # a cross-site "simple" request (a web page posting text/plain to 127.0.0.1) is refused
+    plain = http.post("/subjects/orders-value/versions", content=text(record(A)).encode(),
+                      headers={"Content-Type": "text/plain"})
+    assert plain.status_code == 415 and http.put("/config", content=b'{"compatibility": "NONE"}').status_code == 415
+    # every gnomon.* subject is reserved, registered or not: a later release's new subject
+    # can never meet an outsider's version of it
+    future = http.post("/subjects/gnomon.some-future-topic-value/versions", json={"schema": text(record(A))})
+    assert (future.status_code, future.json()["error_code"]) == (422, 42205)
+    assert http.get("/mode/gnomon.some-future-topic-value").json() == {"mode": "READONLY"}
+
+
+def test_an_id_whose_write_failed_is_never_handed_out_again() -> None:
+    """A timed-out write may still reach the store: the next registration gets a new id."""
+    from gnomon.core.errors import EventLogError
+    from gnomon.registry.state import State
+
+    class Flaky:
+        fail = True
+        appended: list[object] = []
+
+        def append(self, records: object) -> None:
+            if Flaky.fail:
+                Flaky.fail = False
+                raise EventLogError("Kafka did not acknowledge the write within 15s")
+            Flaky.appended.append(records)
+
+    reg = Registry(State(), Flaky())  # type: ignore[arg-type]
+    with pytest.raises(ApiError):
+        reg.register("orders-value", text(record(A)), (), None)
+    v = reg.register("payments-value", text(record(A)), (), None)
+    assert v.id == OUTSIDE_MIN_ID + 1
 
 
 def test_memory_mode_serves_the_checked_in_ids_and_confluent_serdes_match_the_codec() -> None:

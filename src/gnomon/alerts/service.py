@@ -309,6 +309,11 @@ class Alerter:
         self.commit()
         with self._lock:
             self.tracker.drop([(p.topic, p.partition) for p in partitions])
+        # The records after the commit are read again by whoever gets the partitions, this
+        # process too: it must raise their alerts again (the receiver drops a repeat by its
+        # Idempotency-Key), not remember them as raised while their delivery is no longer
+        # tracked (a later commit would pass them, and a crash would lose them).
+        self.memory = AlertMemory(self.memory.runs_max)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Until no alert is in flight (tests); whether that happened."""

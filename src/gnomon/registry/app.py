@@ -44,8 +44,16 @@ def _version_doc(v: Version) -> dict[str, Any]:
     return doc
 
 
+def _require_json(request: Request) -> None:
+    """A write must say it is JSON: a web page can send a cross-site "simple" request
+    (text/plain, a form) to 127.0.0.1 without asking first, but not one of JSON."""
+    if "json" not in request.headers.get("content-type", "").lower():
+        raise ApiError(415, 415, "Content-Type must be application/vnd.schemaregistry.v1+json or application/json")
+
+
 async def _body(request: Request) -> tuple[str, tuple[Ref, ...], str | None]:
     """(schema, references, schemaType) of a register/lookup/compatibility request."""
+    _require_json(request)
     try:
         doc = json.loads(await request.body())
         schema = doc["schema"]
@@ -137,6 +145,7 @@ def create_app(registry: Registry) -> Starlette:
         return ["AVRO"]
 
     async def _level_body(req: Request) -> str:
+        _require_json(req)
         try:
             doc = json.loads(await req.body())
             return str(doc["compatibility"]).upper()

@@ -36,6 +36,7 @@ from gnomon.registry.state import Record, Ref, State, Version, apply, config_rec
 
 VERSION_MAX = 2**31 - 1
 OWN_LEVEL = "BACKWARD_TRANSITIVE"
+RESERVED_PREFIX = "gnomon."  # subjects only gnomon's checked-in schemas may fill
 
 
 class Store(Protocol):
@@ -72,6 +73,9 @@ class Registry:
         self.state = state
         self.store = store
         self.own_subjects = own_subjects
+        # an id whose write failed may still reach the store (a timed-out produce stays
+        # queued): never hand it out again in this process
+        self._id_floor = 0
         self._lock = threading.Lock()
         self._resolved: dict[int, Any] = {}
 
@@ -124,12 +128,17 @@ class Registry:
         return found
 
     def level(self, subject: str | None = None) -> str:
-        if subject is not None and subject in self.own_subjects:
+        if subject is not None and self.is_own(subject):
             return OWN_LEVEL
         return self.state.level(subject)
 
+    def is_own(self, subject: str) -> bool:
+        """gnomon's subjects, registered or not: every name under ``gnomon.`` is reserved,
+        so a later release's new subject can never meet an outsider's version of it."""
+        return subject in self.own_subjects or subject.startswith(RESERVED_PREFIX)
+
     def mode(self, subject: str | None = None) -> str:
-        return "READONLY" if subject in self.own_subjects else "READWRITE"
+        return "READONLY" if subject is not None and self.is_own(subject) else "READWRITE"
 
     # --- checks --------------------------------------------------------------------
 
@@ -170,6 +179,8 @@ class Registry:
         try:
             self.store.append(records)
         except InfraError as exc:
+            ids = [r.version.id for r in records if r.version is not None]
+            self._id_floor = max([self._id_floor, *(i + 1 for i in ids)])
             raise ApiError(500, STORE_ERROR, f"Error while registering: the store refused the write: {exc}") from exc
         for r in records:
             self.state = apply(self.state, r)
@@ -181,17 +192,19 @@ class Registry:
             same = self._same(self.state.versions(subject), resolved)
             if same is not None:
                 return same
-            if subject in self.own_subjects:
+            if self.is_own(subject):
                 raise ApiError(422, OPERATION_NOT_PERMITTED,
-                               f"Subject {subject} is in read-only mode: it is gnomon's own, its versions come "
-                               "from gnomon's checked-in schemas (schemas/avro/registry.json)")
+                               f"Subject {subject} is in read-only mode: it is gnomon's own ({RESERVED_PREFIX}* is "
+                               "reserved), its versions come from gnomon's checked-in schemas "
+                               "(schemas/avro/registry.json)")
             level = self.level(subject)
             problems = self.problems(subject, resolved, level)
             if problems:
                 raise ApiError(409, INCOMPATIBLE,
                                f'Schema being registered is incompatible with an earlier schema for subject '
                                f'"{subject}" ({level}), details: {problems}')
-            v = Version(subject, self.state.next_version(subject), self.state.next_id(), schema, references)
+            v = Version(subject, self.state.next_version(subject), max(self.state.next_id(), self._id_floor),
+                        schema, references)
             self._write([schema_record(v)])
             self._resolved[v.id] = resolved
             return v
@@ -200,7 +213,7 @@ class Registry:
         if level not in compat.LEVELS:
             raise ApiError(422, INVALID_COMPATIBILITY,
                            f"Invalid compatibility level {level!r}; valid values are {', '.join(compat.LEVELS)}")
-        if subject is not None and subject in self.own_subjects:
+        if subject is not None and self.is_own(subject):
             raise ApiError(422, OPERATION_NOT_PERMITTED,
                            f"Subject {subject} is in read-only mode: it is gnomon's own, held to {OWN_LEVEL} "
                            "by python -m gnomon.codec register")
