@@ -42,10 +42,9 @@ run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a dem
 	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
 
 # CI time: the services start (first run: fetched from Maven Central) while the pure suites
-# run, and the broker-loss chaos test (its own 3-broker cluster, no shared state) runs beside
-# the processor-kill one, whose checks do not depend on timing. Their output follows each.
-CHAOS_SIDE := tests/chaos/test_broker_loss.py
-CHAOS_SERIAL := tests/chaos/test_chaos.py $(sort $(filter-out tests/chaos/test_chaos.py $(CHAOS_SIDE),$(wildcard tests/chaos/test_*.py)))
+# run. (The broker-loss chaos test ran beside the others for a while: under that load a
+# worker of its fresh 3-broker cluster once exited on a SASL authentication failure at
+# start, so the chaos suite runs serially again.)
 test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src
@@ -57,11 +56,7 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
 	$(BIN)/python -m pytest tests/integration tests/security -q -m integration
 	$(BIN)/python -m pytest tests/e2e -q -m integration
-	@set -u; out=$$(mktemp -d); \
-	( $(BIN)/python -m pytest $(CHAOS_SIDE) -q -m chaos -s >$$out/broker-loss.log 2>&1; echo $$? >$$out/broker-loss.rc ) & side=$$!; \
-	$(BIN)/python -m pytest $(CHAOS_SERIAL) -q -m chaos -s; rc=$$?; \
-	wait $$side; echo "---- $(CHAOS_SIDE) (ran beside the others) ----"; cat $$out/broker-loss.log; \
-	[ $$rc = 0 ] && [ "$$(cat $$out/broker-loss.rc)" = 0 ]
+	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
 test-chaos: setup ## the chaos suite alone (starts infra; about 5 minutes)
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
