@@ -27,6 +27,7 @@ from gnomon.api import schemas
 from gnomon.api.auth import Principal
 from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import problem_responses, request_body
+from gnomon.api.polling import POLL_INTERVAL_S, FeedPoller
 from gnomon.api.tenants import principal_of
 from gnomon.core.alerts import ALL_KINDS, AlertBook, AlertConfig, check_url
 from gnomon.core.clock import Clock, SystemClock, ms_to_iso
@@ -38,7 +39,6 @@ from gnomon.worker.netguard import IPNetwork, literal_address, refusal
 __all__ = ["AlertPoller", "AlertService", "install", "parse_alert_body"]
 
 log = logging.getLogger("gnomon.api")
-POLL_INTERVAL_S = 0.5
 _FIELDS = frozenset({"url", "kinds", "lateS"})
 
 
@@ -121,30 +121,11 @@ class AlertService:
         self.writer.send(self.topic, tenant, value)
 
 
-class AlertPoller:
-    """Polls an ``AlertService``'s feed every ``interval_s`` on a daemon thread."""
+class AlertPoller(FeedPoller):
+    """Polls a ``AlertService``'s feed every ``interval_s`` on a daemon thread."""
 
     def __init__(self, service: AlertService, interval_s: float = POLL_INTERVAL_S) -> None:
-        self.service = service
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gnomon-alert-feed", daemon=True)
-
-    def start(self) -> AlertPoller:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.service.poll()
-            except Exception:  # keep polling: a bad moment must not stop it
-                log.exception("polling alert configs failed")
+        super().__init__(service, name="gnomon-alert-feed", what="alert configs", interval_s=interval_s)
 
 
 Caller = Annotated[Principal, Depends(principal_of)]

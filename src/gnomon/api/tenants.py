@@ -37,6 +37,7 @@ from gnomon.api import schemas
 from gnomon.api.auth import Authenticator, Principal
 from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import problem_responses, request_body
+from gnomon.api.polling import POLL_INTERVAL_S, FeedPoller
 from gnomon.api.problems import Forbidden
 from gnomon.core import admission
 from gnomon.core.clock import Clock, SystemClock, ms_to_iso
@@ -67,7 +68,6 @@ LIMIT_FIELDS: dict[str, str] = {
 _API_NAME = {snake: camel for camel, snake in LIMIT_FIELDS.items()}
 assert set(LIMIT_FIELDS.values()) == set(LIMIT_BOUNDS), "LIMIT_FIELDS must cover core.tenants.LIMIT_BOUNDS"
 TRIGGER_WINDOW_MS = 60_000
-POLL_INTERVAL_S = 0.5
 
 
 class TriggerWindow:
@@ -238,30 +238,11 @@ def parse_limits_body(body: Any) -> dict[str, int]:
     return out
 
 
-class TenantPoller:
+class TenantPoller(FeedPoller):
     """Polls a ``TenantService``'s feed every ``interval_s`` on a daemon thread."""
 
     def __init__(self, service: TenantService, interval_s: float = POLL_INTERVAL_S) -> None:
-        self.service = service
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gnomon-tenant-feed", daemon=True)
-
-    def start(self) -> TenantPoller:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.service.poll()
-            except Exception:  # keep polling: limits are soft state, a bad moment must not stop it
-                log.exception("polling tenant limits failed")
+        super().__init__(service, name="gnomon-tenant-feed", what="tenant limits", interval_s=interval_s)
 
 
 # ---- routes ----------------------------------------------------------------------------
