@@ -1,5 +1,12 @@
 """Chaos harness: real gnomon processes on the real broker, killed on purpose, and a
-reader that feeds every ledger/inbox record of the scenario to the history checker."""
+tap that records every ledger/job/inbox record of the scenario as it is committed, for
+the history checker.
+
+The tap reads while the scenario runs (Jepsen's way: record the history as it happens).
+Reading the compacted ledger back at the end is not enough: once a segment rolls
+(``segment.ms``), the log cleaner drops every record a later one with its key supersedes,
+the states of a purged run and a job's first states among them, so the checker would see
+a shortened history."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +95,83 @@ def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 9
     return out
 
 
+OPEN_TAPS: list[Tap] = []  # closed after each test (conftest)
+
+
+class Tap:
+    """A consumer thread copying every committed record of ``start``'s partitions, from
+    those offsets on, into memory (tombstones too): the scenario's history as it happened."""
+
+    def __init__(self, bootstrap: str, start: list[TopicPartition]) -> None:
+        self._bootstrap = bootstrap
+        self._lock = threading.Lock()
+        self._records: list[tuple[str, bytes | None, bytes | None]] = []  # topic, key, value
+        self._position = {(tp.topic, tp.partition): tp.offset for tp in start}
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._consumer = Consumer(consumer_config(bootstrap, "chaos-tap", **{"enable.partition.eof": True}))
+        self._consumer.assign(start)
+        self._thread = threading.Thread(target=self._run, name="chaos-tap", daemon=True)
+        self._thread.start()
+        OPEN_TAPS.append(self)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                msg = self._consumer.poll(0.2)
+                if msg is None:
+                    continue
+                tp = (msg.topic() or "", msg.partition() or 0)
+                err = msg.error()
+                if err is not None:
+                    # EOF comes at the last stable offset: past the records and markers before it
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        with self._lock:
+                            self._position[tp] = max(self._position[tp], msg.offset() or 0)
+                    continue
+                with self._lock:
+                    self._records.append((tp[0], msg.key(), msg.value()))
+                    self._position[tp] = max(self._position[tp], (msg.offset() or 0) + 1)
+        except BaseException as e:  # reported by records()
+            self._error = e
+        finally:
+            self._consumer.close()
+
+    def records(self, topic: str, timeout_s: float = 90) -> list[tuple[bytes | None, bytes | None]]:
+        """Every (key, value) of ``topic`` recorded, once the tap has read up to the end
+        offsets of this moment (a killed processor's open transaction holds the last stable
+        offset back until the broker aborts it)."""
+        ends = {(topic, tp.partition): tp.offset for tp in end_offsets(self._bootstrap, topic)}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._error is not None:
+                raise AssertionError(f"the chaos tap failed: {self._error!r}")
+            with self._lock:
+                behind = {tp: end for tp, end in ends.items() if self._position.get(tp, 0) < end}
+                if not behind:
+                    return [(k, v) for t, k, v in self._records if t == topic]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the chaos tap did not reach the end of {topic} in {timeout_s:.0f} s: "
+                                     f"behind on {sorted(behind)}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        with contextlib.suppress(ValueError):
+            OPEN_TAPS.remove(self)
+
+
+def _decoded(records: list[tuple[bytes | None, bytes | None]]) -> list[Any]:
+    out: list[Any] = []
+    for _key, value in records:
+        if value is not None:
+            # poison records (from other tests) are skipped: processors route them to gnomon.poison
+            with contextlib.suppress(DecodeError):
+                out.append(codec.decode(value))
+    return out
+
+
 @dataclass
 class Scenario:
     tag: str
@@ -104,6 +189,7 @@ class Scenario:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.start_offsets = {t: end_offsets(self.settings.kafka_bootstrap, t)
                               for t in (self.topo.runs, self.topo.jobs, self.topo.worker_inbox)}
+        self.tap = Tap(self.settings.kafka_bootstrap, [tp for tps in self.start_offsets.values() for tp in tps])
         self.producer = Producer(producer_config(self.settings.kafka_bootstrap))
 
     def start(self, name: str, *args: str) -> None:
@@ -176,14 +262,19 @@ class Scenario:
     # ---- reading the history back --------------------------------------------------------
 
     def history(self) -> tuple[list[RunState], list[JobState], list[Any]]:
-        b = self.settings.kafka_bootstrap
+        """The scenario's ledger, job-state and inbox records so far, as the tap saw them."""
         prefix = f"{self.tag}-"
-        runs = [r for r in read_range(b, self.start_offsets[self.topo.runs]) if r.job_id.startswith(prefix)]
-        jobs = [j for j in read_range(b, self.start_offsets[self.topo.jobs])
+        runs = [r for r in _decoded(self.tap.records(self.topo.runs)) if r.job_id.startswith(prefix)]
+        jobs = [j for j in _decoded(self.tap.records(self.topo.jobs))
                 if isinstance(j, JobState) and j.job_id.startswith(prefix)]
-        inbox = [m for m in read_range(b, self.start_offsets[self.topo.worker_inbox])
+        inbox = [m for m in _decoded(self.tap.records(self.topo.worker_inbox))
                  if getattr(m, "worker_id", "").startswith(prefix)]
         return runs, jobs, inbox
+
+    def tombstones(self, prefix: str) -> set[str]:
+        """Run ids starting with ``prefix`` tombstoned on the ledger during the scenario."""
+        return {(k or b"").decode() for k, v in self.tap.records(self.topo.runs)
+                if v is None and (k or b"").decode().startswith(prefix)}
 
     def check(self, now_ms: int) -> tuple[CheckReport, list[RunState], dict[str, JobState]]:
         runs, jobs, inbox = self.history()

@@ -23,7 +23,7 @@ import signal
 import time
 
 import pytest
-from chaoslib import Scenario, end_offsets, log, read_messages, read_range
+from chaoslib import Scenario, end_offsets, log, read_range
 
 from gnomon import codec
 from gnomon.core.jobs import RegisterJob, RunTriggered
@@ -41,12 +41,6 @@ RETENTION_S = 3
 def _spec(name: str) -> JobSpec:
     return JobSpec(name=name, schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
                    timeout_s=30, retry=RetryPolicy(max_attempts=3, backoff_base_s=0.5, backoff_cap_s=2), pool=POOL)
-
-
-def _tombstones(sc: Scenario, prefix: str) -> set[str]:
-    """Run ids of ``prefix`` tombstoned on the ledger since the scenario started."""
-    return {(m.key() or b"").decode() for m in read_messages(sc.settings.kafka_bootstrap, sc.start_offsets[sc.topo.runs])
-            if m.value() is None and (m.key() or b"").decode().startswith(prefix)}
 
 
 def _replay(sc: Scenario, tag: str, runs: list[RunState]) -> int:
@@ -91,7 +85,7 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
         time.sleep(25)  # runs end, history takes them, the purge follows 3 s later
 
         runs, _, _ = sc.history()
-        purged_before = _tombstones(sc, f"{tag}-")
+        purged_before = sc.tombstones(f"{tag}-")
         log(f"{len(purged_before)} runs purged so far; replaying {_replay(sc, tag, runs)} triggers")
         assert purged_before, "finished runs should have left state by now"
 
@@ -117,7 +111,7 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
 
     report, runs, _ = sc.check(end_ms)
     assert report.ok and report.missed == 0 and report.duplicates == 0, report.summary()
-    purged = _tombstones(sc, f"{tag}-")
+    purged = sc.tombstones(f"{tag}-")
     final = {r.run_id: r for r in runs}
     assert len(purged) > len(purged_before) > 0
     assert all(final[rid].status.terminal for rid in purged), "only finished runs are purged"

@@ -28,6 +28,7 @@ import json
 import logging
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -360,6 +361,31 @@ def sync_users(settings: Settings, count: int, timeout_s: float = 30.0) -> list[
         except Exception as exc:
             raise InfraError(f"cannot set the Kafka SCRAM credential of {user}: {exc}") from exc
     return [u.user for u in upserts]
+
+
+def wait_users(settings: Settings, count: int, timeout_s: float = 60.0) -> float:
+    """Block until every role's SCRAM credential authenticates on every node (a node
+    applies an upsert when it reads it from the metadata log: a busy node may lag, and
+    a client would then fail authentication there). Returns seconds waited."""
+    roles = [r for r in credentials.KAFKA_ROLES if r != "admin"]
+    pending = [(n, r) for n in nodes(settings, count) for r in roles]
+    started = time.monotonic()
+    last = ""
+    while pending:
+        still: list[tuple[KafkaNode, str]] = []
+        for node, role in pending:
+            try:
+                admin(node.address, role=role, credentials_dir=settings.credentials_dir).list_topics(timeout=5)
+            except Exception as exc:  # authentication failure, or the node not answering yet
+                still.append((node, role))
+                last = f"role {role} on {node.address}: {exc}"
+        pending = still
+        if pending:
+            if time.monotonic() - started > timeout_s:
+                raise InfraError(f"Kafka credentials not usable after {timeout_s:.0f} s ({len(pending)} "
+                                 f"role/node pair(s) failing), e.g. {last}")
+            time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def apply_acls(settings: Settings, count: int) -> tuple[int, int]:

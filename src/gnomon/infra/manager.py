@@ -88,6 +88,7 @@ def up(
             if created:
                 say(f"created {len(created)} topic(s) (replication factor {rf})")
             kafka.sync_users(settings, kafka_nodes)
+            kafka.wait_users(settings, kafka_nodes)
             added, removed = kafka.apply_acls(settings, kafka_nodes)
             if added or removed:
                 say(f"Kafka ACLs: {added} created, {removed} removed (gnomon.infra.acls)")

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gnomon import codec
@@ -53,6 +53,7 @@ from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
 from gnomon.eventlog.port import EventLog, Producer, Reader
 from gnomon.metrics.worker import WorkerMetrics
+from gnomon.retrying import Retry
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Executor, Handler
 from gnomon.worker.http_target import redact_url
@@ -64,6 +65,10 @@ from gnomon.worker.secrets import SecretStore
 log = logging.getLogger("gnomon.worker")
 
 INBOX_GROUP = "gnomon-worker-inbox"
+# finding the inbox's end at start: 0.5, 1, 2, 4, 8, 10, 10 s between 8 attempts (~36 s),
+# then the start fails with the broker's error
+INBOX_OPEN_RETRY = Retry(attempts_max=8, base_s=0.5, cap_s=10.0,
+                         retriable=lambda exc: isinstance(exc, EventLogError))
 RESULT_SENDS_MAX = 10  # a result whose delivery failed this often is given up (its lease then lapses)
 
 
@@ -322,11 +327,22 @@ class Worker:
                 self.metrics.lag(INBOX_GROUP, self._inbox_tp[0], high - pos)
 
     def _open_inbox(self) -> Reader:
+        """The worker's inbox partition, read from its end. The end offset is read again
+        while the broker cannot answer (a broker still starting, credentials not yet on every
+        broker, a leader moving), at most ``INBOX_OPEN_RETRY.attempts_max`` times."""
         assert self._log is not None
         c = self._log.reader(INBOX_GROUP, client_id=f"worker-{self.worker_id}")
-        p = partition_for(self.worker_id, len(c.partitions(self.topo.worker_inbox)))
+
+        def locate() -> tuple[int, int]:
+            p = partition_for(self.worker_id, len(c.partitions(self.topo.worker_inbox)))
+            return p, c.watermarks((self.topo.worker_inbox, p), 10)[1]
+
+        def on_retry(attempt: int, exc: BaseException, delay_s: float) -> None:
+            log.warning("cannot find the end of the inbox yet (attempt %d): %s; again in %.1f s", attempt, exc, delay_s)
+
+        retry = replace(INBOX_OPEN_RETRY, sleep=self._stop.wait)
+        p, high = retry.call(locate, on_retry)
         self._inbox_tp = (self.topo.worker_inbox, p)
-        _, high = c.watermarks((self.topo.worker_inbox, p), 10)
         c.assign([(self.topo.worker_inbox, p, high)])
         return c
 
