@@ -38,7 +38,7 @@ def transaction_coordinator(bootstrap: str, transactional_id: str) -> int:
 
 
 def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(state_dir=tmp_path / "kafka3", kafka_port=19092, kafka_controller_port=19093,
+    settings = Settings(state_dir=tmp_path / "kafka3", kafka_port=29092, kafka_controller_port=29093,
                         credentials_path=load().credentials_dir)  # the processes' credentials work there
     (settings.state_dir / "lib").mkdir(parents=True)
     (settings.state_dir / "lib" / "kafka").symlink_to(fetch.lib_dir(load().state_dir, "kafka"))
