@@ -497,3 +497,66 @@ def test_a_record_read_again_after_a_revoke_alerts_again() -> None:
     assert alerter.wait_idle(10)
     assert sender.calls == [f"{failed.run_id}:dead_letter:0"] * 2
     alerter.close()
+
+
+class HangingSender:
+    """Blocks every call for tenant ``slow`` until released; delivers the others at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def send(self, alert: Any, url: str, timeout_s: float) -> int:
+        with self.lock:
+            self.calls.append(alert.key)
+        if alert.tenant == "slow":
+            self.release.wait(10)
+        return 200
+
+
+def test_one_tenants_hanging_webhook_does_not_delay_another_tenants_alerts() -> None:
+    """Tenant ``slow`` holds at most 2 of the 4 delivery places; its third and fourth
+    alerts wait in its backlog (1 place) or are given up (backlog full); tenant ``acme``'s
+    alerts are delivered meanwhile, and the commit never passes an unsettled record."""
+    from gnomon.alerts.service import Alerter
+
+    topic = load_topology().runs
+    states = [replace(run(RunStatus.FAILED, run_id=f"slow_{i}@f"), tenant="slow", job_id=f"slow_{i}")
+              for i in range(4)]
+    states += [run(RunStatus.FAILED, run_id=f"job_{i}@f") for i in range(3)]  # tenant acme
+    msgs = [FakeMsg(topic, i, s.run_id, codec.encode(s, topic)) for i, s in enumerate(states)]
+    consumer = FakeConsumer([msgs])
+    book = AlertBook()
+    book.apply("acme", CFG)
+    book.apply("slow", replace(CFG, tenant="slow"))
+    sender = HangingSender()
+    given_up: list[tuple[str, str]] = []
+    alerter = Alerter(book, sender, DeliveryPolicy(attempts_max=1, in_flight_max=4, tenant_in_flight_max=2,
+                                                   tenant_backlog_max=1),
+                      consumer=consumer, clock=FakeClock(NOW), on_given_up=lambda a, why: given_up.append((a.key, why)))
+    alerter.run_once()
+    acme = {f"job_{i}@f:dead_letter:0" for i in range(3)}
+    deadline = time.monotonic() + 10
+    while not acme <= set(sender.calls) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert acme <= set(sender.calls), sender.calls  # delivered while slow's webhook hangs
+    slow_calls = [k for k in sender.calls if k.startswith("slow_")]
+    assert slow_calls == ["slow_0@f:dead_letter:0", "slow_1@f:dead_letter:0"]  # its 2 places, no more
+    assert [k for k, _ in given_up] == ["slow_3@f:dead_letter:0"]  # the backlog (1) was full
+    assert "tenant slow" in given_up[0][1]
+    alerter.commit()
+    assert all(c[(topic, 0)] == 0 for c in consumer.commits)  # slow_0 is still in delivery
+    sender.release.set()
+    assert alerter.wait_idle(10)
+    assert "slow_2@f:dead_letter:0" in sender.calls  # the waiting one went when a place freed
+    alerter.commit()
+    assert consumer.commits[-1] == {(topic, 0): 7}
+    s = alerter.stats
+    assert (s.delivered, s.given_up, s.backlog_full) == (6, 1, 1)
+    alerter.close()
+
+
+def test_delivery_policy_refuses_a_tenant_cap_below_one() -> None:
+    with pytest.raises(ValueError, match="tenant_in_flight_max"):
+        DeliveryPolicy(tenant_in_flight_max=0)

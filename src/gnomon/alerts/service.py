@@ -9,7 +9,10 @@ processor writes the ledger anyway.
 
 Delivery is at-least-once and never holds the consumer for one webhook: each alert is
 handed to a pool of at most ``DeliveryPolicy.in_flight_max`` deliveries (the consumer
-waits for a free place, nothing longer); a delivery calls the webhook up to
+waits for a free place, nothing longer), of which one tenant holds at most
+``tenant_in_flight_max``; a tenant's further alerts wait in its own bounded backlog
+(``tenant_backlog_max``; full: the alert is given up and counted, ``stats.backlog_full``),
+so one tenant's hanging webhook never delays another's. A delivery calls the webhook up to
 ``attempts_max`` times with capped exponential backoff (``gnomon.retrying.Retry``), then
 gives up: the alert is logged at ERROR with its key and counted (``stats.given_up``).
 A record's offset is committed only once every alert it raised is delivered or given
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -103,6 +106,7 @@ class AlerterStats:
     delivered: int = 0
     retries: int = 0
     given_up: int = 0
+    backlog_full: int = 0  # of given_up: the tenant's backlog was full
     commit_failures: int = 0
 
 
@@ -141,6 +145,9 @@ class Alerter:
         self.tracker = OffsetTracker()
         self._lock = threading.Lock()  # tracker + stats, shared with the delivery threads
         self._slots = threading.BoundedSemaphore(self.policy.in_flight_max)
+        # per tenant, under _lock: places held, and alerts waiting for one of its places
+        self._tenant_in_flight: dict[str, int] = {}
+        self._backlog: dict[str, deque[tuple[Alert, str, TP, int]]] = {}
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(self.policy.in_flight_max, thread_name_prefix="gnomon-alert")
         if consumer is None:
@@ -222,10 +229,52 @@ class Alerter:
             self.tracker.add(tp, offset, alerts)
 
     def _submit(self, alert: Alert, url: str, tp: TP, offset: int) -> None:
+        p = self.policy
+        with self._lock:
+            if self._tenant_in_flight.get(alert.tenant, 0) >= p.tenant_in_flight_max:
+                backlog = self._backlog.setdefault(alert.tenant, deque())
+                if len(backlog) < p.tenant_backlog_max:
+                    backlog.append((alert, url, tp, offset))  # started when one of its places frees
+                    return
+                self.stats.given_up += 1
+                self.stats.backlog_full += 1
+                self.tracker.settle(tp, offset)
+                full = True
+            else:
+                self._tenant_in_flight[alert.tenant] = self._tenant_in_flight.get(alert.tenant, 0) + 1
+                full = False
+        if full:
+            why = (f"tenant {alert.tenant}: {p.tenant_in_flight_max} alerts in delivery and "
+                   f"{p.tenant_backlog_max} waiting")
+            log.error("alert %s given up: %s", alert.key, why)
+            if self.on_given_up is not None:
+                self.on_given_up(alert, why)
+            return
         while not self._slots.acquire(timeout=0.5):  # in_flight_max reached: wait for a place
             if self._stop.is_set():
+                self._release_tenant(alert.tenant)
                 return  # left unsettled: re-read after a restart
         self._pool.submit(self._deliver, alert, url, tp, offset)
+
+    def _release_tenant(self, tenant: str) -> None:
+        with self._lock:
+            left = self._tenant_in_flight.get(tenant, 0) - 1
+            if left > 0:
+                self._tenant_in_flight[tenant] = left
+            else:
+                self._tenant_in_flight.pop(tenant, None)
+
+    def _next_of(self, tenant: str) -> tuple[Alert, str, TP, int] | None:
+        """The tenant's next waiting alert, which takes over the place (and the pool slot)
+        of the delivery that just ended; None: that place is given back."""
+        with self._lock:
+            backlog = self._backlog.get(tenant)
+            if backlog and not self._stop.is_set():
+                return backlog.popleft()
+            if backlog is not None and not backlog:
+                del self._backlog[tenant]
+        self._release_tenant(tenant)
+        return None
 
     # ---- delivery (pool threads) ---------------------------------------------------------
 
@@ -263,7 +312,15 @@ class Alerter:
             if self.on_given_up is not None:
                 self.on_given_up(alert, str(exc))
         finally:
-            self._slots.release()
+            following = self._next_of(alert.tenant)
+            if following is None:
+                self._slots.release()
+            else:
+                try:
+                    self._pool.submit(self._deliver, *following)
+                except RuntimeError:  # the pool is shutting down: left unsettled, re-read after a restart
+                    self._release_tenant(alert.tenant)
+                    self._slots.release()
 
     # ---- offsets -------------------------------------------------------------------------
 
@@ -307,8 +364,13 @@ class Alerter:
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
         self.commit()
+        revoked = {(p.topic, p.partition) for p in partitions}
         with self._lock:
-            self.tracker.drop([(p.topic, p.partition) for p in partitions])
+            self.tracker.drop(list(revoked))
+            for backlog in self._backlog.values():  # their records are read again by the new owner
+                kept = [entry for entry in backlog if entry[2] not in revoked]
+                backlog.clear()
+                backlog.extend(kept)
         # The records after the commit are read again by whoever gets the partitions, this
         # process too: it must raise their alerts again (the receiver drops a repeat by its
         # Idempotency-Key), not remember them as raised while their delivery is no longer

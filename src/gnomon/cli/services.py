@@ -187,6 +187,11 @@ def alerter(
     backoff_cap_s: Annotated[float, typer.Option(min=0, max=3600, help="longest wait between calls")] = 30.0,
     timeout_s: Annotated[float, typer.Option(min=0.1, max=300, help="one call's timeout")] = 5.0,
     in_flight_max: Annotated[int, typer.Option(min=1, max=1024, help="alerts being delivered at once")] = 32,
+    tenant_in_flight_max: Annotated[int, typer.Option(
+        min=1, max=1024, help="of those, at most this many for one tenant (a hanging webhook delays only its "
+                              "own tenant)")] = 8,
+    tenant_backlog_max: Annotated[int, typer.Option(
+        min=0, max=1_000_000, help="a tenant's alerts waiting for a place; more are given up and counted")] = 1000,
     group_id: Annotated[str, typer.Option(
         help="the ledger consumer group (gnomon-alerter or gnomon-alerter-<name>); a new group starts at the "
              "ledger's end")] = "gnomon-alerter",
@@ -206,7 +211,8 @@ def alerter(
         fail("--group-id: must be gnomon-alerter or start with gnomon-alerter- (the alerter's Kafka ACL)", 2)
     try:
         http = HttpPolicy(allowed_cidrs=tuple(allowed_cidr) if allowed_cidr else allowed_cidrs())
-        policy = DeliveryPolicy(attempts_max, backoff_s, max(backoff_s, backoff_cap_s), timeout_s, in_flight_max)
+        policy = DeliveryPolicy(attempts_max, backoff_s, max(backoff_s, backoff_cap_s), timeout_s, in_flight_max,
+                                tenant_in_flight_max, tenant_backlog_max)
     except ValueError as exc:
         fail(f"alerter: {exc}", 2)
     _logging(verbose)

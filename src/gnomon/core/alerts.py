@@ -225,17 +225,27 @@ class DeliveryPolicy:
     2xx, a transport error, a refused destination) again after ``backoff_base_s``,
     doubling, at most ``backoff_cap_s``, ``attempts_max`` calls in all; then the alert is
     given up (logged and counted). At most ``in_flight_max`` alerts are being delivered
-    at once; the ledger consumer waits for a free place, never for one webhook."""
+    at once; the ledger consumer waits for a free place, never for one webhook.
+
+    One tenant holds at most ``tenant_in_flight_max`` of those places (all of them if that
+    is more than ``in_flight_max``), so a tenant whose
+    webhook hangs cannot delay the others' alerts: its further alerts wait in a backlog of
+    at most ``tenant_backlog_max`` (delivered in order as its places free up), and an
+    alert finding that backlog full is given up at once (logged and counted)."""
 
     attempts_max: int = 5
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
     timeout_s: float = 5.0
     in_flight_max: int = 32
+    tenant_in_flight_max: int = 8
+    tenant_backlog_max: int = 1000
 
     def __post_init__(self) -> None:
         if self.attempts_max < 1 or self.in_flight_max < 1:
             raise ValueError("attempts_max and in_flight_max must be >= 1")
+        if self.tenant_in_flight_max < 1 or self.tenant_backlog_max < 0:
+            raise ValueError("need tenant_in_flight_max >= 1 and tenant_backlog_max >= 0")
         if not 0 <= self.backoff_base_s <= self.backoff_cap_s or self.timeout_s <= 0:
             raise ValueError("need 0 <= backoff_base_s <= backoff_cap_s and timeout_s > 0")
 
