@@ -153,6 +153,23 @@ def test_api_counts_requests_by_route_template_and_status() -> None:
     assert "/metrics" not in app.openapi()["paths"]
 
 
+def test_the_uis_in_process_calls_are_not_counted() -> None:
+    """The web UI calls /v1 in process (gnomon.ui.backend): the page request is what a
+    user made, so its inner API calls would double the request rate."""
+    import asyncio
+
+    from gnomon.ui.backend import ApiBackend
+
+    topo = load_topology()
+    app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(ListProducer(), topo.job_commands),
+                     auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(1_800_000_000_000))
+    client = TestClient(app)
+    assert asyncio.run(ApiBackend(app).get("/v1/jobs", "tok-a")).status == 200
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer tok-a"}).status_code == 200
+    s = parse(client.get("/metrics").text)
+    assert value(s, "gnomon_api_requests_total", method="GET", route="/v1/jobs", status="200") == 1
+
+
 # ---- the real loops on the in-memory log -------------------------------------------------------
 
 

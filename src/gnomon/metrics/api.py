@@ -2,6 +2,10 @@
 data in it). An ASGI middleware counts every request by method, route *template*
 (``/v1/jobs/{job_id}``, never the id itself) and status code, and times it.
 
+Requests the web UI makes to ``/v1`` in process (``gnomon.ui.backend``, addressed to
+:data:`IN_PROCESS_HOST`, which no socket can be) are not counted: the UI page request
+that made them is.
+
 With ``gnomon api --workers N`` the processes share their counts through files
 (prometheus-client's multiprocess mode: ``multiprocess_dir`` sets it up before they
 start), so a scrape answered by any of them reports all of them.
@@ -31,6 +35,7 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # the route label of a request no route matched (a 404 or 405)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when it is imported
+IN_PROCESS_HOST = "gnomon-ui.internal"  # the UI's in-process calls: ASGI scope server (host, None)
 
 
 class ApiMetrics:
@@ -58,7 +63,7 @@ class MetricsMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or _in_process(scope):
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -77,6 +82,14 @@ class MetricsMiddleware:
             self.metrics.in_flight.dec()
             route = getattr(scope.get("route"), "path", None) or UNMATCHED  # set by the router that matched
             self.metrics.observe(scope.get("method", ""), route, status, time.perf_counter() - started)
+
+
+def _in_process(scope: dict[str, Any]) -> bool:
+    """A call from within the process (httpx's ASGI transport sets ``server`` from the URL:
+    a server behind a socket gets its address, never this name)."""
+    server = scope.get("server")
+    return isinstance(server, tuple | list) and len(server) == 2 and server[0] == IN_PROCESS_HOST \
+        and server[1] is None
 
 
 def install(app: Any, metrics: ApiMetrics | None = None) -> ApiMetrics:

@@ -16,7 +16,9 @@ from urllib.parse import quote
 import httpx
 from starlette.types import ASGIApp
 
-INTERNAL_BASE_URL = "http://gnomon-ui.internal"
+from gnomon.metrics.api import IN_PROCESS_HOST
+
+INTERNAL_BASE_URL = f"http://{IN_PROCESS_HOST}"  # not counted by the API metrics
 TIMEOUT_S = 60.0  # a command send may wait for Kafka (the API's delivery timeout)
 _ID_FORBIDDEN = frozenset("/?#\\%")
 
