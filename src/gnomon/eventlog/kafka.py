@@ -139,7 +139,11 @@ class KafkaGroupConsumer:
         def wrap(cb: Partitions) -> Any:
             return lambda _c, tps: cb([(tp.topic, tp.partition) for tp in tps])
 
-        self._c.subscribe(list(topics), on_assign=wrap(on_assign), on_revoke=wrap(on_revoke), on_lost=wrap(on_lost))
+        try:
+            self._c.subscribe(list(topics), on_assign=wrap(on_assign), on_revoke=wrap(on_revoke),
+                              on_lost=wrap(on_lost))
+        except (KafkaException, RuntimeError) as exc:  # RuntimeError: the consumer is closed
+            raise EventLogError(f"cannot subscribe to {', '.join(topics)}: {exc}") from exc
 
     def consume(self, max_records: int, timeout_s: float) -> list[Record]:
         try:
