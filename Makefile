@@ -42,10 +42,9 @@ run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a dem
 	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
 
 # CI time: the services start (first run: fetched from Maven Central) while the pure suites
-# run on both cores (pytest-xdist). The broker-loss chaos test brings up a 3-broker cluster
-# of its own (ports 29092-29113), so it runs beside the other chaos tests; `infra up` waits
-# until every role's credentials work on every broker, and a worker asks again for its
-# inbox's end while they do not (the cause of a failed check when the two first ran together).
+# run on both cores (pytest-xdist). The chaos suite runs serially: the broker-loss test's own
+# 3-broker cluster, started beside the other chaos tests, starved them of CPU on a 2-core
+# machine (a takeover after kill -9 outlasted its scenario; runs stayed unpurged).
 test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src
@@ -57,12 +56,7 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
 	$(BIN)/python -m pytest tests/integration tests/security -q -m integration
 	$(BIN)/python -m pytest tests/e2e -q -m integration
-	@set -u; out=$$(mktemp -d); \
-	echo "gnomon: the broker-loss chaos test runs beside the others (log: $$out/broker-loss.log)"; \
-	( $(BIN)/python -m pytest tests/chaos/test_broker_loss.py -q -m chaos -s >$$out/broker-loss.log 2>&1; echo $$? >$$out/broker-loss.rc ) & loss=$$!; \
-	$(BIN)/python -m pytest tests/chaos -q -m chaos -s --deselect tests/chaos/test_broker_loss.py::test_one_of_three_brokers_killed_and_back; rc=$$?; \
-	wait $$loss; echo "gnomon: broker-loss chaos test:"; cat $$out/broker-loss.log; \
-	[ $$rc = 0 ] && [ "$$(cat $$out/broker-loss.rc)" = 0 ]
+	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
 test-chaos: setup ## the chaos suite alone (starts infra; about 5 minutes)
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s

@@ -38,10 +38,13 @@ def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def end_offsets(bootstrap: str, topic: str, attempts: int = 10) -> list[TopicPartition]:
-    """End offset of every partition; retried while leadership settles (3-node clusters)."""
+def end_offsets(bootstrap: str, topic: str, attempts: int = 10, *, committed: bool = True) -> list[TopicPartition]:
+    """End offset of every partition; retried while leadership settles (3-node clusters).
+    ``committed``: the last stable offset (read_committed: an open transaction holds it
+    back); else the high watermark, past every record written, decided or not."""
+    isolation = "read_committed" if committed else "read_uncommitted"
     for attempt in range(attempts):
-        c = Consumer(consumer_config(bootstrap, "chaos-offsets"))
+        c = Consumer(consumer_config(bootstrap, "chaos-offsets", **{"isolation.level": isolation}))
         try:
             md = c.list_topics(topic, timeout=10)
             return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), 10)[1])
@@ -138,10 +141,12 @@ class Tap:
             self._consumer.close()
 
     def records(self, topic: str, timeout_s: float = 90) -> list[tuple[bytes | None, bytes | None]]:
-        """Every (key, value) of ``topic`` recorded, once the tap has read up to the end
-        offsets of this moment (a killed processor's open transaction holds the last stable
-        offset back until the broker aborts it)."""
-        ends = {(topic, tp.partition): tp.offset for tp in end_offsets(self._bootstrap, topic)}
+        """Every (key, value) of ``topic`` recorded, once the tap has read past every record
+        written before this call: up to the high watermark of this moment, so every
+        transaction then open must have been decided first (a killed processor's is aborted
+        by the broker after its timeout). The last stable offset would not do: while a killed
+        processor's transaction is open, it stops before the records its successor committed."""
+        ends = {(topic, tp.partition): tp.offset for tp in end_offsets(self._bootstrap, topic, committed=False)}
         deadline = time.monotonic() + timeout_s
         while True:
             if self._error is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import secrets
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from chaoslib import Scenario, end_offsets, log, read_range
@@ -55,6 +56,13 @@ def _replay(sc: Scenario, tag: str, runs: list[RunState]) -> int:
         n += 1
     sc.flush()
     return n
+
+
+def _restored_since(path: Path, offset: int) -> int:
+    """How many "partition N restored:" lines ``path`` has after byte ``offset``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return sum(1 for ln in f.read().decode(errors="replace").splitlines() if "restored:" in ln)
 
 
 def _restart(sc: Scenario, name: str, retention: list[str]) -> None:
@@ -104,7 +112,16 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
         before_kill = survivor_log.stat().st_size
         sc.signal("p1", signal.SIGKILL)  # standby takeover
         kill_ms = int(time.time() * 1000)
-        time.sleep(15)
+        # the survivor takes every partition over (the session timeout, then a restore from
+        # its standbys: slower on a loaded machine), then expires the leases that lapsed
+        # meanwhile; a fixed sleep here once ended the scenario before it had
+        partitions = len(end_offsets(sc.settings.kafka_bootstrap, sc.topo.run_events))
+        deadline = time.monotonic() + 90
+        while _restored_since(survivor_log, before_kill) < partitions and time.monotonic() < deadline:
+            time.sleep(0.5)
+        log(f"survivor restored {_restored_since(survivor_log, before_kill)}/{partitions} partitions "
+            f"{(time.time() * 1000 - kill_ms) / 1000:.1f}s after the kill")
+        time.sleep(max(15 - (time.time() * 1000 - kill_ms) / 1000, sc.lease_s + 4))
         end_ms = int(time.time() * 1000)
     finally:
         sc.stop_all()

@@ -81,7 +81,7 @@ def exporting(export_settings: Settings) -> Iterator[dict[str, Any]]:
         connect.start(export_settings, port=port, connectors=connectors, lib=lib)
         try:
             connect.wait_ready(export_settings, port=port, timeout_s=90)
-            yield {"names": names, "registry": url,
+            yield {"names": names, "registry": url, "port": port,
                    "jsonl": connect.worker(export_settings, port).exports_dir / "runs.jsonl"}
         finally:
             connect.stop(export_settings)
@@ -140,6 +140,30 @@ def test_a_finished_run_becomes_a_row_and_a_json_line(stack: Stack, exporting: d
         assert count == [["1"]]
     finally:
         stack.client.delete(job_id)
+
+
+def test_connects_rest_api_never_shows_the_password_and_the_sink_is_no_superuser(
+        exporting: dict[str, Any], export_settings: Settings) -> None:
+    """Any local user can read Connect's REST API (127.0.0.1, no authentication): the JDBC
+    sink's config there holds a FileConfigProvider reference, not the password; the role
+    it logs in as (it wrote the row above) is not a superuser and owns only its table."""
+    import httpx
+
+    password = postgres.export_credential(export_settings).password
+    base = f"http://127.0.0.1:{exporting['port']}"
+    name = exporting["names"]["postgres"]
+    for path in (f"/connectors/{name}/config", f"/connectors/{name}", f"/connectors/{name}/tasks",
+                 "/connectors?expand=info&expand=status"):
+        r = httpx.get(base + path, timeout=10)
+        assert r.status_code == 200, (path, r.status_code)
+        assert password not in r.text, f"{path} shows the PostgreSQL password"
+    config = httpx.get(f"{base}/connectors/{name}/config", timeout=10).json()
+    assert config["connection.password"].startswith("${file:") and config["connection.username"] == "gnomon_export"
+    role = postgres.query(export_settings, "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles "
+                                           "WHERE rolname = 'gnomon_export'")
+    assert role == [["f", "f", "f"]]
+    owner = postgres.query(export_settings, "SELECT tableowner FROM pg_tables WHERE tablename = 'gnomon_runs'")
+    assert owner == [["gnomon_export"]]
 
 
 def _iso(ms: int) -> str:

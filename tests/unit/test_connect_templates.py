@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 from gnomon.infra import acls, connect
+from gnomon.infra.errors import InfraError
 from gnomon.topology import load_topology
 
 VARIABLES = {
     "bootstrap": "127.0.0.1:9092", "rest_port": 8083, "offsets_file": "/s/connect/connect.offsets",
     "exports_dir": "/s/exports", "state_dir": "/s", "plugin_path": "/s/connect-plugins",
     "registry_url": "http://127.0.0.1:8081", "postgres_url": "jdbc:postgresql://127.0.0.1:15432/gnomon",
-    "postgres_user": "gnomon", "postgres_password": "pw", "security_protocol": "SASL_PLAINTEXT",
+    "postgres_user": "gnomon_export",
+    "postgres_password": "${file:/s/connect/secrets.properties:postgres.password}", "security_protocol": "SASL_PLAINTEXT",
     "sasl_mechanism": "SCRAM-SHA-512", "sasl_jaas_config": "x required;",
 }
 TEMPLATES = connect.connector_templates()
@@ -35,7 +37,12 @@ def test_the_run_exports_sinks_and_the_history_sink_are_started_but_not_the_exam
 @pytest.mark.parametrize("path", [*TEMPLATES, connect.WORKER_TEMPLATE], ids=lambda p: p.name)
 def test_every_template_renders_without_leftover_placeholders(path: Path) -> None:
     props = _rendered(path)
-    assert not any("$" in v and "Cast$Value" not in v for v in props.values()), props
+    # (a config provider's ${file:...} reference is resolved by Connect itself)
+    assert not any("$" in v and "Cast$Value" not in v and not v.startswith("${file:") for v in props.values()), props
+    with pytest.raises(InfraError, match=r"no value for \$postgres_user"):
+        connect.render_properties("user=$postgres_user\n", {})
+    with pytest.raises(InfraError, match=r"no value for \$postgres_user"):
+        connect.render_properties("user=${postgres_user}\n", {})
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
@@ -58,6 +65,34 @@ def test_the_run_exports_sinks_use_the_registry_converter() -> None:
         assert props["value.converter.registry.url"] == VARIABLES["registry_url"]
         assert props["value.converter.output"] == output
     assert pg["insert.mode"] == "upsert" and pg["primary.key.fields"] == "run_id"
-    assert pg["connection.password"] == "pw" and pg["collection.name.format"] == "gnomon_runs"
+    assert pg["connection.password"] == "${file:/s/connect/secrets.properties:postgres.password}"
+    assert pg["connection.username"] == "gnomon_export" and pg["collection.name.format"] == "gnomon_runs"
+    worker = _rendered(connect.WORKER_TEMPLATE)
+    assert worker["config.providers"] == "file"
+    assert worker["config.providers.file.class"] == "org.apache.kafka.common.config.provider.FileConfigProvider"
     assert lines["file"] == "/s/exports/runs.jsonl"
     assert _rendered(connect.WORKER_TEMPLATE)["plugin.path"] == "/s/connect-plugins"
+
+
+def test_the_export_roles_scram_verifier_matches_rfc_7677() -> None:
+    """The verifier PostgreSQL stores (the export role's password is sent as one, never in
+    clear): its server key signs RFC 7677's example exchange as the RFC says."""
+    import base64
+    import hashlib
+    import hmac
+
+    from gnomon.infra import postgres
+
+    salt = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+    verifier = postgres.scram_verifier("pencil", salt=salt, iterations=4096)
+    head, keys = verifier.split("$", 1)[1].split("$")
+    assert verifier.startswith("SCRAM-SHA-256$4096:") and head == "4096:W22ZaJ0SNY7soEsUEjb6gQ=="
+    stored_key, server_key = (base64.b64decode(k) for k in keys.split(":"))
+    nonce = "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+    auth = f"n=user,r=rOprNGfwEbeRWgbNEkqO,r={nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,c=biws,r={nonce}".encode()
+    server_signature = hmac.new(server_key, auth, hashlib.sha256).digest()
+    assert base64.b64encode(server_signature).decode() == "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    proof = base64.b64decode("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+    client_signature = hmac.new(stored_key, auth, hashlib.sha256).digest()
+    client_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
+    assert hashlib.sha256(client_key).digest() == stored_key  # what the server checks at login

@@ -13,7 +13,7 @@ from gnomon.eventlog.kafka import KafkaGroupConsumer
 def test_subscribe_on_a_closed_consumer_is_an_event_log_error() -> None:
     c = KafkaGroupConsumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "gnomon-test-subscribe"})
     c.close()
-    with pytest.raises(EventLogError, match="cannot subscribe to gnomon.runs"):
+    with pytest.raises(EventLogError, match=r"cannot subscribe to gnomon\.runs"):
         c.subscribe(["gnomon.runs"], on_assign=lambda _: None, on_revoke=lambda _: None, on_lost=lambda _: None)
 
 

@@ -138,7 +138,9 @@ class _Template(Template):
     idpattern = r"[a-z][a-z0-9_]*"
 
 
-_LEFTOVER = re.compile(r"\$\{?([a-z][a-z0-9_]*)")
+# a placeholder left unfilled: ``$name`` or ``${name}``; not a config provider's
+# ``${file:path:key}`` (Connect resolves those when it starts the connector)
+_LEFTOVER = re.compile(r"\$(?:\{([a-z][a-z0-9_]*)\}|([a-z][a-z0-9_]*))")
 
 
 def render_properties(
@@ -150,7 +152,8 @@ def render_properties(
     for line in text.splitlines():
         leftover = _LEFTOVER.search(line)
         if leftover and not line.lstrip().startswith(("#", "!")):  # comments may say `$name`
-            raise InfraError(f"no value for ${leftover.group(1)} in a Connect properties template")
+            raise InfraError(f"no value for ${leftover.group(1) or leftover.group(2)} in a Connect properties "
+                             "template")
     for key, value in (overrides or {}).items():
         line = f"{key}={value}"
         pattern = re.compile(rf"^{re.escape(key)}\s*[=:].*$", re.MULTILINE)
@@ -205,7 +208,7 @@ def security_variables(settings: Settings, role: str = ROLE) -> dict[str, str]:
 def template_variables(settings: Settings, w: Worker, role: str = ROLE,
                        plugins: Path | None = None) -> dict[str, object]:
     layout = kafka.running_layout(settings) or 1
-    pg = postgres.credential(settings)
+    pg = postgres.export_credential(settings)
     return {
         **security_variables(settings, role),
         "bootstrap": kafka.bootstrap(settings, layout),
@@ -217,8 +220,18 @@ def template_variables(settings: Settings, w: Worker, role: str = ROLE,
         "registry_url": settings.registry_url,  # the schema registry `gnomon infra up` starts
         "postgres_url": postgres.jdbc_url(settings),
         "postgres_user": pg.username,
-        "postgres_password": pg.password,
+        # resolved by the worker's FileConfigProvider when it starts the connector: Connect's
+        # REST API shows this reference, never the password (KIP-297)
+        "postgres_password": "${file:" + str(secrets_file(w)) + ":" + POSTGRES_PASSWORD_KEY + "}",
     }
+
+
+POSTGRES_PASSWORD_KEY = "postgres.password"
+
+
+def secrets_file(w: Worker) -> Path:
+    """The 0600 properties file of the connectors' secrets (FileConfigProvider reads it)."""
+    return w.home / "secrets.properties"
 
 
 def connector_templates() -> list[Path]:
@@ -243,6 +256,7 @@ def render(
     from gnomon.infra.credentials import write_secret
 
     write_secret(w.config, render_properties(WORKER_TEMPLATE.read_text(), variables))  # holds a password
+    write_secret(secrets_file(w), f"{POSTGRES_PASSWORD_KEY}={postgres.export_credential(settings).password}\n")
     _clear_connectors(w.connectors_dir)
     rendered = []
     for item in connectors:
@@ -252,7 +266,7 @@ def render(
         if not name:
             raise InfraError(f"{path} has no `name=` property")
         out = w.connectors_dir / f"{name}.properties"
-        write_secret(out, text)  # the JDBC sink's holds the PostgreSQL password
+        write_secret(out, text)  # (secrets are references to secrets_file, but keep them private)
         rendered.append(out)
     return rendered
 

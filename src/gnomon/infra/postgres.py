@@ -14,11 +14,19 @@ Port ``$GNOMON_POSTGRES_PORT`` (default 15432, ``Settings.postgres_port``), boun
 127.0.0.1 only. One superuser ``gnomon`` with a generated password
 (``<credentials_dir>/postgres.json``, SCRAM), database ``gnomon``. :func:`query` runs SQL
 through ``psql`` (no Python driver needed).
+
+The JDBC sink logs in as ``gnomon_export`` (``<credentials_dir>/postgres-export.json``), a
+role that may only create and write tables in the ``public`` schema of ``gnomon``: not a
+superuser. Every start sets its password from that file, sent as a SCRAM verifier, so the
+password itself is never on a command line.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import hashlib
+import hmac
 import io
 import os
 import shutil
@@ -37,6 +45,10 @@ HOST = "127.0.0.1"
 CREDENTIAL = "postgres"  # <credentials_dir>/postgres.json
 USERNAME = "gnomon"
 DATABASE = "gnomon"
+EXPORT_CREDENTIAL = "postgres-export"  # <credentials_dir>/postgres-export.json
+EXPORT_USER = "gnomon_export"  # the JDBC sink's role: no superuser
+EXPORT_TABLES = ("gnomon_runs",)  # tables the sink writes, owned by EXPORT_USER
+SCRAM_ITERATIONS = 4096  # PostgreSQL's default for scram-sha-256
 OS_USER = "postgres"  # the Debian package's system user; the server never runs as root
 SERVER_ROOT = Path("/usr/lib/postgresql")  # Debian: one <major>/bin per installed server
 INSTALL_HINT = "install the Debian package postgresql (`make sysdeps`, or apt-get install postgresql)"
@@ -103,6 +115,44 @@ def credential(settings: Settings) -> credentials.Credential:
     return credentials.ensure(settings.credentials_dir, CREDENTIAL, USERNAME)
 
 
+def export_credential(settings: Settings) -> credentials.Credential:
+    """The export role's credential, generated on first use."""
+    credentials.ensure_dir(settings.credentials_dir)
+    return credentials.ensure(settings.credentials_dir, EXPORT_CREDENTIAL, EXPORT_USER)
+
+
+def scram_verifier(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5802/7677), which
+    ``ALTER ROLE ... PASSWORD`` takes as it is."""
+    salt = salt if salt is not None else os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    b64 = base64.b64encode
+    return (f"SCRAM-SHA-256${iterations}:{b64(salt).decode()}$"
+            f"{b64(hashlib.sha256(client_key).digest()).decode()}:{b64(server_key).decode()}")
+
+
+def ensure_export_role(settings: Settings) -> None:
+    """Create or update the export role (idempotent): LOGIN with the credential file's
+    password, no superuser, CREATE on ``public`` of ``gnomon``; the sink's tables are its own
+    (a table made by an older release as the superuser is handed over)."""
+    cred = export_credential(settings)
+    role = cred.username
+    if not role.replace("_", "").isalnum():
+        raise InfraError(f"{credentials.path(settings.credentials_dir, EXPORT_CREDENTIAL)}: username {role!r} "
+                         "must be letters, digits and _")
+    query(settings, f"""DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {_literal(role)}) THEN CREATE ROLE {role}; END IF;
+END $$;
+ALTER ROLE {role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+  PASSWORD {_literal(scram_verifier(cred.password))};
+GRANT CONNECT ON DATABASE {DATABASE} TO {role};
+GRANT USAGE, CREATE ON SCHEMA public TO {role};""")
+    for table in EXPORT_TABLES:
+        query(settings, f"ALTER TABLE IF EXISTS public.{table} OWNER TO {role}")
+
+
 def _initdb(settings: Settings, binaries: Path) -> None:
     cred = credential(settings)
     home(settings).mkdir(parents=True, exist_ok=True)
@@ -138,6 +188,7 @@ def start(settings: Settings, timeout_s: float = 60.0) -> int:
     """initdb (first time), start the server unless it runs, create the database; the pid."""
     running = pid(settings)
     if running is not None:
+        ensure_export_role(settings)  # a rotated credential file takes effect
         return running
     binaries = bin_dir()
     if not (data_dir(settings) / "PG_VERSION").exists():
@@ -154,6 +205,7 @@ def start(settings: Settings, timeout_s: float = 60.0) -> int:
     wait_ready(settings, timeout_s)
     if not query(settings, f"SELECT 1 FROM pg_database WHERE datname = {_literal(DATABASE)}", database="postgres"):
         query(settings, f"CREATE DATABASE {DATABASE}", database="postgres")
+    ensure_export_role(settings)
     started = pid(settings)
     if started is None:
         raise InfraError(f"PostgreSQL started but has no postmaster.pid; see {log_file(settings)}")
