@@ -89,13 +89,7 @@ def read_messages(bootstrap: str, start: list[TopicPartition], timeout_s: float 
 
 def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 90) -> list[Any]:
     """Every committed record from ``start`` to the current end, decoded, in partition order."""
-    out: list[Any] = []
-    for msg in read_messages(bootstrap, start, timeout_s):
-        if msg.value() is not None:
-            # poison records (from other tests) are skipped: processors route them to gnomon.poison
-            with contextlib.suppress(DecodeError):
-                out.append(codec.decode(msg.value()))
-    return out
+    return _decoded([(msg.key(), msg.value()) for msg in read_messages(bootstrap, start, timeout_s)])
 
 
 OPEN_TAPS: list[Tap] = []  # closed after each test (conftest)

@@ -58,11 +58,11 @@ def _replay(sc: Scenario, tag: str, runs: list[RunState]) -> int:
     return n
 
 
-def _restored_since(path: Path, offset: int) -> int:
-    """How many "partition N restored:" lines ``path`` has after byte ``offset``."""
+def _restored_since(path: Path, offset: int) -> list[str]:
+    """The "partition N restored:" lines ``path`` has after byte ``offset``."""
     with open(path, "rb") as f:
         f.seek(offset)
-        return sum(1 for ln in f.read().decode(errors="replace").splitlines() if "restored:" in ln)
+        return [ln for ln in f.read().decode(errors="replace").splitlines() if "restored:" in ln]
 
 
 def _restart(sc: Scenario, name: str, retention: list[str]) -> None:
@@ -117,9 +117,9 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
         # meanwhile; a fixed sleep here once ended the scenario before it had
         partitions = len(end_offsets(sc.settings.kafka_bootstrap, sc.topo.run_events))
         deadline = time.monotonic() + 90
-        while _restored_since(survivor_log, before_kill) < partitions and time.monotonic() < deadline:
+        while len(_restored_since(survivor_log, before_kill)) < partitions and time.monotonic() < deadline:
             time.sleep(0.5)
-        log(f"survivor restored {_restored_since(survivor_log, before_kill)}/{partitions} partitions "
+        log(f"survivor restored {len(_restored_since(survivor_log, before_kill))}/{partitions} partitions "
             f"{(time.time() * 1000 - kill_ms) / 1000:.1f}s after the kill")
         time.sleep(max(15 - (time.time() * 1000 - kill_ms) / 1000, sc.lease_s + 4))
         end_ms = int(time.time() * 1000)
@@ -139,9 +139,7 @@ def test_purge_races_replays_through_a_rolling_restart(tmp_path_factory: pytest.
     log(f"rolling restart: {len(lags)} slots, start lag p50 {lags[len(lags) // 2]:.3f}s p99 {p99:.3f}s "
         f"max {lags[-1]:.3f}s; {len(purged)} runs purged")
     assert lags[0] >= 0  # never early
-    with open(survivor_log, "rb") as f:
-        f.seek(before_kill)
-        takeover = [ln for ln in f.read().decode(errors="replace").splitlines() if "restored:" in ln]
+    takeover = _restored_since(survivor_log, before_kill)
     log("takeover after kill -9: " + "; ".join(ln.split(": ", 1)[-1] for ln in takeover))
     assert takeover and all("from a warm standby" in ln for ln in takeover), takeover
     kill_lags = sorted(((r.started_at_ms or 0) - r.slot_ms) / 1000 for r in final.values()
