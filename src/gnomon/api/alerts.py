@@ -122,7 +122,7 @@ class AlertService:
 
 
 class AlertPoller(FeedPoller):
-    """Polls a ``AlertService``'s feed every ``interval_s`` on a daemon thread."""
+    """Polls an ``AlertService``'s feed every ``interval_s`` on a daemon thread."""
 
     def __init__(self, service: AlertService, interval_s: float = POLL_INTERVAL_S) -> None:
         super().__init__(service, name="gnomon-alert-feed", what="alert configs", interval_s=interval_s)
