@@ -43,6 +43,8 @@ from typing import Any, Protocol
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core.clock import Clock, SystemClock
+from gnomon.core.command_checks import JOB_ID_MAX_CHARS as JOB_ID_MAX_CHARS
+from gnomon.core.command_checks import check_job_id
 from gnomon.core.errors import EventLogError, GnomonError, ValidationError
 from gnomon.core.model import JobSpec, idempotent_job_id
 from gnomon.core.replies import CommandResult
@@ -56,7 +58,6 @@ from gnomon.topology import Topology, load_topology
 
 KAFKA_ROLE_DEFAULT = "api"  # only the API's principal may write the job-commands topic (docs/adr/0006)
 FLUSH_TIMEOUT_S = 30.0
-JOB_ID_MAX_CHARS = 200
 ERRORS_KEPT_MAX = 100  # delivery errors remembered until the next flush (the count is exact)
 RESULTS_GROUP = "gnomon-events"  # a group id librdkafka needs; nothing is committed (assigned partitions)
 
@@ -253,12 +254,7 @@ class JobEvents:
                     self._consumer = None
 
     def _job_id(self, job_id: str) -> str:
-        if not isinstance(job_id, str) or not job_id or len(job_id) > JOB_ID_MAX_CHARS:
-            raise ValidationError("job_id", f"must be a non-empty string of at most {JOB_ID_MAX_CHARS} characters")
-        if "@" in job_id or "\0" in job_id or job_id != job_id.strip():
-            raise ValidationError("job_id", "must not contain '@', NUL or surrounding spaces")
-        reject_control_chars(job_id, "job_id")
-        return job_id
+        return check_job_id(job_id)  # the processor's own rule (core.command_checks)
 
     def _send(self, cmd: J.JobCommand) -> None:
         value = codec.encode(cmd, self.topo.job_commands)

@@ -43,6 +43,7 @@ def test_refusals_are_answered_and_change_nothing() -> None:
     book.apply("acme", TenantLimits("acme", interval_min_s=3600))
     c = InMemoryCluster(partitions=4, tenants=book)
     task, p = _task(c, "j")
+    k = next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 4) == p)  # a job of the same partition
     now = c.clock.now_ms()
     task.handle_command(J.RegisterJob("j", "acme", SPEC, now), now, p, 1)
     before = task.job("j")
@@ -50,7 +51,7 @@ def test_refusals_are_answered_and_change_nothing() -> None:
         (J.PatchJob("j", "acme", J.canonical_patch({"priority": "low"}), 7, now), ResultCode.CONFLICT, None),
         (J.PauseJob("j", "other", now), ResultCode.REFUSED, None),
         (J.PauseJob("missing", "acme", now), ResultCode.REFUSED, None),
-        (J.RegisterJob("k", "acme", JobSpec(name="y", schedule=Schedule(cron="* * * * *"), target=SPEC.target), now),
+        (J.RegisterJob(k, "acme", JobSpec(name="y", schedule=Schedule(cron="* * * * *"), target=SPEC.target), now),
          ResultCode.LIMIT, "interval_min_s"),
     ]
     for offset, (cmd, code, limit) in enumerate(cases, start=2):
@@ -59,7 +60,7 @@ def test_refusals_are_answered_and_change_nothing() -> None:
         assert out == [o for o in out if o.topic == c.topo.command_results], f"{cmd} wrote more than its answer"
         assert (res.code, res.limit, res.source_offset, part) == (code, limit, offset, p), res
         assert res.reason
-    assert task.job("j") == before and task.job("k") is None
+    assert task.job("j") == before and task.job(k) is None
     assert task.stats.commands_refused == 4
 
 

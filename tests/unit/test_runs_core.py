@@ -247,6 +247,35 @@ def test_old_cancel_records_decode_without_a_tenant_and_are_refused() -> None:
         R.decide(running, old)
 
 
+def test_reports_about_an_unknown_run_are_told_to_stop() -> None:
+    """Fuzz finding (issue 21): a start report for a run the processor does not hold (a
+    misrouted or forged record, or one whose run is gone) got no answer at all, while a
+    heartbeat or a completion is told to stop; whatever its sender started, nobody here
+    granted it."""
+    for msg in (R.AttemptStarted(RID, "w9", 3, T0, T0), R.Heartbeat(RID, "w9", 3, T0),
+                R.CompleteAttempt(RID, "w9", 3, R.Outcome.SUCCEEDED, T0)):
+        (ev,) = R.decide(None, msg)
+        assert isinstance(ev, R.StaleRejected) and (ev.worker_id, ev.token, ev.reason) == ("w9", 3, "unknown run")
+    (ev,) = R.decide(None, R.ClaimRun(RID, "w9", T0))
+    assert isinstance(ev, R.ClaimRejected)
+    assert R.decide(None, R.ReturnGrant(RID, "w9", 3, "full", T0)) == []  # handing back: nothing to tell
+
+
+@pytest.mark.parametrize("slot_ms", [253_402_300_800_000, 5_541_673_556_839_896, -62_135_596_800_001, -(2**63)])
+def test_a_slot_no_calendar_holds_is_withdrawn_not_a_crash(slot_ms: int) -> None:
+    """Fuzz finding (issue 21): a trigger for a slot past year 9999 (forged on run-events;
+    ahead of the job's schedule position, so the processor let it create its run) made the
+    release check raise ValueError from datetime. Such a slot is no slot of the schedule."""
+    from gnomon.core.jobs import JobState, JobStatus
+
+    every_minute = JobSpec(name="x", schedule=Schedule(cron="* * * * *"), target=Target(TargetType.HANDLER, "h"))
+    job = JobState("j", "t", every_minute, JobStatus.ACTIVE, T0, 1, T0, T0)
+    forged = JobSpec(name="x", schedule=Schedule(cron="0 * * * *"), target=every_minute.target)
+    run = R.RunState(f"j@{slot_ms}", "j", "t", forged, slot_ms, T0, False, R.RunStatus.SCHEDULED, T0, T0)
+    (ev,) = R.decide_timer(run, T0, R.RunConfig(), job)
+    assert isinstance(ev, R.RunWithdrawn) and ev.reason == "schedule changed before the slot"
+
+
 def test_cancel_and_replay_of_an_unknown_run_change_nothing_whatever_the_tenant() -> None:
     for tenant in ("t", "intruder", ""):
         assert R.decide(None, R.CancelRun(RID, tenant, T0)) == []

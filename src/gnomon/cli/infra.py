@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gnomon.cli import poison as poison_cmd
 from gnomon.cli.common import command, print_json, require_server_extra
 from gnomon.config import load
 
@@ -48,3 +49,6 @@ def status(json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     else:
         for k, v in st.items():
             typer.echo(f"{k}: {v}")
+
+
+app.command(name="poison")(poison_cmd.poison)

@@ -537,7 +537,8 @@ def decide(state: RunState | None, cmd: RunCommand, cfg: RunConfig | None = None
     if state is None:
         if isinstance(cmd, ClaimRun):
             return [ClaimRejected(cmd.run_id, cmd.worker_id, "unknown run", now)]
-        if isinstance(cmd, Heartbeat | CompleteAttempt):
+        if isinstance(cmd, Heartbeat | CompleteAttempt | AttemptStarted):
+            # (a start report too: whatever its sender runs, nobody here granted it)
             return [StaleRejected(cmd.run_id, cmd.worker_id, cmd.token, "unknown run", now)]
         return []
     if isinstance(cmd, ClaimRun):
@@ -767,7 +768,12 @@ def _is_slot_of(spec: JobSpec, slot_ms: int) -> bool:
     if spec.schedule.run_at_ms is not None:
         return spec.schedule.run_at_ms == slot_ms
     assert spec.schedule.cron is not None
-    return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms - 1) == slot_ms
+    try:
+        return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms - 1) == slot_ms
+    except (ValueError, OverflowError, OSError):
+        # an instant outside what a calendar holds (years 1-9999): a forged or corrupt
+        # slot (issue 21 fuzzing), no slot of any schedule
+        return False
 
 
 # ---- evolve ----------------------------------------------------------------------------

@@ -45,10 +45,11 @@ from gnomon.eventlog.port import (
 )
 from gnomon.metrics.processor import ProcessorMetrics
 from gnomon.streams.adverts import AdvertFeed
+from gnomon.streams.attempts import RecordAttempts
 from gnomon.streams.history_mark import HistoryWatermark
 from gnomon.streams.standby import StandbySet
 from gnomon.streams.stores import RocksStores, StateStores
-from gnomon.streams.task import Output, PartitionTask
+from gnomon.streams.task import Output, PartitionTask, RecordFailed
 from gnomon.streams.tenant_feed import TenantFeed
 from gnomon.streams.usage import UsagePublisher
 from gnomon.streams.waiting import assign_waiting
@@ -73,6 +74,7 @@ class ProcessorConfig:
     transaction_timeout_ms: int = 5_000  # a killed processor's open transaction blocks its partitions this long
     session_timeout_ms: int = 3_000  # a killed processor is noticed after this (the broker allows >= 1 s)
     producer_rebuilds_max: int = 20  # fatal producer errors survived before the process exits
+    record_attempts_max: int = 3  # processes one input record may stop before it is poisoned unapplied
     # A local checkpoint older than this is not trusted (full rebuild instead): a restore
     # from it could miss tombstones the log cleaner removed (delete.retention.ms, 1 h).
     checkpoint_max_age_ms: int = 1_800_000
@@ -109,6 +111,12 @@ class Processor:
         self._clean = True  # False while local state may hold writes not yet committed
         self._read_ts: dict[int, int] = {}  # run-events partition -> timestamp of the last record read
         self.poisoned = 0
+        # a record the last processes died in is tried at most record_attempts_max times
+        self.attempts = RecordAttempts(self.stores.marker(), cfg.record_attempts_max)
+        if self.attempts.carried is not None:
+            logging.getLogger("gnomon.processor").warning(  # (``log`` is the event log here)
+                "the last processor of %s stopped while applying %s[%d]@%d (attempt %d)",
+                cfg.instance_id, *self.attempts.carried)
         self.transactions = 0
         self.aborts = 0  # transactions aborted (state and positions rewound)
         self.consumer: GroupConsumer = self.log.group_consumer(
@@ -195,6 +203,7 @@ class Processor:
         self._close()
 
     def _close(self) -> None:
+        self.attempts.clear()  # a stop, not a death in a record: nothing to count
         for p in list(self.tasks):
             self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
         if self.standbys is not None:
@@ -403,24 +412,45 @@ class Processor:
         return behind
 
     def _apply(self, msg: Record, now: int) -> list[Output]:
+        """One input record's outputs. Nothing a record holds stops the processor: a job
+        command is answered (accepted, invalid, refused...); a record that cannot be
+        decoded, is refused, or breaks the processor goes to the poison topic with the
+        error, its writes undone (``PartitionTask.savepoint``), and the batch goes on. A
+        record the last processes died in (``RecordAttempts``) is poisoned unapplied
+        once it has had its attempts."""
         task = self.tasks.get(msg.partition)
         if task is None:  # revoked between fetch and apply
             return []
+        attempt = self.attempts.begin(msg.topic, msg.partition, msg.offset)
+        if attempt > self.attempts.attempts_max:
+            log.error("%s[%d]@%d: the processor stopped %d times while applying it; poisoned unapplied",
+                      msg.topic, msg.partition, msg.offset, attempt - 1)
+            return self._poison(msg, f"the processor stopped {attempt - 1} times while applying it "
+                                     f"(attempts_max {self.attempts.attempts_max}); not applied", now)
         try:
             cmd = codec.decode(msg.value or b"")
-            if msg.topic == self.topo.job_commands:  # answered on the command-results topic, refusals too
-                return task.handle_command(cmd, now, msg.partition, msg.offset)
-            return task.handle(cmd, now, msg.topic)
+            return task.apply_record(cmd, now, msg.topic, msg.offset)
         except InfraError:
             # the state store (or the log) failed, not the record: poisoning it would lose
             # it. The processor stops; its restart resumes from the last commit.
             raise
+        except RecordFailed as exc:  # a bug the record reached: state as before it, kept for the operators
+            log.error("%s[%d]@%d broke the processor (contained, state unchanged): %s", msg.topic, msg.partition,
+                      msg.offset, exc, exc_info=exc.cause)
+            out = self._poison(msg, f"{type(exc.cause).__name__}: {str(exc.cause)[:1000]}", now)
+            return out if exc.answer is None else [exc.answer, *out]
         except GnomonError as exc:
-            self.poisoned += 1
             log.warning("poison %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-            rec = PoisonRecord(msg.topic, msg.partition, msg.offset, f"{type(exc).__name__}: {exc}",
-                               msg.key, msg.value, now)
-            return [Output(self.topo.poison, msg.topic, rec)]
+            return self._poison(msg, f"{type(exc).__name__}: {exc}", now)
+        except Exception as exc:  # (the codec's own bug on hostile bytes) never the processor's end
+            log.error("%s[%d]@%d could not be decoded: %s", msg.topic, msg.partition, msg.offset, exc,
+                      exc_info=exc)
+            return self._poison(msg, f"{type(exc).__name__}: {str(exc)[:1000]}", now)
+
+    def _poison(self, msg: Record, reason: str, now: int) -> list[Output]:
+        self.poisoned += 1
+        rec = PoisonRecord(msg.topic, msg.partition, msg.offset, reason, msg.key, msg.value, now)
+        return [Output(self.topo.poison, msg.topic, rec)]
 
     def _commit(self, outputs: Iterable[Output], offsets: dict[TP, int]) -> None:
         """One transaction: outputs + changelogs + consumed offsets. Error handling follows
@@ -486,6 +516,7 @@ class Processor:
 
     def _rewind(self) -> None:
         """After an abort: state and positions go back to the last commit."""
+        self.attempts.clear()  # the records are read again by a process that survived them
         assignment = self.consumer.assignment()
         committed = self.consumer.committed(assignment, 30)
         for p in list(self.tasks):

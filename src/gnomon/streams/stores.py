@@ -15,6 +15,7 @@ from typing import Protocol
 
 from gnomon.adapters.kv import MemoryKV, RocksKV
 from gnomon.ports import KeyValueStore
+from gnomon.streams.attempts import FileMarker, Marker, MemoryMarker
 
 Checkpoint = dict[str, int]  # changelog topic -> offset, and the time it was written
 
@@ -30,11 +31,20 @@ class StateStores(Protocol):
     def put_checkpoint(self, partition: int, checkpoint: Checkpoint) -> None:
         """OSError when it cannot be written."""
         ...
+    def marker(self) -> Marker:
+        """Where the processor notes the record it is applying (``streams.attempts``)."""
+        ...
 
 
 class RocksStores:
     def __init__(self, state_dir: Path, instance_id: str) -> None:
         self.root = state_dir / "processor" / instance_id
+        self._marker: FileMarker | None = None
+
+    def marker(self) -> Marker:
+        if self._marker is None:
+            self._marker = FileMarker(self.root / "applying")
+        return self._marker
 
     def path(self, partition: int) -> Path:
         return self.root / f"p{partition:03d}"
@@ -66,6 +76,10 @@ class MemoryStores:
     def __init__(self) -> None:
         self.stores: dict[int, MemoryKV] = {}
         self.checkpoints: dict[int, Checkpoint] = {}
+        self._marker = MemoryMarker()
+
+    def marker(self) -> Marker:
+        return self._marker
 
     def open(self, partition: int, *, fresh: bool) -> KeyValueStore:
         if fresh or partition not in self.stores:

@@ -40,22 +40,33 @@ once it is older than the idempotency-key retention.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from gnomon import codec
+from gnomon.adapters.kafka import partition_for
 from gnomon.core import admission as A
 from gnomon.core import jobs as J
 from gnomon.core import quota as Q
 from gnomon.core import runs as R
-from gnomon.core.errors import GnomonError, InfraError, TransitionError, ValidationError
-from gnomon.core.messages import DispatchRun, Grant, LeaseAck, Stop, StopReason
+from gnomon.core.command_checks import check_command
+from gnomon.core.errors import (
+    GnomonError,
+    InfraError,
+    InternalError,
+    TransitionError,
+    ValidationError,
+)
+from gnomon.core.messages import DispatchRun, Grant, LeaseAck, PoisonRecord, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.replies import CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
+from gnomon.streams.savepoint import JournalKV
 from gnomon.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -117,7 +128,8 @@ def _purge_key(ms: int, run_id: str) -> bytes:
 
 
 _COUNTED = frozenset(f.value.encode() for f in Q.Family)
-COUNTED_ENTRIES_MAX = 100_000_000  # a partition's counting entries read when it is opened
+COUNTED_ENTRIES_MAX = 100_000_000
+TICK_FAILURES_KEPT_MAX = 10_000  # distinct failing jobs/runs remembered (each poisoned once)  # a partition's counting entries read when it is opened
 
 
 def _counted_job(job: J.JobState | None) -> bool:
@@ -134,6 +146,14 @@ def _bound(prefix: bytes, upto_ms: int) -> bytes:
     return prefix + b"%013d/" % (upto_ms + 1)
 
 
+# what may be read from the run-events topic: workers' reports. (Cancel and replay are
+# refused with their own reason below. Triggers and skips are the processor's own
+# decisions, applied in place: one read from the log is a replay or a forgery, and would
+# move a slot or skip it.)
+_WORKER_REPORTS = (R.ClaimRun, R.Heartbeat, R.AttemptStarted, R.CompleteAttempt, R.ReturnGrant)
+_RUN_REPORTS = (*_WORKER_REPORTS, R.CancelRun, R.ReplayRun)
+
+
 @dataclass(frozen=True)
 class Output:
     """A record to produce. ``partition`` None: let the partitioner pick by key."""
@@ -143,6 +163,17 @@ class Output:
     value: Any  # a codec-encodable object, or None for a tombstone
     partition: int | None = None
     encoded: bytes | None = None  # ``value`` already encoded for ``topic`` (state writes reuse it)
+
+
+class RecordFailed(InternalError):
+    """Applying one record raised something gnomon did not mean to raise (a bug a value
+    reached): its writes were rolled back, and it goes to the poison topic. ``answer``:
+    the command-results record that tells its producer (job commands), or None."""
+
+    def __init__(self, cause: BaseException, answer: Output | None = None) -> None:
+        super().__init__(f"{type(cause).__name__}: {str(cause)[:500]}")
+        self.cause = cause
+        self.answer = answer
 
 
 @dataclass
@@ -165,6 +196,8 @@ class TaskStats:
     quota_waits: int = 0  # grants held back because the run's tenant was at its quota
     admissions_refused: int = 0  # commands over a tenant limit
     commands_refused: int = 0  # job commands answered "refused" on the command-results topic
+    rolled_back: int = 0  # records (and tick items) whose writes were taken back after they raised
+    tick_failures: int = 0  # jobs and runs whose time-driven step raised (contained, retried next tick)
 
 
 class PartitionTask:
@@ -180,7 +213,9 @@ class PartitionTask:
         quota: Q.QuotaBook | None = None,
     ) -> None:
         self.partition = partition
-        self.kv = kv
+        self.kv: KeyValueStore = kv
+        self._journal = JournalKV(kv)  # ``kv`` while a savepoint is open: its writes can be taken back
+        self._quota_undo: list[tuple[bytes, int]] | None = None  # counts moved under a savepoint
         self.topo = topology
         self.sched_cfg = sched_cfg or J.SchedulerConfig()
         self.run_cfg = run_cfg or R.RunConfig()
@@ -203,6 +238,9 @@ class PartitionTask:
         self.near_lookahead_ms = 2_000
         self._near: tuple[J.SchedulerConfig, J.SchedulerConfig] | None = None
         self._jobs_cache: dict[str, J.JobState | None] = {}
+        self._pools = frozenset(self.topo.pools)
+        self._tick_failed: set[tuple[str, str]] = set()  # jobs and runs whose tick step raised (poisoned once)
+        self._tick_failure_logged_s = 0.0
         self._runs_cache: dict[str, R.RunState | None] = {}
 
     # ---- state access ------------------------------------------------------------------
@@ -235,14 +273,72 @@ class PartitionTask:
     def _put_index(self, key: bytes) -> None:
         if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition) \
                 and self.kv.get(key) is None:
-            self.quota.entry(self.partition, key, +1)
+            self._count(key, +1)
         self.kv.put(key, b"")
 
     def _del_index(self, key: bytes) -> None:
         if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition) \
                 and self.kv.get(key) is not None:
-            self.quota.entry(self.partition, key, -1)
+            self._count(key, -1)
         self.kv.delete(key)
+
+    def _count(self, key: bytes, delta: int) -> None:
+        assert self.quota is not None
+        self.quota.entry(self.partition, key, delta)
+        if self._quota_undo is not None:
+            self._quota_undo.append((key, delta))
+
+    # ---- savepoints: one record's failure stays its own -----------------------------------
+
+    def savepoint(self, call: Callable[[], list[Output]]) -> list[Output]:
+        """Run ``call`` (one record, or one job's or run's tick step) so that if it raises,
+        this partition's state is as it was before: store writes undone
+        (``streams.savepoint``), counts moved back, caches dropped. A GnomonError is
+        re-raised as it was (a refusal); anything else becomes ``RecordFailed``. An
+        InfraError (the store itself failed) is re-raised untouched: the runtime aborts.
+        The worker directory's reservations are not taken back: it is an estimate that
+        the worker's next advert corrects."""
+        journal, store = self._journal, self.kv
+        journal.inner = store
+        journal.begin()
+        self.kv, self._quota_undo = journal, []
+        try:
+            out = call()
+        except InfraError:
+            self._close_savepoint(store)
+            raise
+        except Exception as exc:
+            self._undo(store)
+            if isinstance(exc, GnomonError):
+                raise
+            raise RecordFailed(exc) from exc
+        self._close_savepoint(store)
+        return out
+
+    def _close_savepoint(self, store: KeyValueStore) -> None:
+        self._journal.release()
+        self.kv, self._quota_undo = store, None
+
+    def _undo(self, store: KeyValueStore) -> None:
+        undo = self._quota_undo or []
+        self._journal.rollback()
+        self.kv, self._quota_undo = store, None
+        if self.quota is not None:
+            for key, delta in reversed(undo):
+                self.quota.entry(self.partition, key, -delta)
+        self._jobs_cache.clear()
+        self._runs_cache.clear()
+        self.stats.rolled_back += 1
+
+    def apply_record(self, cmd: Any, now_ms: int, topic: str, offset: int) -> list[Output]:
+        """One decoded input record of ``topic`` at ``offset`` of this partition: a job
+        command is answered on the command-results topic (``handle_command``); any other
+        is applied (``handle``). Raises GnomonError for a refused non-command record, and
+        ``RecordFailed`` (with the command's answer, if it is one) when it broke; either
+        way nothing it wrote stays."""
+        if topic == self.topo.job_commands:
+            return self.handle_command(cmd, now_ms, self.partition, offset)
+        return self.savepoint(lambda: self.handle(cmd, now_ms, topic))
 
     def load_counts(self) -> int:
         """Count this partition's counting entries into the quota book (after a restore,
@@ -396,10 +492,20 @@ class PartitionTask:
             # rate, backlog); one read from run-events (workers may write it) would not
             raise TransitionError(f"RunTriggered {cmd.run_id} refused: a manual trigger is accepted only as a "
                                   f"TriggerJob on {self.topo.job_commands}")
+        if source == self.topo.run_events and not isinstance(cmd, _RUN_REPORTS):
+            # workers (who may write run-events) send their reports; a job command passes the
+            # API's checks and admission on the topic only the API may write, and the rest
+            # (triggers, skips, WorkerLost, JobChanged) the processor only decides itself
+            raise TransitionError(f"{type(cmd).__name__} refused: {self.topo.run_events} carries workers' "
+                                  f"reports ({', '.join(t.__name__ for t in _WORKER_REPORTS)}) only")
         if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
             raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
+        if source == self.topo.job_commands and isinstance(cmd, R.CancelRun | R.ReplayRun):
+            cmd = check_command(cmd, cmd.at_ms if now_ms is None else now_ms, pools=self._pools)
         if isinstance(cmd, J.JOB_COMMANDS):
             now = cmd.at_ms if now_ms is None else now_ms
+            if source is not None:  # read from a topic: the API's rules again, by the decider
+                cmd = check_command(cmd, now, pools=self._pools)
             if isinstance(cmd, J.TriggerJob) and now - cmd.at_ms >= self.run_cfg.manual_key_retention_ms:
                 self.stats.replays_refused += 1
                 raise TransitionError(
@@ -432,7 +538,8 @@ class PartitionTask:
                 # or from workers on run-events, never from the producers of this topic
                 raise TransitionError(f"{type(cmd).__name__} refused: {self.topo.job_commands} carries job "
                                       "commands (and run cancel and replay) only")
-            out = self.handle(cmd, now_ms, self.topo.job_commands)
+            self._check_owner(cmd)
+            out = self.savepoint(lambda: self.handle(cmd, now_ms, self.topo.job_commands))
             # the job's version after it: from the changelog record it wrote (no second
             # read of the store), else the stored job (a command that changed nothing)
             written = [o.value for o in out if o.topic == self.topo.jobs and isinstance(o.value, J.JobState)]
@@ -440,11 +547,28 @@ class PartitionTask:
                 self.job(cmd.job_id) if isinstance(cmd, J.JOB_COMMANDS) else None)
         except InfraError:
             raise  # not the command's fault (a state store that failed): the runtime aborts and retries
+        except RecordFailed as exc:  # a bug the command reached: answered, and poisoned by the runtime
+            self.stats.commands_refused += 1
+            refusal = TransitionError(f"the processor could not apply {type(cmd).__name__} ({exc}); it is kept "
+                                      f"on {self.topo.poison} for the operators")
+            exc.answer = self._result(result_for(cmd, partition, offset, now_ms, error=refusal), partition)
+            raise
         except GnomonError as exc:
             self.stats.commands_refused += 1
             return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]
         version = None if job is None else job.version
         return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version), partition)]
+
+    def _check_owner(self, cmd: J.JobCommand | R.CancelRun | R.ReplayRun) -> None:
+        """A command read on another partition than its job's would create a second copy
+        of the job (and its run ids) beside the real one: refused. Producers key every
+        command by its job id (docs/job-events.md), and Kafka's partitioner does the rest."""
+        job_id = cmd.job_id if isinstance(cmd, J.JOB_COMMANDS) else cmd.run_id.partition("@")[0]
+        owner = partition_for(job_id, self.topo.partitions)
+        if owner != self.partition:
+            raise ValidationError("job_id", f"job {job_id[:200]!r} lives on partition {owner}, but this command "
+                                            f"was read from partition {self.partition}: key each command by its "
+                                            "job id and let the murmur2 partitioner place it")
 
     def _result(self, result: CommandResult, partition: int) -> Output:
         # the command's own partition number: co-partitioned, so a producer that knows
@@ -751,12 +875,7 @@ class PartitionTask:
             if run is None or key not in self._index_keys(run):
                 self._drop_stale_entry(key, run)
                 continue
-            job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
-            active = self._active_sibling(run, job)
-            buffered = self._buffered_sibling(run, job) if active is not None else None
-            out.extend(self._apply_run_events(
-                run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active, buffered), now_ms))
-            out.extend(self._replace_active(run.run_id, active, now_ms))
+            out.extend(self._contained("run", run_id, now_ms, partial(self._tick_run, run, now_ms, read_up_to_ms)))
         if assign_waiting:  # (a processor with several partitions does it across them)
             out.extend(self._assign_waiting(now_ms))
         if history_until_ms is not None:
@@ -805,12 +924,51 @@ class PartitionTask:
             out.extend(self._tick_job(job_id, now_ms, cfg))
         return out
 
+    def _tick_run(self, run: R.RunState, now_ms: int, read_up_to_ms: int | None) -> list[Output]:
+        job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
+        active = self._active_sibling(run, job)
+        buffered = self._buffered_sibling(run, job) if active is not None else None
+        out = self._apply_run_events(
+            run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active, buffered), now_ms)
+        out.extend(self._replace_active(run.run_id, active, now_ms))
+        return out
+
     def _tick_job(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
         self.stats.tick_jobs_examined += 1
+        return self._contained("job", job_id, now_ms, lambda: self._tick_job_step(job_id, now_ms, cfg))
+
+    def _tick_job_step(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
         state = self.job(job_id)
         if state is None:
             return []
         return self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, cfg), now_ms)
+
+    def _contained(self, kind: str, ident: str, now_ms: int, call: Callable[[], list[Output]]) -> list[Output]:
+        """One job's or run's time-driven step, under a savepoint: if it raises, its writes
+        are undone, the rest of the tick goes on, and it is tried again next tick. The
+        first failure of each is kept on the poison topic (its key: the job or run id), so
+        the poison metric and alert show it; later ones are counted and logged at most
+        once a minute per partition."""
+        try:
+            return self.savepoint(call)
+        except InfraError:
+            raise
+        except Exception as exc:
+            self.stats.tick_failures += 1
+            err = exc.cause if isinstance(exc, RecordFailed) else exc
+            reason = f"{kind} {ident}: tick step failed: {type(err).__name__}: {str(err)[:500]}"
+            first = (kind, ident) not in self._tick_failed
+            if first and len(self._tick_failed) < TICK_FAILURES_KEPT_MAX:
+                self._tick_failed.add((kind, ident))
+            if first or time.monotonic() - self._tick_failure_logged_s >= 60:
+                self._tick_failure_logged_s = time.monotonic()
+                log.error("partition %d: %s (%d tick failures so far; state unchanged, tried again next tick)",
+                          self.partition, reason, self.stats.tick_failures, exc_info=first)
+            if not first:
+                return []
+            source = self.topo.jobs if kind == "job" else self.topo.runs
+            return [Output(self.topo.poison, source,
+                           PoisonRecord(source, self.partition, -1, reason, ident.encode(), None, now_ms))]
 
     def _assign_waiting(self, now_ms: int) -> list[Output]:
         """This partition alone (see ``streams.waiting.assign_waiting``, which a processor

@@ -1,0 +1,88 @@
+"""Undo one record's writes: how one bad record is isolated inside a batch's transaction.
+
+A processor applies a batch of records to its partitions' stores and commits outputs,
+changelogs and offsets in one Kafka transaction. If applying one record raises halfway
+(a state-machine refusal after a first write, or a bug that a hostile value reaches),
+the batch must neither stop nor commit that record's half: ``JournalKV`` remembers, for
+every key the record writes, the value it had before, and ``rollback`` puts those back.
+The record is then answered or sent to the poison topic, and the batch goes on; the
+transaction commits the other records as usual. (Aborting the transaction instead would
+cost a rebuild of every partition's state per bad record.)
+
+The journal costs one read per distinct key a record writes, and nothing when no
+savepoint is open (restores and standbys write through it unjournaled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gnomon.ports import KeyValueStore
+
+UNDO_KEYS_MAX = 1_000_000  # keys one record may write before the journal refuses (a runaway record)
+
+
+class RecordTooLarge(Exception):
+    """One record wrote more than ``UNDO_KEYS_MAX`` keys under a savepoint."""
+
+
+class JournalKV:
+    """A ``KeyValueStore`` that can take back the writes made since ``begin``."""
+
+    def __init__(self, inner: KeyValueStore) -> None:
+        self.inner = inner
+        self._undo: dict[bytes, bytes | None] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._undo is not None
+
+    def begin(self) -> None:
+        assert self._undo is None, "savepoints do not nest"
+        self._undo = {}
+
+    def release(self) -> None:
+        """Keep what was written since ``begin``."""
+        self._undo = None
+
+    def rollback(self) -> int:
+        """Put back every key written since ``begin``; the number of keys restored."""
+        undo, self._undo = self._undo, None
+        if undo is None:
+            return 0
+        for key, old in undo.items():
+            if old is None:
+                self.inner.delete(key)
+            else:
+                self.inner.put(key, old)
+        return len(undo)
+
+    def _remember(self, key: bytes) -> None:
+        undo = self._undo
+        if undo is not None and key not in undo:
+            if len(undo) >= UNDO_KEYS_MAX:
+                raise RecordTooLarge(f"one record wrote more than {UNDO_KEYS_MAX} keys")
+            undo[key] = self.inner.get(key)
+
+    # ---- KeyValueStore ------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.inner.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._remember(key)
+        self.inner.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        self._remember(key)
+        self.inner.delete(key)
+
+    def scan(self, start: bytes, stop: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
+        return self.inner.scan(start, stop, limit)
+
+    def size(self) -> tuple[int, int]:
+        return self.inner.size()
+
+    def close(self) -> None:
+        self._undo = None
+        self.inner.close()
