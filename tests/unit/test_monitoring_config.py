@@ -14,6 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from gnomon.metrics.api import ApiMetrics
+from gnomon.metrics.liveness import LivenessGauges
 from gnomon.metrics.processor import ProcessorMetrics
 from gnomon.metrics.projector import ProjectorMetrics
 from gnomon.metrics.serve import DEFAULT_PORTS
@@ -45,12 +46,19 @@ def _labels_by_series(registry: CollectorRegistry) -> dict[str, set[str]]:
     return out
 
 
+def _liveness() -> CollectorRegistry:
+    """The processor's and the worker's liveness gauges (served beside their metrics)."""
+    registry = CollectorRegistry()
+    LivenessGauges(registry, "processor")
+    return registry
+
+
 @pytest.fixture(scope="module")
 def exposed() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for registry in (ProcessorMetrics(load_topology(), "check").registry,
                      WorkerMetrics("default", "check", now_s=lambda: 0).registry,
-                     ProjectorMetrics("gnomon-history").registry, ApiMetrics().registry):
+                     ProjectorMetrics("gnomon-history").registry, ApiMetrics().registry, _liveness()):
         for name, labels in _labels_by_series(registry).items():
             out.setdefault(name, set()).update(labels)
     return out

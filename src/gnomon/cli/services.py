@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +21,9 @@ from gnomon.config import REPO_ROOT, load
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from gnomon.metrics.liveness import Watchdog
+    from gnomon.metrics.serve import Health
 
 
 def _logging(verbose: bool) -> None:
@@ -33,13 +37,57 @@ MetricsPort = Annotated[int | None, typer.Option(
          "from 9470 processor, 9480 projector, 9490 worker)")]
 
 
-def _serve_metrics(registry: CollectorRegistry, kind: str, port: int | None) -> None:
+StallLimit = Annotated[float, typer.Option(
+    "--stall-limit-s", min=0, max=86_400, envvar="GNOMON_STALL_LIMIT_S",
+    help="exit (code 75) after this long without progress while the broker answers, so that a supervisor "
+         "restarts it; /healthz says 503 and gnomon_stalled 1 (0: never)")]
+
+
+def _serve_metrics(registry: CollectorRegistry, kind: str, port: int | None, health: Health | None = None) -> None:
     from gnomon.metrics.serve import serve
 
     s = load()
     configured = {"processor": s.processor_metrics_port, "worker": s.worker_metrics_port,
                   "projector": s.projector_metrics_port}[kind]
-    serve(registry, kind, port=port if port is not None else configured, host=s.metrics_host)
+    serve(registry, kind, port=port if port is not None else configured, host=s.metrics_host, health=health)
+
+
+EXIT_GRACE_S = 15.0  # a stuck process asked to stop is killed from within after this
+
+
+def _watchdog(kind: str, registry: CollectorRegistry, progress_at: Callable[[], float], stop: Callable[[], None],
+              limit_s: float, role: str) -> Watchdog | None:
+    """Liveness for a long-running process (``gnomon.metrics.liveness``): stuck with the
+    broker answering for ``limit_s``, it is asked to stop and, if its loop does not come
+    back (stuck inside a client library), ended with ``EXIT_STALLED`` after ``EXIT_GRACE_S``."""
+    if limit_s <= 0:
+        return None
+    from gnomon.eventlog.kafka import KafkaProbe
+    from gnomon.metrics.liveness import (
+        EXIT_STALLED,
+        LivenessGauges,
+        ProgressWatch,
+        Verdict,
+        Watchdog,
+    )
+
+    probe = KafkaProbe(load().kafka_bootstrap, role=role)
+
+    def on_stuck(_v: Verdict) -> None:
+        stop()
+        timer = threading.Timer(EXIT_GRACE_S, lambda: os._exit(EXIT_STALLED))
+        timer.daemon = True
+        timer.start()
+
+    watch = ProgressWatch(limit_s, progress_at, time.monotonic)
+    return Watchdog(watch, lambda: probe.reachable(3.0), on_stuck, gauges=LivenessGauges(registry, kind)).start()
+
+
+def _exit_if_stalled(dog: Watchdog | None) -> None:
+    from gnomon.metrics.liveness import EXIT_STALLED
+
+    if dog is not None and dog.tripped:
+        raise typer.Exit(EXIT_STALLED)
 
 
 def _stop_on_signals(stop: threading.Event | object) -> None:
@@ -71,6 +119,7 @@ def processor(
     priority_weights: Annotated[str, typer.Option(
         help="high,normal,low: under contention, runs take free worker slots in these proportions")] = "70,20,10",
     metrics_port: MetricsPort = None,
+    stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,
 ) -> None:
     """Run the scheduler + run processor (consumes job commands and run events)."""
@@ -97,9 +146,12 @@ def processor(
                                          priority_weights=weights,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
     proc = Processor(cfg)
-    _serve_metrics(proc.metrics.registry, "processor", metrics_port)
+    dog = _watchdog("processor", proc.metrics.registry, lambda: proc.progress_at_s, proc.stop, stall_limit_s,
+                    role="processor")
+    _serve_metrics(proc.metrics.registry, "processor", metrics_port, health=dog.health if dog else None)
     _stop_on_signals(proc)
     proc.run()
+    _exit_if_stalled(dog)
 
 
 @command
@@ -116,6 +168,7 @@ def worker(
     secrets_dir: Annotated[Path | None, typer.Option(
         help="per-tenant secrets on this host: DIR/<tenant>/<name> (default: <state dir>/secrets)")] = None,
     metrics_port: MetricsPort = None,
+    stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,
 ) -> None:
     """Run a worker of POOL: holds runs staged on it and starts each at its slot.
@@ -155,9 +208,16 @@ def worker(
         fail(str(exc), 2)
     w.secrets = SecretStore(secrets_dir or load().state_dir / "secrets")
     s = load()
-    w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host)
+    from gnomon.metrics.worker import WorkerMetrics
+
+    if w.metrics is None:
+        w.metrics = WorkerMetrics(w.pool, w.worker_id, now_s=lambda: w.clock.now_ms() // 1000)
+    dog = _watchdog("worker", w.metrics.registry, lambda: w.progress_at_s, w.stop, stall_limit_s, role="worker")
+    w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host,
+                    health=dog.health if dog else None)
     _stop_on_signals(w)
     w.run()
+    _exit_if_stalled(dog)
 
 
 @command
@@ -254,7 +314,9 @@ def api(
 def dev(
     no_infra: Annotated[bool, typer.Option("--no-infra", help="assume Kafka and Cassandra are up")] = False,
 ) -> None:
-    """Start infra, a processor, a worker, the projector, the alerter and the API; Ctrl-C stops them all."""
+    """Start infra, a processor, a worker, the projector, the alerter and the API; a child that
+    exits is started again (backoff 1 s doubling to 60 s, as a supervisor would); Ctrl-C
+    stops them all."""
     require_server_extra("dev", "rocksdict", "cassandra", "fastapi", "uvicorn")
     from gnomon.tokens import dev_admin_token, dev_token
 
@@ -266,28 +328,26 @@ def dev(
     exe = [sys.executable, "-m", "gnomon.cli.main"]
     logs = s.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    from gnomon.cli.supervisor import Supervisor
+
+    def spawn(name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        with open(logs / f"dev-{name}.log", "ab") as out:  # the child keeps its own descriptor
+            return subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)
+
+    sup = Supervisor(spawn, time.monotonic, say=lambda msg: console.print(f"[yellow]gnomon dev[/] {msg}",
+                                                                         highlight=False))
     for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker", "--tenant", "dev", "--policy", str(REPO_ROOT / "infra/policies/dev.toml")]),
                        ("projector", ["projector"]), ("alerter", ["alerter"]), ("api", ["api", "--dev"])):
-        out = open(logs / f"dev-{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
-        procs[name] = subprocess.Popen([*exe, *args], stdout=out, stderr=subprocess.STDOUT)
+        sup.start(name, args)
     console.print(f"[bold green]gnomon dev[/] API {s.api_url}  token: {dev_token(s)}  admin token: {dev_admin_token(s)}",
                   highlight=False)
     console.print(f"logs: {logs}/dev-{{processor,worker,projector,alerter,api}}.log", highlight=False)
-    console.print("Ctrl-C stops everything this command started.")
+    console.print("Ctrl-C stops everything this command started; a child that exits is restarted (with backoff).")
     try:
-        while all(p.poll() is None for p in procs.values()):
+        while True:
+            sup.tick()
             time.sleep(0.5)
-        dead = [n for n, p in procs.items() if p.poll() is not None]
-        fail(f"{', '.join(dead)} exited; stopping the rest")
     except KeyboardInterrupt:
         pass
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        sup.stop_all(15)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -19,11 +21,21 @@ from confluent_kafka import Producer as _KProducer
 
 from gnomon.adapters.kafka import consumer_config, producer_config
 from gnomon.core.errors import EventLogError
-from gnomon.eventlog.port import TP, Delivery, Partitions, Record, TransactionError
+from gnomon.eventlog.port import (
+    TP,
+    Delivery,
+    Partitions,
+    ProducerFatalError,
+    Record,
+    TransactionError,
+)
 
 log = logging.getLogger("gnomon.kafka")
 
 RESTORE_GROUP = "gnomon-restore"  # never joined, never committed
+# how much longer than its own timeout a transactional call may block before the producer
+# is given up as wedged (librdkafka #5456: send_offsets_to_transaction can ignore its timeout)
+TXN_CALL_GRACE_S = 5.0
 
 
 def _records(msgs: list[Message], where: str) -> list[Record]:
@@ -184,17 +196,85 @@ class KafkaGroupConsumer:
             self._c.close()
 
 
+class _BoundedCaller:
+    """Runs blocking librdkafka calls on a daemon thread of its own and waits for each at
+    most a given time. librdkafka's ``send_offsets_to_transaction`` can block forever when
+    the group coordinator went away during the call (librdkafka #5456; seen here after a
+    broker outage: the processor hung in ``rd_kafka_txn_op_req0`` with the broker back).
+    A call that overruns is left behind on its thread (it holds its producer), and the
+    caller is told so; the thread is a daemon, so it never holds up an exit. An idle
+    thread ends after ``idle_s`` (a dropped producer leaves no thread behind)."""
+
+    def __init__(self, name: str, idle_s: float = 30.0) -> None:
+        self._name = name
+        self._idle_s = idle_s
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], list[BaseException | None], threading.Event]] = \
+            queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while True:
+            try:
+                call, box, done = self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                call()
+            except BaseException as exc:  # handed to the waiting caller
+                box[0] = exc
+            finally:
+                done.set()
+
+    def call(self, call: Callable[[], None], wait_s: float) -> bool:
+        """Run ``call``; False when it did not return within ``wait_s`` (it may still)."""
+        box: list[BaseException | None] = [None]
+        done = threading.Event()
+        with self._lock:
+            self._jobs.put((call, box, done))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        if not done.wait(wait_s):
+            return False
+        if box[0] is not None:
+            raise box[0]
+        return True
+
+
 class KafkaTransactionalProducer:
+    """Every blocking transactional call is bounded (``_BoundedCaller``): one that blocks
+    past its timeout plus ``TXN_CALL_GRACE_S`` wedges the producer, reported as a fatal
+    ``TransactionError`` (now and on every later call): build a new one, whose
+    ``init_transactions`` fences whatever the wedged one still holds."""
+
     def __init__(self, conf: dict[str, Any]) -> None:
         self._p = _KProducer(conf)
+        self._caller = _BoundedCaller(f"txn-{conf.get('client.id', 'producer')}")
+        self._wedged: str | None = None
+
+    def _bounded(self, what: str, call: Callable[[], None], timeout_s: float) -> None:
+        if self._wedged is not None:
+            raise TransactionError(f"{what}: the producer is wedged ({self._wedged})", fatal=True)
+        try:
+            returned = self._caller.call(call, timeout_s + TXN_CALL_GRACE_S)
+        except KafkaException as exc:
+            raise _txn_error(exc, what) from exc
+        if not returned:
+            self._wedged = f"{what} did not return in {timeout_s + TXN_CALL_GRACE_S:.0f} s"
+            log.error("transactional producer wedged: %s (librdkafka #5456); it is given up", self._wedged)
+            raise TransactionError(f"{what}: {self._wedged}", fatal=True)
 
     def init_transactions(self, timeout_s: float) -> None:
-        try:
-            self._p.init_transactions(timeout_s)
-        except KafkaException as exc:
-            raise _txn_error(exc, "cannot initialise Kafka transactions") from exc
+        self._bounded("cannot initialise Kafka transactions", lambda: self._p.init_transactions(timeout_s), timeout_s)
 
     def begin(self) -> None:
+        if self._wedged is not None:
+            raise TransactionError(f"begin_transaction: the producer is wedged ({self._wedged})", fatal=True)
         try:
             self._p.begin_transaction()
         except KafkaException as exc:
@@ -211,44 +291,68 @@ class KafkaTransactionalProducer:
 
     def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any, timeout_s: float) -> None:
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-        try:
-            self._p.send_offsets_to_transaction(tps, group_metadata, timeout_s)
-        except KafkaException as exc:
-            raise _txn_error(exc, "send_offsets_to_transaction") from exc
+        self._bounded("send_offsets_to_transaction",
+                      lambda: self._p.send_offsets_to_transaction(tps, group_metadata, timeout_s), timeout_s)
 
     def commit(self, timeout_s: float) -> None:
-        try:
-            self._p.commit_transaction(timeout_s)
-        except KafkaException as exc:
-            raise _txn_error(exc, "commit_transaction") from exc
+        self._bounded("commit_transaction", lambda: self._p.commit_transaction(timeout_s), timeout_s)
 
     def abort(self, timeout_s: float) -> None:
-        try:
-            self._p.abort_transaction(timeout_s)
-        except KafkaException as exc:
-            raise _txn_error(exc, "abort_transaction") from exc
+        self._bounded("abort_transaction", lambda: self._p.abort_transaction(timeout_s), timeout_s)
 
     def flush(self, timeout_s: float) -> int:
+        if self._wedged is not None:
+            return len(self._p)  # another thread is inside librdkafka's transaction API
         return int(self._p.flush(timeout_s))
 
 
 class KafkaProducer:
+    """A plain idempotent producer. librdkafka may put it in a fatal state (e.g. an
+    out-of-order sequence it cannot recover from by bumping its epoch); it then delivers
+    nothing again, so ``produce`` and ``poll`` raise ``ProducerFatalError`` from then on:
+    the owner builds a new producer and sends again what was not acknowledged."""
+
     def __init__(self, conf: dict[str, Any]) -> None:
-        self._p = _KProducer(conf)
+        self.fatal: str | None = None
+        self._p = _KProducer({**conf, "error_cb": self._on_error})
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal() and self.fatal is None:
+            self.fatal = str(err)
+            log.error("producer fatal error: %s", err)
+        elif not err.fatal():
+            log.debug("producer error: %s", err)
+
+    def _raise_if_fatal(self) -> None:
+        if self.fatal is not None:
+            raise ProducerFatalError(f"the producer is in a fatal state: {self.fatal}")
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Delivery | None = None,
                 ) -> None:
+        self._raise_if_fatal()
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if on_delivery is not None:
             report = on_delivery
-            kwargs["on_delivery"] = lambda err, _msg: report(None if err is None else str(err))
+
+            def delivered(err: KafkaError | None, _msg: Message) -> None:
+                if err is not None and err.code() == KafkaError._FATAL and self.fatal is None:
+                    self.fatal = str(err)
+                report(None if err is None else str(err))
+
+            kwargs["on_delivery"] = delivered
         try:
             produce_waiting(self._p, topic, **kwargs)
         except KafkaException as exc:  # e.g. a record over message.max.bytes
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                self.fatal = self.fatal or str(err)
+                raise ProducerFatalError(f"cannot produce to {topic}: {exc}") from exc
             raise EventLogError(f"cannot produce to {topic}: {exc}") from exc
 
     def poll(self, timeout_s: float) -> int:
-        return int(self._p.poll(timeout_s))
+        served = int(self._p.poll(timeout_s))
+        self._raise_if_fatal()
+        return served
 
     def flush(self, timeout_s: float) -> int:
         return int(self._p.flush(timeout_s))
@@ -284,6 +388,25 @@ class KafkaEventLog:
 
     def read_to_end(self, topic: str, partition: int, timeout_s: float, start: int | None = None) -> Iterator[Record]:
         return read_partition_to_end(self.bootstrap, topic, partition, timeout_s, start, role=self.role)
+
+
+class KafkaProbe:
+    """Does a broker of the cluster answer? (A metadata request on a client of its own.)
+    For liveness: a process that makes no progress while its broker answers is stuck."""
+
+    def __init__(self, bootstrap: str, *, role: str | None = None) -> None:
+        self._c = Consumer(consumer_config(bootstrap, RESTORE_GROUP, role=role, **{"client.id": "gnomon-probe"}))
+
+    def reachable(self, timeout_s: float = 3.0) -> bool:
+        try:
+            md = self._c.list_topics(timeout=timeout_s)
+        except KafkaException:
+            return False
+        return bool(md.brokers)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._c.close()
 
 
 def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | None = None) -> int:

@@ -14,7 +14,8 @@ Five small interfaces, each mapping one kind of Kafka client:
   ``retriable`` ones may be retried as they are. ``send_offsets`` carries the consumer
   group's metadata (KIP-447), so a member whose generation is stale cannot commit;
 * ``Producer``: plain, non-transactional, with backpressure (``produce`` waits while the
-  local queue is full) and optional delivery reports (the worker);
+  local queue is full) and optional delivery reports (the worker); ``produce`` and
+  ``poll`` raise ``ProducerFatalError`` once it can deliver nothing again;
 * ``EventLog``: makes the clients and reads a partition's end offset or its records to
   the end.
 
@@ -54,6 +55,11 @@ class TransactionError(EventLogError):
         super().__init__(message)
         self.fatal = fatal
         self.retriable = retriable
+
+
+class ProducerFatalError(EventLogError):
+    """A plain producer can deliver nothing again (an idempotent producer's fatal state):
+    build a new one and send again what was not acknowledged."""
 
 
 Partitions = Callable[[list[TP]], None]  # a rebalance callback: the partitions concerned

@@ -25,14 +25,19 @@ def series_names(registry: CollectorRegistry) -> set[str]:
 def all_series_names() -> dict[str, set[str]]:
     """Process kind -> the series names its registry exposes."""
     from gnomon.metrics.api import ApiMetrics
+    from gnomon.metrics.liveness import LivenessGauges
     from gnomon.metrics.processor import ProcessorMetrics
     from gnomon.metrics.projector import ProjectorMetrics
     from gnomon.metrics.worker import WorkerMetrics
     from gnomon.topology import load_topology
 
+    processor = ProcessorMetrics(load_topology(), "catalog").registry
+    worker = WorkerMetrics("default", "catalog", now_s=lambda: 0).registry
+    LivenessGauges(processor, "processor")  # registered by the CLI's watchdog (gnomon.metrics.liveness)
+    LivenessGauges(worker, "worker")
     return {
-        "processor": series_names(ProcessorMetrics(load_topology(), "catalog").registry),
-        "worker": series_names(WorkerMetrics("default", "catalog", now_s=lambda: 0).registry),
+        "processor": series_names(processor),
+        "worker": series_names(worker),
         "projector": series_names(ProjectorMetrics("gnomon-history").registry),
         "api": series_names(ApiMetrics().registry),
     }

@@ -79,6 +79,8 @@ class WorkerMetrics:
                                  "or shutting down)", ["pool"], registry=r)
         self.resends = Counter("gnomon_worker_result_resends", "Checked records sent again after a failed delivery",
                                ["pool"], registry=r)
+        self.producer_rebuilds = Counter("gnomon_worker_producer_rebuilds", "Producers replaced after a fatal "
+                                         "error (their unacknowledged results sent again)", ["pool"], registry=r)
         self.attempts = Gauge("gnomon_worker_attempts", "Attempts held by this worker, by state", ["pool", "state"],
                               registry=r)
         self.slots = Gauge("gnomon_worker_slots", "Attempts this worker runs at once (--concurrency)", ["pool"],
@@ -100,6 +102,9 @@ class WorkerMetrics:
     def attempt_finished(self, outcome: str, duration_s: float) -> None:
         self.finished.labels(self.pool, outcome).inc()
         self.duration.labels(self.pool, outcome).observe(max(0.0, duration_s))
+
+    def producer_rebuilt(self, pool: str) -> None:
+        self.producer_rebuilds.labels(pool).inc()
 
     def held(self, running: int, staged: int, due: int, slots: int) -> None:
         self.attempts.labels(self.pool, "running").set(running)

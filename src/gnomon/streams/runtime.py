@@ -73,7 +73,11 @@ class ProcessorConfig:
     restore_timeout_s: float = 120.0
     transaction_timeout_ms: int = 5_000  # a killed processor's open transaction blocks its partitions this long
     session_timeout_ms: int = 3_000  # a killed processor is noticed after this (the broker allows >= 1 s)
-    producer_rebuilds_max: int = 20  # fatal producer errors survived before the process exits
+    producer_rebuilds_max: int = 20  # fatal producer errors survived (broker answering) before the process exits
+    commit_timeout_s: float = 10.0  # one transaction (begin to commit), retriable errors retried within it
+    abort_timeout_s: float = 5.0  # aborting a failed transaction; longer: the producer is rebuilt
+    recover_timeout_s: float = 5.0  # one recovery attempt's Kafka calls (new producer, committed offsets)
+    recover_backoff_s: float = 1.0  # between recovery attempts while the broker does not answer
     record_attempts_max: int = 3  # processes one input record may stop before it is poisoned unapplied
     # A local checkpoint older than this is not trusted (full rebuild instead): a restore
     # from it could miss tombstones the log cleaner removed (delete.retention.ms, 1 h).
@@ -127,6 +131,12 @@ class Processor:
             config={"partition.assignment.strategy": "range",
                     "heartbeat.interval.ms": max(100, cfg.session_timeout_ms // 3)})
         self._fatal_count = 0
+        self._need_producer = False  # the producer is unusable: build a new one (``_recover``)
+        self._need_rewind = False  # local state and positions may be ahead of the last commit
+        self._next_producer: TransactionalProducer | None = None  # being initialised by the recovery
+        self._recover_at_ms = 0  # no recovery attempt before (processor clock)
+        self._recovering_since_ms: int | None = None
+        self.progress_at_s = time.monotonic()  # the last step that ended at a commit, or idle
         self.producer = self._new_producer()
         self.directory = WorkerDirectory()
         self.adverts: AdvertFeed | None = None
@@ -230,7 +240,11 @@ class Processor:
             if self.history is not None:
                 self.history.forget(p)  # samples from an earlier ownership say nothing of what others wrote
             if p not in self.tasks:
-                self.tasks[p] = self._restore(p)
+                try:
+                    self.tasks[p] = self._restore(p)
+                except EventLogError as exc:  # the broker went away again: restored by the recovery
+                    log.warning("partition %d not restored (%s); recovering", p, exc)
+                    self._need_rewind = True
 
     def _on_revoke(self, partitions: list[TP]) -> None:
         gone = sorted({p for _, p in partitions})
@@ -326,6 +340,8 @@ class Processor:
                 for rec in self.log.read_to_end(topic, partition, self.cfg.restore_timeout_s):
                     table[rec.key.decode() if rec.key else ""] = rec.value
                     n += 1
+                    if n % 10_000 == 0:
+                        self.progress_at_s = time.monotonic()  # a long restore is progress
             try:
                 task.bulk_load(latest[self.topo.jobs], latest[self.topo.runs])
             except GnomonError as exc:
@@ -336,12 +352,15 @@ class Processor:
                 for rec in self.log.read_to_end(topic, partition, self.cfg.restore_timeout_s, ckpt[topic]):
                     tail[rec.key.decode() if rec.key else ""] = rec.value
                     n += 1
+                    if n % 10_000 == 0:
+                        self.progress_at_s = time.monotonic()
                 for key, value in tail.items():
                     try:
                         apply(key, value)
                     except GnomonError as exc:
                         log.error("changelog %s[%d] key %s undecodable, skipped: %s", topic, partition, key, exc)
         counted = task.load_counts()
+        self.progress_at_s = time.monotonic()
         self.metrics.restored("standby" if promoted is not None else "rebuild" if ckpt is None else "checkpoint",
                               time.monotonic() - started)
         log.info("partition %d restored: %d records in %.2fs (%s); %d tenant counting entries", partition, n,
@@ -351,6 +370,10 @@ class Processor:
     # ---- one step --------------------------------------------------------------------------
 
     def step(self) -> None:
+        if self.recovering:
+            self._recovery_step()
+            if self.recovering:
+                return
         if self.history is not None:
             self.history.poll(self.tasks)  # between transactions: everything before now is committed
         if self.standbys is not None and self._joined:  # (before the first assignment every partition looks free)
@@ -362,6 +385,7 @@ class Processor:
         now = self.clock.now_ms()
         due_tick = now - self._last_tick_ms >= self.cfg.tick_interval_ms
         if not msgs and not due_tick:
+            self.progress_at_s = time.monotonic()  # nothing to do is not being stuck
             return
         outputs: list[Output] = []
         offsets: dict[tuple[str, int], int] = {}
@@ -392,7 +416,10 @@ class Processor:
             outputs.extend(self.usage.changes(sorted(self.tasks), now))
         if outputs or offsets:
             self._commit(outputs, offsets)
+        if self.recovering:
+            return
         self._clean = True
+        self.progress_at_s = time.monotonic()
         self.metrics.sample(now, self.tasks, self.directory, len(self.standbys.copies) if self.standbys else 0,
                             self.consumer, self.inputs, self.history.lag if self.history is not None else None)
 
@@ -456,9 +483,12 @@ class Processor:
         """One transaction: outputs + changelogs + consumed offsets. Error handling follows
         the transactional producer's contract: retriable errors retry the same call,
         abortable ones abort and rewind state and positions to the last commit, fatal ones
-        (e.g. fenced, or a coordinator lost mid-commit) rebuild the producer and rewind."""
+        (e.g. fenced, or a coordinator lost mid-commit) rebuild the producer and rewind.
+        Bounded: the whole transaction gets ``commit_timeout_s``; a failed one leaves the
+        processor recovering (``_recover``) until the broker lets it rebuild and rewind."""
+        deadline = time.monotonic() + self.cfg.commit_timeout_s
         try:
-            self._txn(self.producer.begin)
+            self._txn(lambda _t: self.producer.begin(), deadline)
             for o in outputs:
                 value = o.encoded if o.encoded is not None else (
                     None if o.value is None else codec.encode(o.value, o.topic))
@@ -469,59 +499,113 @@ class Processor:
                 tps = {tp: off for tp, off in self.consumer.position(self.consumer.assignment()).items() if off >= 0}
             if tps:
                 meta = self.consumer.group_metadata()
-                self._txn(lambda: self.producer.send_offsets(tps, meta, 30))
-            self._txn(lambda: self.producer.commit(30))
+                self._txn(lambda t: self.producer.send_offsets(tps, meta, t), deadline)
+            self._txn(lambda t: self.producer.commit(t), deadline)
             self.transactions += 1
             self.metrics.committed(outputs)
             self._fatal_count = 0
         except EventLogError as exc:
+            self.aborts += 1
             if isinstance(exc, TransactionError) and exc.fatal:
                 self._fatal(exc)
-                return
-            log.warning("transaction failed (%s); aborting and restoring state", exc)
-            self.aborts += 1
-            try:
-                self._txn(lambda: self.producer.abort(30))
-            except TransactionError as exc2:
-                self._fatal(exc2)
-                return
-            self._rewind()
+            else:
+                log.warning("transaction failed (%s); aborting and restoring state", exc)
+                try:
+                    self._txn(lambda t: self.producer.abort(t), time.monotonic() + self.cfg.abort_timeout_s)
+                except TransactionError as exc2:
+                    self._fatal(exc2)
+            self._need_rewind = True
+            self._recover()
 
-    def _txn(self, call: Callable[[], None], attempts: int = 8) -> None:
-        """Run one transactional call, retrying while the error says it is retriable."""
-        for attempt in range(attempts):
+    def _txn(self, call: Callable[[float], None], deadline: float) -> None:
+        """Run one transactional call (given the seconds left), retrying while the error
+        says it is retriable and ``deadline`` (monotonic) is not reached."""
+        attempt = 0
+        while True:
             try:
-                call()
+                call(max(0.1, deadline - time.monotonic()))
                 return
             except TransactionError as exc:
-                if not exc.retriable or exc.fatal or attempt == attempts - 1:
+                pause_s = min(1.0, 0.05 * 2**attempt)
+                attempt += 1
+                if not exc.retriable or exc.fatal or time.monotonic() + pause_s >= deadline:
                     raise
-                log.info("transactional call retriable error (%s); retry %d", exc, attempt + 1)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
+                log.info("transactional call retriable error (%s); retry %d", exc, attempt)
+                time.sleep(pause_s)
 
     def _fatal(self, err: EventLogError) -> None:
-        """The producer is unusable: build a new one (same transactional id, which also
-        aborts whatever the old one left open) and rewind. Bounded: too many in a row exit."""
+        """The producer is unusable: drop it; ``_recover`` builds a new one (same
+        transactional id, which also aborts whatever the old one left open). Bounded: too
+        many in a row while the broker answers exit."""
         self._fatal_count += 1
-        self.aborts += 1
         log.error("fatal transactional producer error (%s); rebuilding the producer (%d)", err, self._fatal_count)
         if self._fatal_count > self.cfg.producer_rebuilds_max:
             self._stop.set()
             raise EventLogError(f"processor gave up after {self._fatal_count} fatal Kafka errors: {err}")
         with contextlib.suppress(Exception):
             self.producer.flush(1)
-        self.producer = self._new_producer()
-        self._txn(lambda: self.producer.init_transactions(30))
-        self._rewind()
+        self._need_producer = True
+
+    @property
+    def recovering(self) -> bool:
+        """A transaction failed and the producer or the local state is not back yet."""
+        return self._need_producer or self._need_rewind
+
+    def _recover(self) -> bool:
+        """One bounded attempt to get back to the last commit: a new producer if the old
+        one is unusable, then state and positions rewound. False (logged) when the broker
+        did not let it: the next step tries again, after ``recover_backoff_s``."""
+        now_ms = self.clock.now_ms()  # (the simulation's clock: its steps take no real time)
+        if now_ms < self._recover_at_ms:
+            return False
+        if self._recovering_since_ms is None:
+            self._recovering_since_ms = now_ms
+        try:
+            if self._need_producer:
+                # a timed-out init may be retried on the same producer; a fatal one needs a new one
+                producer = self._next_producer or self._new_producer()
+                self._next_producer = producer
+                try:
+                    producer.init_transactions(self.cfg.recover_timeout_s)
+                except TransactionError as exc:
+                    if exc.fatal or not exc.retriable:
+                        self._next_producer = None
+                    raise
+                self.producer, self._next_producer = producer, None
+                self._need_producer = False
+            if self._need_rewind:
+                self._rewind()
+                self._need_rewind = False
+        except EventLogError as exc:
+            self._recover_at_ms = self.clock.now_ms() + int(self.cfg.recover_backoff_s * 1000)
+            log.warning("recovery not possible yet (%s): %s; again in %.1f s",
+                        "new producer" if self._need_producer else "rewind", exc, self.cfg.recover_backoff_s)
+            return False
+        log.info("recovered after %.1f s: producer ready, state and positions at the last commit",
+                 (self.clock.now_ms() - self._recovering_since_ms) / 1000)
+        self._recovering_since_ms = None
+        return True
+
+    def _recovery_step(self) -> None:
+        """While recovering: serve the group (rebalance callbacks run in ``consume``: a
+        lost assignment is given up and the group rejoined) and try to recover. Records
+        read meanwhile are dropped: the rewind seeks back to the last commit."""
+        self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
+        self._recover()
 
     def _rewind(self) -> None:
-        """After an abort: state and positions go back to the last commit."""
+        """After an abort: state and positions go back to the last commit (every assigned
+        partition, also one whose restore failed when it was assigned)."""
         self.attempts.clear()  # the records are read again by a process that survived them
         assignment = self.consumer.assignment()
-        committed = self.consumer.committed(assignment, 30)
-        for p in list(self.tasks):
-            self.tasks[p].kv.close()
-            self.tasks[p] = self._restore(p, trust_checkpoint=False)
+        # (nothing assigned, e.g. lost with the session: nothing to read from the coordinator)
+        committed = self.consumer.committed(assignment, self.cfg.recover_timeout_s) if assignment else {}
+        for p in sorted({p for _, p in assignment} | set(self.tasks)):
+            old = self.tasks.pop(p, None)
+            if old is not None:
+                old.kv.close()
+            if p in {q for _, q in assignment}:
+                self.tasks[p] = self._restore(p, trust_checkpoint=False)
         for tp, offset in committed.items():
             self.consumer.seek(tp, offset if offset is not None else 0)
 

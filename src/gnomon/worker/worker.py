@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gnomon import codec
 from gnomon.adapters.kafka import partition_for
@@ -51,7 +51,7 @@ from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, Stop
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
-from gnomon.eventlog.port import EventLog, Producer, Reader
+from gnomon.eventlog.port import EventLog, Producer, ProducerFatalError, Reader
 from gnomon.metrics.worker import WorkerMetrics
 from gnomon.retrying import Retry
 from gnomon.topology import Topology, load_topology
@@ -62,6 +62,9 @@ from gnomon.worker.pool import AttemptPool
 from gnomon.worker.sandbox import Cgroups
 from gnomon.worker.secrets import SecretStore
 
+if TYPE_CHECKING:
+    from gnomon.metrics.serve import Health
+
 log = logging.getLogger("gnomon.worker")
 
 INBOX_GROUP = "gnomon-worker-inbox"
@@ -69,7 +72,8 @@ INBOX_GROUP = "gnomon-worker-inbox"
 # then the start fails with the broker's error
 INBOX_OPEN_RETRY = Retry(attempts_max=8, base_s=0.5, cap_s=10.0,
                          retriable=lambda exc: isinstance(exc, EventLogError))
-RESULT_SENDS_MAX = 10  # a result whose delivery failed this often is given up (its lease then lapses)
+RESULT_SENDS_MAX = 10  # a result refused this often is given up (its lease then lapses); timeouts do not count
+PRODUCER_REBUILD_EVERY_MS = 1000  # a producer in a fatal state is replaced at most this often
 
 
 class AttemptRunner(Protocol):
@@ -154,6 +158,15 @@ class Worker:
         self._executor: Executor | None = None
         # checked records whose delivery failed: (topic, key, value, sends so far, error)
         self._undelivered: deque[tuple[str, bytes, bytes, int, str]] = deque()
+        # checked records sent and not yet acknowledged, by send order: re-sent on a new
+        # producer when the one they went through can deliver nothing again
+        self._unacked: dict[int, tuple[str, bytes, bytes, int]] = {}
+        self._sends = 0
+        self._producer_gen = 0  # delivery reports of an earlier producer are ignored
+        self._producer_fatal: str | None = None  # the producer can deliver nothing again
+        self._rebuilt_at_ms = -PRODUCER_REBUILD_EVERY_MS
+        self.producer_rebuilds = 0
+        self.progress_at_s = time.monotonic()  # last step with every checked record acknowledged
         self.undelivered_total = 0
         self._pool = AttemptPool(concurrency_max)
         self._inbox_tp: tuple[str, int] | None = None
@@ -209,14 +222,16 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
-    def serve_metrics(self, port: int | None = None, host: str = "127.0.0.1") -> str | None:
+    def serve_metrics(self, port: int | None = None, host: str = "127.0.0.1", *,
+                      health: Health | None = None) -> str | None:
         """Serve this worker's /metrics on ``port`` (None: the first free one from 9490;
-        0: off), before ``run()``; the URL, or None (logged) if not served."""
+        0: off), before ``run()``; the URL, or None (logged) if not served. ``health``:
+        also /healthz (``gnomon.metrics.liveness``)."""
         from gnomon.metrics.serve import serve
 
         if self.metrics is None:
             self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
-        endpoint = serve(self.metrics.registry, "worker", port=port, host=host)
+        endpoint = serve(self.metrics.registry, "worker", port=port, host=host, health=health)
         return None if endpoint is None else endpoint.url
 
     # ---- loop --------------------------------------------------------------------------
@@ -227,7 +242,7 @@ class Worker:
             from gnomon.eventlog.kafka import KafkaEventLog
 
             self._log = KafkaEventLog(self.bootstrap, role="worker")
-        self._producer = self._log.producer(client_id=f"worker-{self.worker_id}", config={"linger.ms": 2})
+        self._producer = self._new_producer()
         policy = self.policy  # fails here, before joining, when no tenant is named
         if policy.commands.enabled:
             if Cgroups.usable():
@@ -259,8 +274,12 @@ class Worker:
         self._finish_done()
         self._heartbeat()
         self._advertise()
-        self._producer.poll(0)
+        self._poll_producer()
         self._resend_undelivered()
+        if self._producer_fatal is not None:
+            self._rebuild_producer()
+        if not self._unacked and self._producer_fatal is None:
+            self.progress_at_s = time.monotonic()
 
     def shutdown(self) -> None:
         """Hand back what is staged, say it leaves, wait for running attempts (up to
@@ -277,7 +296,7 @@ class Worker:
         assert self._inbox is not None and self._producer is not None
         self._inbox.close()
         left = self._producer.flush(10)
-        self._producer.poll(0)
+        self._poll_producer()
         if left or self._undelivered:
             log.error("worker %s exits with %d records not delivered; their runs are retried when "
                       "their leases lapse", self.worker_id, left + len(self._undelivered))
@@ -353,30 +372,91 @@ class Worker:
         while the worker runs."""
         self._produce(topic, key.encode(), codec.encode(obj), checked, 0)
 
+    def _new_producer(self) -> Producer:
+        assert self._log is not None
+        return self._log.producer(client_id=f"worker-{self.worker_id}", config={"linger.ms": 2})
+
     def _produce(self, topic: str, key: bytes, value: bytes, checked: bool, tries: int) -> None:
         assert self._producer is not None
         on_delivery = None
         if checked:
+            self._sends += 1
+            seq, gen = self._sends, self._producer_gen
+            self._unacked[seq] = (topic, key, value, tries)
+
             def on_delivery(err: str | None) -> None:
-                if err is not None:
-                    self._undelivered.append((topic, key, value, tries + 1, err))
+                if gen != self._producer_gen:
+                    return  # sent through a producer given up since: re-sent on its successor
+                if self._unacked.pop(seq, None) is None:
+                    return
+                if err is None:
+                    self.progress_at_s = time.monotonic()
+                else:  # a timeout (broker away) does not count against the record
+                    self._undelivered.append((topic, key, value, tries + (0 if "TIMED_OUT" in err else 1), err))
+        if self._producer_fatal is not None:
+            return  # kept in _unacked when checked: sent on the next producer
         try:  # (waits while the producer's queue is full)
             self._producer.produce(topic, key, value, on_delivery=on_delivery)
+        except ProducerFatalError as exc:
+            self._producer_fatal = str(exc)
         except EventLogError as exc:  # e.g. a record over message.max.bytes: never end the loop
             log.error("cannot produce to %s for %s: %s", topic, key.decode(), exc)
+            if checked:
+                self._unacked.pop(self._sends, None)
+
+    def _poll_producer(self) -> None:
+        """Serve delivery reports; notice a producer that can deliver nothing again."""
+        assert self._producer is not None
+        try:
+            self._producer.poll(0)
+        except ProducerFatalError as exc:
+            self._producer_fatal = str(exc)
+
+    def _rebuild_producer(self) -> None:
+        """Replace a producer in a fatal state (an idempotent producer that lost its
+        sequence, e.g. after a broker outage) and send again, in their order, the checked
+        records it did not acknowledge: starts, outcomes and hand-backs keep their fencing
+        tokens, so the processor still refuses a stale one. At most once per
+        ``PRODUCER_REBUILD_EVERY_MS``."""
+        now = self.clock.now_ms()
+        if now - self._rebuilt_at_ms < PRODUCER_REBUILD_EVERY_MS:
+            return
+        self._rebuilt_at_ms = now
+        why, self._producer_fatal = self._producer_fatal, None
+        self._producer_gen += 1
+        self.producer_rebuilds += 1
+        self._producer = self._new_producer()
+        pending = [rec for _, rec in sorted(self._unacked.items())]
+        self._unacked.clear()
+        log.warning("producer unusable (%s); built a new one (%d) and sending %d unacknowledged results again",
+                    why, self.producer_rebuilds, len(pending))
+        if self.metrics is not None:
+            self.metrics.producer_rebuilt(self.pool)
+        for topic, key, value, tries in pending:
+            self._produce(topic, key, value, True, tries)
 
     def _resend_undelivered(self) -> None:
-        """Produce again the checked records whose delivery failed (see ``_send``)."""
+        """Produce again the checked records whose delivery failed (see ``_send``): one
+        log line per record refused, one per batch for records that timed out (a broker
+        outage times out every record in flight)."""
+        timed_out: list[str] = []
         while self._undelivered:
             topic, key, value, tries, err = self._undelivered.popleft()
             self.undelivered_total += 1
             if self.metrics is not None:
                 self.metrics.resends.labels(self.pool).inc()
             if tries > RESULT_SENDS_MAX:
-                log.error("gave up on a result for %s after %d sends: %s", key.decode(), tries, err)
+                log.error("gave up on a result for %s after %d refused sends: %s", key.decode(), tries, err)
                 continue
-            log.warning("result for %s not delivered (%s); sending it again (send %d)", key.decode(), err, tries + 1)
+            if "TIMED_OUT" in err:
+                timed_out.append(key.decode())
+            else:
+                log.warning("result for %s not delivered (%s); sending it again (refused %d times)", key.decode(),
+                            err, tries)
             self._produce(topic, key, value, True, tries)
+        if timed_out:
+            log.warning("%d results not delivered in time (broker away?), e.g. for %s; sending them again",
+                        len(timed_out), ", ".join(sorted(set(timed_out))[:3]))
 
     # ---- inbox and the local timer ----------------------------------------------------------
 

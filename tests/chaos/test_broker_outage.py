@@ -1,0 +1,56 @@
+"""The broker down under 20 per-second jobs, then back (issue 21): a single broker of the
+test's own, for 30 s and then 2 min. Runs start again
+within 30 s of the return and on time after that, the history checker accounts for
+every slot (the outage's missed slots as catch-up skips), and the processor and the
+worker are alive and healthy at the end. On the single broker the processor is then
+frozen (SIGSTOP) past its session and its transaction timeout: once thawed it is fenced
+(its assignment lost, or its commit refused), and it rejoins and works again.
+
+Outside CI (bench/broker_outage.py): the 10-minute outage, and the same outages on three
+brokers (`--nodes 3 --outage-s 30 --outage-s 120`): there the start lag p99 after the
+return was 0.96-0.98 s in one run and 16.6 s in another on a loaded machine (docs/
+benchmarks.md), too close to its 1 s bound to gate CI on until that is explained."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from outagelib import Result, own_cluster, pct, run_outages
+
+from gnomon.core.runs import RunStatus
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+RESUME_S = 30.0  # runs start again within this after the brokers are back
+LAG_P99_S = 1.0  # start lag p99 of the slots from RESUME_S after the return on
+
+
+def assert_rode_out(res: Result) -> None:
+    for o in res.outages:
+        assert o.resumed_s is not None and o.resumed_s <= RESUME_S, o.summary()
+        assert len(o.lags_s) >= 100 and o.not_started == 0, o.summary()
+        assert pct(o.lags_s, 99) <= LAG_P99_S, o.summary()
+    assert res.report.ok, res.report.summary()
+    caught_up = [r for r in res.runs if r.status is RunStatus.SKIPPED and r.reason and "catch-up" in r.reason]
+    assert caught_up, "the outage's missed slots should be skipped by the catch-up policy"
+    assert all(res.alive.values()), res.alive
+    for name, health in res.healthy.items():
+        assert health.get("status_code") == 200 and health.get("status") == "ok", (name, health)
+
+
+def test_single_broker_down_30s_then_2min_then_processor_frozen(tmp_path: Path) -> None:
+    with own_cluster(tmp_path / "kafka1", 1, 24092) as settings:
+        res = run_outages(tmp_path, settings, 1, (30, 120), after_s=40, freeze_s=12)
+    assert_rode_out(res)
+    # frozen past its session (3 s) and its transaction timeout (5 s): fenced out of the
+    # group (its client finds its session expired and drops the assignment, or its first
+    # commit is refused with the stale generation), then it rejoins and works
+    after = res.log_after("p1", int(res.freeze["thawed_at_ms"]))  # type: ignore[call-overload]
+    fenced = r"lost partitions|transaction failed|fatal transactional producer error"
+    assert any(re.search(fenced, line) for line in after), "the thawed processor was not fenced"
+    assert any("assigned partitions" in line for line in after), "the thawed processor did not rejoin"
+    lags = res.freeze["lags_s"]
+    assert isinstance(lags, list) and len(lags) >= 100 and res.freeze["not_started"] == 0
+    assert pct(lags, 99) <= LAG_P99_S, pct(lags, 99)
