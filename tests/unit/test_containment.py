@@ -190,3 +190,29 @@ def test_a_job_whose_tick_breaks_is_poisoned_once_and_the_others_keep_running(
     assert any(s.job_id == "well" and s.status.value == "succeeded" for s in sim.ledger())
     task = sim.processor("p0").tasks[partition_for("sick", 2)]
     assert task.stats.tick_failures > 10  # tried every tick, poisoned once
+
+
+def test_deaths_after_a_record_was_applied_are_not_counted_against_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: the marker named the last record begun until the next one, so
+    processes killed in their commit (or a tick) three times blamed a healthy record."""
+    from gnomon.streams.runtime import Processor
+
+    original = Processor._commit
+    kills = []
+
+    def dying(self: Processor, outputs: object, offsets: dict) -> None:  # type: ignore[type-arg]
+        if len(kills) < 3 and any(t == self.topo.job_commands for t, _ in offsets):
+            kills.append(dict(offsets))
+            raise Death()
+        original(self, outputs, offsets)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Processor, "_commit", dying)
+    sim = _sim()
+    sim.submit(J.RegisterJob("healthy", TENANT, GOOD, sim.clock.now_ms()))
+    for _ in range(3):
+        with pytest.raises(Death):
+            sim.run_for(8_000, faults=False)
+        sim.kill("p0", drop_state=False, down_ms=0)
+    sim.run_for(10_000, faults=False)
+    assert len(kills) == 3 and _poison(sim) == []
+    assert [a.code for a in _answers(sim)["healthy"]] == [ResultCode.ACCEPTED] and "healthy" in sim.jobs()

@@ -53,13 +53,15 @@ def _serve_metrics(registry: CollectorRegistry, kind: str, port: int | None, hea
 
 
 EXIT_GRACE_S = 15.0  # a stuck process asked to stop is killed from within after this
+WORKER_FLUSH_S = 10.0  # a stopping worker's last flush (Worker.shutdown)
 
 
 def _watchdog(kind: str, registry: CollectorRegistry, progress_at: Callable[[], float], stop: Callable[[], None],
-              limit_s: float, role: str) -> Watchdog | None:
+              limit_s: float, role: str, grace_s: float = EXIT_GRACE_S) -> Watchdog | None:
     """Liveness for a long-running process (``gnomon.metrics.liveness``): stuck with the
     broker answering for ``limit_s``, it is asked to stop and, if its loop does not come
-    back (stuck inside a client library), ended with ``EXIT_STALLED`` after ``EXIT_GRACE_S``."""
+    back (stuck inside a client library), ended with ``EXIT_STALLED`` after ``grace_s``
+    (a worker's covers its drain: killed mid-drain, its attempts' processes would outlive it)."""
     if limit_s <= 0:
         return None
     from gnomon.eventlog.kafka import KafkaProbe
@@ -75,7 +77,7 @@ def _watchdog(kind: str, registry: CollectorRegistry, progress_at: Callable[[], 
 
     def on_stuck(_v: Verdict) -> None:
         stop()
-        timer = threading.Timer(EXIT_GRACE_S, lambda: os._exit(EXIT_STALLED))
+        timer = threading.Timer(grace_s, lambda: os._exit(EXIT_STALLED))
         timer.daemon = True
         timer.start()
 
@@ -212,7 +214,8 @@ def worker(
 
     if w.metrics is None:
         w.metrics = WorkerMetrics(w.pool, w.worker_id, now_s=lambda: w.clock.now_ms() // 1000)
-    dog = _watchdog("worker", w.metrics.registry, lambda: w.progress_at_s, w.stop, stall_limit_s, role="worker")
+    dog = _watchdog("worker", w.metrics.registry, lambda: w.progress_at_s, w.stop, stall_limit_s, role="worker",
+                    grace_s=w.drain_timeout_s + WORKER_FLUSH_S + EXIT_GRACE_S)
     w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host,
                     health=dog.health if dog else None)
     _stop_on_signals(w)

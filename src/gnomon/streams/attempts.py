@@ -6,8 +6,9 @@ the kernel kills it): the restarted processor reads the same record first again 
 dies again, and scheduling stops for every tenant. So before applying each record the
 processor writes where it is ("this topic, partition, offset; attempt n") to a marker
 that outlives the process (a small memory-mapped file beside the state stores: about a
-microsecond per record, no fsync: it must survive the process, not the machine). A
-clean stop, and an abort the process survived, clear it. A processor that finds the
+microsecond per record, no fsync: it must survive the process, not the machine), and
+empties it once the record is applied, answered or poisoned, so that only a death inside
+a record counts against it. A clean stop, and an abort the process survived, clear it. A processor that finds the
 marker pointing at the record it is about to apply knows the last process died in it,
 and counts one more attempt; past ``attempts_max`` the record goes to the poison topic
 unapplied, with the count in its reason.
@@ -115,6 +116,11 @@ class RecordAttempts:
         if len(data) <= MARKER_BYTES:
             self.marker.write(data)
         return attempt
+
+    def done(self) -> None:
+        """The record begun last was applied: a death after this is not its doing. (What
+        the last process left is kept: the record it died in is still to come.)"""
+        self.marker.write(b"")
 
     def clear(self) -> None:
         """The process did not die in the record it began last (a clean stop, an abort it

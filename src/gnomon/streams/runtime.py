@@ -317,6 +317,7 @@ class Processor:
             ckpt = None
         task = PartitionTask(partition, self.stores.open(partition, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory, quota=self.quota)
+        task.on_progress = self._progressed  # a long restore is progress (liveness)
         if ckpt is None:
             return task, None, None
         return task, {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}, int(ckpt.get(_WRITTEN_AT, 0))
@@ -367,6 +368,9 @@ class Processor:
                  time.monotonic() - started, source, counted)
         return task
 
+    def _progressed(self) -> None:
+        self.progress_at_s = time.monotonic()
+
     # ---- one step --------------------------------------------------------------------------
 
     def step(self) -> None:
@@ -381,6 +385,11 @@ class Processor:
             if not self._saturated:
                 self.standbys.poll()  # our own partitions first: standbys get the spare time
         msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
+        if self.recovering:
+            # a rebalance in ``consume`` could not restore a partition: nothing of this batch
+            # may be committed (its offsets would skip records never applied); the rewind
+            # reads it again
+            return
         self._saturated = len(msgs) >= self.cfg.batch_max
         now = self.clock.now_ms()
         due_tick = now - self._last_tick_ms >= self.cfg.tick_interval_ms
@@ -454,6 +463,11 @@ class Processor:
                       msg.topic, msg.partition, msg.offset, attempt - 1)
             return self._poison(msg, f"the processor stopped {attempt - 1} times while applying it "
                                      f"(attempts_max {self.attempts.attempts_max}); not applied", now)
+        out = self._applied(task, msg, now)
+        self.attempts.done()  # applied, answered or poisoned: a death from here on is not this record's
+        return out
+
+    def _applied(self, task: PartitionTask, msg: Record, now: int) -> list[Output]:
         try:
             cmd = codec.decode(msg.value or b"")
             return task.apply_record(cmd, now, msg.topic, msg.offset)

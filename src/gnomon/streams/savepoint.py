@@ -45,6 +45,10 @@ class JournalKV:
         """Keep what was written since ``begin``."""
         self._undo = None
 
+    def written(self) -> list[bytes]:
+        """The keys written since ``begin``."""
+        return list(self._undo or ())
+
     def rollback(self) -> int:
         """Put back every key written since ``begin``; the number of keys restored."""
         undo, self._undo = self._undo, None

@@ -129,7 +129,8 @@ def _purge_key(ms: int, run_id: str) -> bytes:
 
 _COUNTED = frozenset(f.value.encode() for f in Q.Family)
 COUNTED_ENTRIES_MAX = 100_000_000
-TICK_FAILURES_KEPT_MAX = 10_000  # distinct failing jobs/runs remembered (each poisoned once)  # a partition's counting entries read when it is opened
+TICK_FAILURES_KEPT_MAX = 10_000
+PROGRESS_EVERY = 10_000  # keys loaded between two progress reports (``PartitionTask.on_progress``)  # distinct failing jobs/runs remembered (each poisoned once)  # a partition's counting entries read when it is opened
 
 
 def _counted_job(job: J.JobState | None) -> bool:
@@ -239,6 +240,8 @@ class PartitionTask:
         self._near: tuple[J.SchedulerConfig, J.SchedulerConfig] | None = None
         self._jobs_cache: dict[str, J.JobState | None] = {}
         self._pools = frozenset(self.topo.pools)
+        # called every PROGRESS_EVERY keys of a long load (a restore is progress: liveness)
+        self.on_progress: Callable[[], None] | None = None
         self._tick_failed: set[tuple[str, str]] = set()  # jobs and runs whose tick step raised (poisoned once)
         self._tick_failure_logged_s = 0.0
         self._runs_cache: dict[str, R.RunState | None] = {}
@@ -293,41 +296,47 @@ class PartitionTask:
     def savepoint(self, call: Callable[[], list[Output]]) -> list[Output]:
         """Run ``call`` (one record, or one job's or run's tick step) so that if it raises,
         this partition's state is as it was before: store writes undone
-        (``streams.savepoint``), counts moved back, caches dropped. A GnomonError is
-        re-raised as it was (a refusal); anything else becomes ``RecordFailed``. An
-        InfraError (the store itself failed) is re-raised untouched: the runtime aborts.
-        The worker directory's reservations are not taken back: it is an estimate that
-        the worker's next advert corrects."""
-        journal, store = self._journal, self.kv
+        (``streams.savepoint``), counts moved back, the decoded states it touched dropped
+        from the caches. A GnomonError is re-raised as it was (a refusal); anything else
+        becomes ``RecordFailed``. An InfraError (the store itself failed) is re-raised
+        untouched: the runtime stops. The worker directory's reservations are not taken
+        back: it is an estimate that the worker's next advert corrects."""
+        journal = self._journal
+        assert not journal.open and self.kv is not journal, "savepoints do not nest"
+        store = self.kv
         journal.inner = store
         journal.begin()
         self.kv, self._quota_undo = journal, []
         try:
             out = call()
         except InfraError:
-            self._close_savepoint(store)
             raise
         except Exception as exc:
-            self._undo(store)
+            self._undo()
             if isinstance(exc, GnomonError):
                 raise
             raise RecordFailed(exc) from exc
-        self._close_savepoint(store)
+        finally:  # whatever happened (a rollback that failed too), the store is the store again
+            journal.release()
+            self.kv, self._quota_undo = store, None
         return out
 
-    def _close_savepoint(self, store: KeyValueStore) -> None:
-        self._journal.release()
-        self.kv, self._quota_undo = store, None
-
-    def _undo(self, store: KeyValueStore) -> None:
-        undo = self._quota_undo or []
+    def _undo(self) -> None:
+        """Take back what the open savepoint wrote (nothing, for most refusals: they come
+        before the first write)."""
+        written = self._journal.written()
+        counted = self._quota_undo or []
+        if not written and not counted:
+            return
         self._journal.rollback()
-        self.kv, self._quota_undo = store, None
         if self.quota is not None:
-            for key, delta in reversed(undo):
+            for key, delta in reversed(counted):
                 self.quota.entry(self.partition, key, -delta)
-        self._jobs_cache.clear()
-        self._runs_cache.clear()
+        for key in written:  # (a state's cache entry follows its store key)
+            if key.startswith(b"j/"):
+                self._jobs_cache.pop(key[2:].decode(), None)
+            elif key.startswith(b"r/"):
+                self._runs_cache.pop(key[2:].decode(), None)
         self.stats.rolled_back += 1
 
     def apply_record(self, cmd: Any, now_ms: int, topic: str, offset: int) -> list[Output]:
@@ -352,6 +361,7 @@ class PartitionTask:
             for key, _ in self.kv.scan(prefix, _prefix_end(prefix), COUNTED_ENTRIES_MAX):
                 self.quota.entry(self.partition, key, +1)
                 n += 1
+                self._progress(n)
         return n
 
     def _store_job(self, job_id: str, old: J.JobState | None, new: J.JobState | None, out: list[Output]) -> None:
@@ -447,6 +457,7 @@ class PartitionTask:
             if pending is not None:
                 self._put_index(pending)
             n += 1
+            self._progress(n)
         for run_id, raw in runs.items():
             if raw is None:
                 continue
@@ -455,7 +466,12 @@ class PartitionTask:
             for k in self._index_keys(run):
                 self._put_index(k)
             n += 1
+            self._progress(n)
         return n
+
+    def _progress(self, n: int) -> None:
+        if self.on_progress is not None and n % PROGRESS_EVERY == 0:
+            self.on_progress()
 
     def restore_run(self, run_id: str, value: bytes | None) -> None:
         old = self.run(run_id)
@@ -679,7 +695,8 @@ class PartitionTask:
         for run_id in self._run_ids_under(_staged_prefix(worker_id)):
             run = self.run(run_id)
             if run is not None and run.not_before_ms > now_ms:
-                out.extend(self._handle_run(R.WorkerLost(run_id, worker_id, now_ms), now_ms))
+                out.extend(self._contained("run", run_id, now_ms,
+                                           partial(self._handle_run, R.WorkerLost(run_id, worker_id, now_ms), now_ms)))
         return out
 
     def _run_ids_under(self, prefix: bytes) -> list[str]:
@@ -988,7 +1005,19 @@ class PartitionTask:
     def assign_waiting_run(self, key: bytes, prefix_len: int, now_ms: int, out: list[Output]) -> str:
         """Try to grant the waiting run of index entry ``key``: "granted"; "room" (no
         worker with room: a miss); "quota" (its tenant is at quota: the run says so);
-        "stale" (the entry is no run's, dropped)."""
+        "stale" (the entry is no run's, dropped). Contained like a tick step: one that
+        raises changes nothing and counts as a miss."""
+        result = ["room"]
+
+        def step() -> list[Output]:
+            granted: list[Output] = []
+            result[0] = self._assign_waiting_run(key, prefix_len, now_ms, granted)
+            return granted
+
+        out.extend(self._contained("run", key[prefix_len + _WAITING_FIXED:].decode(errors="replace"), now_ms, step))
+        return result[0]
+
+    def _assign_waiting_run(self, key: bytes, prefix_len: int, now_ms: int, out: list[Output]) -> str:
         run = self.run(key[prefix_len + _WAITING_FIXED:].decode())
         if run is None or run.status is not R.RunStatus.READY:
             self.kv.delete(key)  # stale entry: never expected, but never loop on it
