@@ -210,11 +210,7 @@ def worker(
         fail(str(exc), 2)
     w.secrets = SecretStore(secrets_dir or load().state_dir / "secrets")
     s = load()
-    from gnomon.metrics.worker import WorkerMetrics
-
-    if w.metrics is None:
-        w.metrics = WorkerMetrics(w.pool, w.worker_id, now_s=lambda: w.clock.now_ms() // 1000)
-    dog = _watchdog("worker", w.metrics.registry, lambda: w.progress_at_s, w.stop, stall_limit_s, role="worker",
+    dog = _watchdog("worker", w.ensure_metrics().registry, lambda: w.progress_at_s, w.stop, stall_limit_s, role="worker",
                     grace_s=w.drain_timeout_s + WORKER_FLUSH_S + EXIT_GRACE_S)
     w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host,
                     health=dog.health if dog else None)

@@ -128,9 +128,9 @@ def _purge_key(ms: int, run_id: str) -> bytes:
 
 
 _COUNTED = frozenset(f.value.encode() for f in Q.Family)
-COUNTED_ENTRIES_MAX = 100_000_000
-TICK_FAILURES_KEPT_MAX = 10_000
-PROGRESS_EVERY = 10_000  # keys loaded between two progress reports (``PartitionTask.on_progress``)  # distinct failing jobs/runs remembered (each poisoned once)  # a partition's counting entries read when it is opened
+COUNTED_ENTRIES_MAX = 100_000_000  # a partition's counting entries read when it is opened
+TICK_FAILURES_KEPT_MAX = 10_000  # distinct failing jobs/runs remembered (each poisoned once)
+PROGRESS_EVERY = 10_000  # keys loaded between two progress reports (``PartitionTask.on_progress``)
 
 
 def _counted_job(job: J.JobState | None) -> bool:

@@ -222,6 +222,13 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    def ensure_metrics(self) -> WorkerMetrics:
+        """This worker's metrics, made on first use (by ``serve_metrics``, the CLI's
+        liveness gauges, or ``start``)."""
+        if self.metrics is None:
+            self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
+        return self.metrics
+
     def serve_metrics(self, port: int | None = None, host: str = "127.0.0.1", *,
                       health: Health | None = None) -> str | None:
         """Serve this worker's /metrics on ``port`` (None: the first free one from 9490;
@@ -229,9 +236,7 @@ class Worker:
         also /healthz (``gnomon.metrics.liveness``)."""
         from gnomon.metrics.serve import serve
 
-        if self.metrics is None:
-            self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
-        endpoint = serve(self.metrics.registry, "worker", port=port, host=host, health=health)
+        endpoint = serve(self.ensure_metrics().registry, "worker", port=port, host=host, health=health)
         return None if endpoint is None else endpoint.url
 
     # ---- loop --------------------------------------------------------------------------
@@ -256,8 +261,7 @@ class Worker:
         self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         self._inbox = self._open_inbox()
-        if self.metrics is None:
-            self.metrics = WorkerMetrics(self.pool, self.worker_id, now_s=lambda: self.clock.now_ms() // 1000)
+        self.ensure_metrics()
         log.info("worker %s serving pool %s for %s (concurrency %d; commands %s, containers %s)", self.worker_id,
                  self.pool, ", ".join(sorted(policy.tenants)), self.concurrency_max,
                  "on" if policy.commands.enabled else "off", "on" if policy.containers.enabled else "off")
