@@ -9,6 +9,18 @@ the cron `* * * * * *`, waits D seconds, then deletes them. Every slot in the me
 window (after a warm-up) must have started exactly once: start lag = the handler's own
 start - slot. After the end it reports how long the history projector took to catch up
 (its committed offsets on gnomon.runs reach the end).
+
+The CPU budget (issue 22): over the measured window it prints CPU-seconds per 1,000 runs
+started for each process (processor, workers, projector, the API with ``--api``, and the
+Kafka and Cassandra JVMs), Kafka records per run by topic, and the history projector's lag
+sampled every 5 s (records, and seconds at the ledger's write rate).
+
+    .venv/bin/python bench/steady.py --jobs 500 --duration-s 120 --api    # the budget table
+    .venv/bin/python bench/steady.py --jobs 200 --duration-s 150 --profile-s 60
+
+``--profile-s`` samples the processor and the projector with py-spy for that long once the
+warm-up is over (collapsed stacks in .gnomon/bench-logs/profile-*.txt, flame graphs beside
+them) and prints each one's top functions by inclusive and by own samples.
 """
 
 from __future__ import annotations
@@ -59,6 +71,100 @@ def history_lag(bootstrap: str, topic: str) -> int:
         c.close()
 
 
+def cpu_s(pid: int) -> float:
+    """user + system CPU seconds of process ``pid`` (/proc/<pid>/stat fields 14 and 15); 0 if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = raw[raw.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def java_pids(marker: str) -> list[int]:
+    """Pids of the processes whose command line contains ``marker`` (the Kafka and Cassandra JVMs)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def gnomon_records(bootstrap: str) -> dict[str, int]:
+    """topic -> sum of its partitions' end offsets, for every topic named gnomon.*"""
+    c = Consumer(consumer_config(bootstrap, "bench-offsets"))
+    try:
+        md = c.list_topics(timeout=10)
+        return {name: sum(c.get_watermark_offsets(TopicPartition(name, p), 10)[1] for p in t.partitions)
+                for name, t in sorted(md.topics.items()) if name.startswith("gnomon.")}
+    finally:
+        c.close()
+
+
+def budget_snapshot(pids: dict[str, list[int]], bootstrap: str) -> tuple[float, dict[str, float], dict[str, int]]:
+    return time.time(), {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}, gnomon_records(bootstrap)
+
+
+def print_budget(a: tuple[float, dict[str, float], dict[str, int]], b: tuple[float, dict[str, float], dict[str, int]],
+                 runs: int) -> None:
+    """CPU-seconds per 1,000 runs per process, and records per run by topic, between two snapshots."""
+    wall = b[0] - a[0]
+    if runs <= 0:
+        print("budget: no runs started in the window")
+        return
+    cpu = {k: b[1][k] - a[1][k] for k in a[1]}
+    print(f"CPU budget over {wall:.0f}s, {runs} runs started ({runs / wall:.0f}/s), machine of {os.cpu_count()} CPUs:")
+    print(f"  {'process':<12} {'CPU-s per 1,000 runs':>21} {'CPU-ms per run':>15} {'cores busy':>11}")
+    for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:<12} {1000 * v / runs:21.3f} {1000 * v / runs:15.3f} {v / wall:11.2f}")
+    total = sum(cpu.values())
+    print(f"  {'total':<12} {1000 * total / runs:21.3f} {1000 * total / runs:15.3f} {total / wall:11.2f}")
+    delta = {t: b[2].get(t, 0) - a[2].get(t, 0) for t in b[2]}
+    print(f"records per run = {sum(delta.values()) / runs:.2f} (every gnomon.* topic, transaction markers included): "
+          + " ".join(f"{t.removeprefix('gnomon.')}={d / runs:.2f}"
+                     for d, t in sorted(((d, t) for t, d in delta.items() if d), reverse=True)))
+
+
+def start_profiles(pids: dict[str, list[int]], roles: list[str], logs: Path, seconds: int) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
+    spy = Path(sys.executable).parent / "py-spy"
+    out = []
+    for role in roles:
+        path = logs / f"profile-{role}.txt"
+        out.append((role, path, subprocess.Popen(
+            [str(spy), "record", "--nonblocking", "--rate", "100", "--duration", str(seconds), "--format", "raw",
+             "--output", str(path), "--pid", str(pids[role][0])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+    return out
+
+
+def print_profile(role: str, path: Path, top: int = 25) -> None:
+    """Top functions of a py-spy collapsed-stack file, by inclusive and by own samples."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n_s = line.rpartition(" ")
+        if not n_s.isdigit():
+            continue
+        n = int(n_s)
+        total += n
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].rsplit("/", 1)[-1] + ")" if " (" in f else f
+                  for f in stack.split(";")]
+        own[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    if not total:
+        print(f"profile {role}: no samples")
+        return
+    print(f"profile {role}: {total} samples ({path})")
+    print("  inclusive: " + "; ".join(f"{f} {100 * n / total:.0f}%" for f, n in incl.most_common(top)))
+    print("  own:       " + "; ".join(f"{f} {100 * n / total:.1f}%" for f, n in own.most_common(top)))
+
+
 def read_starts(logs: Path) -> list[tuple[str, int]]:
     out = []
     for f in logs.glob("steady-starts-*.txt"):
@@ -78,6 +184,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=200)
     ap.add_argument("--lookahead-s", type=int, default=30)
+    ap.add_argument("--api", action="store_true", help="start the API too (its CPU is in the budget)")
+    ap.add_argument("--profile-s", type=int, default=0, help="py-spy the processor and projector this long")
     args = ap.parse_args()
     s, topo = load(), load_topology()
     from gnomon.infra import manager
@@ -102,6 +210,13 @@ def main() -> None:
                                       stderr=subprocess.STDOUT, start_new_session=True, env=wenv))
     procs.append(subprocess.Popen([*exe, "projector"], stdout=open(logs / "steady-projector.log", "wb"),  # noqa: SIM115
                                   stderr=subprocess.STDOUT, start_new_session=True, env=env))
+    roles = [f"processor{i}" for i in range(args.processors)] + [f"worker{i}" for i in range(args.workers)] + ["projector"]
+    if args.api:
+        procs.append(subprocess.Popen([*exe, "api", "--dev"], stdout=open(logs / "steady-api.log", "wb"),  # noqa: SIM115
+                                      stderr=subprocess.STDOUT, start_new_session=True, env=env))
+        roles.append("api")
+    pids = {role: [proc.pid] for role, proc in zip(roles, procs, strict=True)}
+    pids |= {"kafka": java_pids("kafka.Kafka"), "cassandra": java_pids("CassandraDaemon")}
     tag = secrets.token_hex(3)
     job_ids = [f"steady{tag}-{i:05d}" for i in range(args.jobs)]
     p = Producer(producer_config(s.kafka_bootstrap))
@@ -121,10 +236,27 @@ def main() -> None:
         p.flush(60)
         first_ms = CronSchedule("* * * * * *", "UTC").next_after(t_reg - 1)
         end_at = time.time() + args.duration_s
+        budget_at = first_ms / 1000 + args.warmup_s
+        profiles: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
+        b0 = None
+        hist_lags: list[tuple[int, float]] = []  # (records behind, seconds behind at the ledger's rate)
+        last_runs = None
         while time.time() < end_at:
             n = len(read_starts(logs))
-            print(f"\r{end_at - time.time():5.0f}s left; {n} starts", end="", file=sys.stderr, flush=True)
+            if b0 is None and time.time() >= budget_at:
+                b0, n0 = budget_snapshot(pids, s.kafka_bootstrap), n
+                if args.profile_s:
+                    profiles = start_profiles(pids, ["processor0", "projector"], logs, args.profile_s)
+            runs_end = gnomon_records(s.kafka_bootstrap).get(topo.runs, 0)
+            behind = history_lag(s.kafka_bootstrap, topo.runs)
+            rate = (runs_end - last_runs[1]) / max(0.1, time.time() - last_runs[0]) if last_runs else 0.0
+            last_runs = (time.time(), runs_end)
+            if rate > 0:
+                hist_lags.append((behind, behind / rate))
+            print(f"\r{end_at - time.time():5.0f}s left; {n} starts; history {behind} records behind",
+                  end="", file=sys.stderr, flush=True)
             time.sleep(5)
+        b1, n1 = budget_snapshot(pids, s.kafka_bootstrap), len(read_starts(logs))
         stop_ms = int(time.time() * 1000)
         for job_id in job_ids:
             p.produce(topo.job_commands, key=job_id.encode(),
@@ -169,6 +301,17 @@ def main() -> None:
         print(f"start lag s (handler start - slot): p50={pct(lags, 50):.3f} p95={pct(lags, 95):.3f} "
               f"p99={pct(lags, 99):.3f} max={max(lags):.3f} min={min(lags):.3f}")
     print("history caught up " + (f"{caught_at - t_end:.1f}s after the end" if caught_at else "NOT within 120s"))
+    if hist_lags:
+        worst = max(hist_lags, key=lambda x: x[1])
+        print(f"history lag while running (every 5s): max {max(r for r, _ in hist_lags)} records, "
+              f"max {worst[1]:.1f}s behind at the ledger's write rate; last {hist_lags[-1][0]} records")
+    if b0 is not None:
+        print_budget(b0, b1, n1 - n0)
+    else:
+        print("budget: the run ended before the warm-up did (raise --duration-s)")
+    for role, path, spy in profiles:
+        spy.wait(60)
+        print_profile(role, path)
 
 
 if __name__ == "__main__":

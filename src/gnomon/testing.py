@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnomon import codec
+from gnomon.adapters.floors import FloorKV
 from gnomon.adapters.kafka import partition_for
 from gnomon.adapters.kv import MemoryKV
 from gnomon.checker import CheckReport, HistoryChecker
@@ -132,7 +133,7 @@ class InMemoryCluster:
         self.directory = WorkerDirectory() if self.staging else None
         self.tenants = self.tenants or TenantBook()
         self.quota = QuotaBook(self.tenants, self.partitions)
-        self.tasks = {p: PartitionTask(p, MemoryKV(), self.topo, self.sched_cfg, self.run_cfg,
+        self.tasks = {p: PartitionTask(p, FloorKV(MemoryKV()), self.topo, self.sched_cfg, self.run_cfg,
                                        directory=self.directory, quota=self.quota)
                       for p in range(self.partitions)}
         for task in self.tasks.values():

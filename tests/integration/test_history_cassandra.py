@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 import uuid
@@ -17,13 +18,15 @@ from gnomon.codec import encode
 from gnomon.config import Settings
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.runs import RunStatus
-from gnomon.history.cassandra import CassandraHistoryStore, connect
+from gnomon.history.base import HistoryBatch
+from gnomon.history.cassandra import WRITE_BATCH_PARTITIONS_MAX, CassandraHistoryStore, connect
 from gnomon.history.migrate import DEFAULT_CQL_DIR, applied_versions, load_migrations, migrate
 from gnomon.history.projector import HistoryProjector
 from history_contract import (
     MINUTE,
     T0,
     HistoryStoreContract,
+    all_pages,
     failed,
     job,
     line,
@@ -168,6 +171,66 @@ def test_rows_hold_codec_blobs_and_stale_dead_letters_are_deleted(
     store.put_log(line_row)
     ttl = session.execute(f"SELECT TTL(line) FROM {keyspace}.logs_by_run WHERE run_id = %s", (dead.run_id,)).one()[0]
     assert 0 < ttl <= 30 * 86400
+
+
+# ---- write_batch: record bytes, grouped requests -------------------------------------------
+
+
+def test_record_bytes_are_stored_as_the_blob_and_read_back(
+    session: Any, keyspace: str, make_store: Callable[..., CassandraHistoryStore]
+) -> None:
+    store = make_store()
+    tenant, job_id = uid("t"), uid("job")
+    j, r = job(job_id, tenant, 3), failed(job_id, T0, tenant)
+    raw_j, raw_r = encode(j), encode(r)
+    store.write_batch(HistoryBatch(jobs=[j], runs=[r], job_blobs={job_id: raw_j}, run_blobs={r.run_id: raw_r}))
+    assert store.get_job(job_id) == j and store.get_run(r.run_id) == r
+    assert store.list_runs(job_id, None, 10, None).items == [r]
+    assert store.list_dead_letters(tenant, 10, None).items == [r]
+    blobs = [session.execute(f"SELECT state FROM {keyspace}.{table} WHERE {where}", args).one().state
+             for table, where, args in [("runs_by_id", "run_id = %s", (r.run_id,)),
+                                        ("runs_by_job", "job_id = %s", (job_id,)),
+                                        ("dead_letters_by_tenant", "tenant = %s", (tenant,)),
+                                        ("jobs_by_id", "job_id = %s", (job_id,)),
+                                        ("jobs_by_tenant", "tenant = %s", (tenant,))]]
+    assert [bytes(b) for b in blobs] == [raw_r, raw_r, raw_r, raw_j, raw_j]
+
+
+def test_a_large_batch_is_grouped_written_whole_and_replayed_idempotently(
+    session: Any, keyspace: str, make_store: Callable[..., CassandraHistoryStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    tenant = uid("t")
+    jobs = [job(uid("job"), tenant) for _ in range(30)]
+    runs = [run(j.job_id, T0 + i * MINUTE, tenant=tenant) if i else failed(j.job_id, T0, tenant)
+            for j in jobs for i in range(8)]
+    lines = [line(r.run_id, 1, n) for r in runs for n in range(2)]
+    gone = job(uid("job"), tenant)
+    store.put_job(gone)
+    batch = HistoryBatch(jobs=jobs, deleted_jobs=[gone.job_id], runs=runs, logs=lines,
+                         run_blobs={r.run_id: encode(r) for r in runs[::2]})  # bytes for half of them
+    st = store._ready()[1]
+    writes = [w for j in jobs for w in store._job_writes(st, j)] + [w for r in runs for w in store._run_writes(st, r)]
+    groups = store._write_groups(store._ready()[0], writes)
+    assert len(groups) * 5 < len(writes)  # few requests: one per statement before
+    assert all(len(g.partitions) <= WRITE_BATCH_PARTITIONS_MAX for g in groups)
+
+    def check() -> None:
+        assert [store.get_job(j.job_id) for j in jobs] == jobs and store.get_job(gone.job_id) is None
+        assert {j.job_id for j in all_pages(lambda n, c: store.list_jobs(tenant, n, c), 100)[0]} == {
+            j.job_id for j in jobs}
+        for j in jobs:
+            got = store.list_runs(j.job_id, None, 100, None).items
+            assert sorted(got, key=lambda r: r.slot_ms) == [r for r in runs if r.job_id == j.job_id]
+        assert all(store.get_logs(r.run_id, 10, None).items == lines[2 * i:2 * i + 2] for i, r in enumerate(runs))
+        assert len(all_pages(lambda n, c: store.list_dead_letters(tenant, n, c), 100)[0]) == len(jobs)
+
+    with caplog.at_level(logging.WARNING, logger="cassandra"):
+        store.write_batch(batch)
+        check()
+        store.write_batch(batch)  # a replay: the same rows
+        check()
+    assert not [r for r in caplog.records if "Server warning" in r.getMessage()]  # no batch over a threshold
 
 
 # ---- the projector on real Kafka ---------------------------------------------------------

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from gnomon.codec import (
     TOPICS,
+    Codec,
     DecodeError,
     EncodeError,
     decode,
@@ -357,3 +358,23 @@ def test_schema_for_topic_returns_a_copy() -> None:
     schema_for_topic("gnomon.runs")["fields"].clear()
     assert schema_for_topic("gnomon.runs")["fields"]
     assert decode(encode(RUN)) == RUN
+
+
+# ---- reframe: one encode for a state on two topics ----------------------------------------
+
+
+def test_reframe_reuses_the_body_under_the_other_topics_schema_id() -> None:
+    on_runs = encode(RUN, "gnomon.runs")
+    again = default_codec.reframe(on_runs, RUN, "gnomon.runs", "gnomon.run-history")
+    assert again == encode(RUN, "gnomon.run-history")  # byte for byte: the same schema, another id
+    assert again[:5] != on_runs[:5]
+    assert_identical(decode(again, "gnomon.run-history"), RUN)
+
+
+def test_reframe_encodes_when_the_bytes_or_the_schemas_differ() -> None:
+    foreign = encode(RUN, "gnomon.run-history")  # not the runs ledger's header: encoded afresh
+    assert default_codec.reframe(foreign, RUN, "gnomon.runs", "gnomon.run-history") == foreign
+    codec = Codec(default_codec.registry)
+    key = ("gnomon.runs", "gnomon.run-history", RunState)
+    codec._same_body[key] = False  # as if run-history's subject held another schema version
+    assert codec.reframe(b"\0\0\0\0\0junk", RUN, "gnomon.runs", "gnomon.run-history") == foreign

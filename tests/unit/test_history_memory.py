@@ -267,3 +267,29 @@ def test_projector_run_loop_stops_and_closes() -> None:
     p.run_once = once  # type: ignore[method-assign]
     p.run(stop, poll_timeout_s=0)
     assert c.closed and store.closed and store.get_run(run("job_a", T0).run_id) is not None
+
+
+class RecordingStore(InMemoryHistoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[HistoryBatch] = []
+
+    def write_batch(self, batch: HistoryBatch) -> None:
+        self.batches.append(batch)
+        super().write_batch(batch)
+
+
+def test_projector_passes_each_state_with_its_records_bytes() -> None:
+    store, c = RecordingStore(), FakeConsumer()
+    j1, j2 = job("job_a", "t1", 1), job("job_a", "t1", 2)
+    r1 = run("job_a", T0, RunStatus.RUNNING, "t1", attempt=1, token=1, worker_id="w")
+    r2 = failed("job_a", T0, "t1")
+    for topic, key, value in [("gnomon.jobs", "job_a", encode(j1)), ("gnomon.jobs", "job_a", encode(j2)),
+                              ("gnomon.jobs", "job_b", encode(job("job_b", "t1"))), ("gnomon.jobs", "job_b", None),
+                              ("gnomon.runs", r1.run_id, encode(r1)), ("gnomon.runs", r2.run_id, encode(r2))]:
+        c.add(topic, key, value)
+    projector(store, c).run_once(100)
+    (batch,) = store.batches
+    assert batch.job_blobs == {"job_a": encode(j2)}  # the last record's; none for the deleted job
+    assert batch.run_blobs == {r2.run_id: encode(r2)}
+    assert list(batch.jobs) == [j2] and list(batch.deleted_jobs) == ["job_b"] and list(batch.runs) == [r2]

@@ -48,6 +48,7 @@ __all__ = [
     "decode",
     "default_codec",
     "encode",
+    "reframe",
     "schema_for_topic",
     "schema_id_for_topic",
     "subject_for_topic",
@@ -68,6 +69,7 @@ def topic_types(topic: str) -> tuple[type, ...]:
 default_codec = Codec(load_registry(default_schema_dir()))
 
 encode = default_codec.encode
+reframe = default_codec.reframe
 decode = default_codec.decode
 schema_for_topic = default_codec.schema_for_topic
 schema_id_for_topic = default_codec.schema_id_for_topic

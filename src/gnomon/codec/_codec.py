@@ -194,6 +194,7 @@ class Codec:
         for (_, cls), w in self._writers.items():
             self._default_writers.setdefault(cls, w)
         self._readers: dict[int, _Reader] = {v.id: self._reader(v) for v in registry}
+        self._same_body: dict[tuple[str, str, type], bool] = {}  # (from topic, to topic, type): one schema
 
     def _writer(self, t: TopicSchema, cls: type) -> _Writer:
         latest = self.registry.latest(t.subject)
@@ -256,6 +257,27 @@ class Codec:
         except Exception as e:  # fastavro: TypeError/ValueError/OverflowError/AttributeError...
             raise EncodeError(f"{type(obj).__name__} does not fit its schema: {type(e).__name__}: {e}") from e
         return buf.getvalue()
+
+    def reframe(self, data: bytes, obj: Any, from_topic: str, to_topic: str) -> bytes:
+        """``obj`` encoded for ``to_topic``, given ``data``: ``obj`` encoded for
+        ``from_topic``. When both topics' subjects hold the same latest schema (a run's
+        final state on the ledger and on the run-history stream), the body is the same
+        bytes under the other schema id: no second encode. Otherwise ``encode``."""
+        key = (topic_schema(from_topic).topic, topic_schema(to_topic).topic, type(obj))
+        same = self._same_body.get(key)
+        if same is None:
+            w_from, w_to = self._writers.get(key[::2]), self._writers.get(key[1:])
+            same = w_from is not None and w_to is not None and w_from.schema == w_to.schema
+            self._same_body[key] = same
+        if not same or data[:HEADER_LEN] != self._writers[key[::2]].header:
+            return self.encode(obj, to_topic)
+        return self._writers[key[1:]].header + data[HEADER_LEN:]
+
+    def header(self, cls: type) -> bytes | None:
+        """The 5 bytes (magic byte, schema id) ``encode(obj)`` starts with for an ``obj``
+        of type ``cls`` and no ``topic``; None if ``cls`` has no registered schema."""
+        w = self._default_writers.get(cls)
+        return None if w is None else w.header
 
     def decode(self, data: bytes | bytearray | memoryview, topic: str | None = None) -> Any:
         """The dataclass that was encoded. With ``topic``, the schema id must belong to

@@ -113,9 +113,7 @@ class CronSchedule:
             yield ms
 
     def next_after(self, after_ms: int) -> int | None:
-        for ms in self.iter_after(after_ms):
-            return ms
-        return None
+        return _next_after(self.expr, self.tz, after_ms)
 
     def next_n(self, after_ms: int, count: int) -> list[int]:
         out: list[int] = []
@@ -124,3 +122,16 @@ class CronSchedule:
             if len(out) >= count:
                 break
         return out
+
+
+# Many jobs share a schedule ("0 * * * *", "*/5 * * * *", per-second ones in a bench), and
+# the processor asks each for its next slot after the same instant: one computation serves
+# them all (cronsim's parse and walk cost ~20 us a call). Bounded; a pure function.
+NEXT_AFTER_CACHE_MAX = 65_536
+
+
+@functools.lru_cache(maxsize=NEXT_AFTER_CACHE_MAX)
+def _next_after(expr: str, tz: str, after_ms: int) -> int | None:
+    for ms in CronSchedule(expr, tz).iter_after(after_ms):
+        return ms
+    return None

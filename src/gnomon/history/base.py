@@ -3,8 +3,8 @@ the projector writes, and argument checks."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gnomon.core.errors import ValidationError
@@ -24,12 +24,20 @@ class HistoryBatch:
 
     ``deleted_jobs`` are job ids whose ``gnomon.jobs`` record was a tombstone: the store
     finds their tenant itself. The projector coalesces a batch to the last record per key.
+
+    ``job_blobs`` (by job_id) and ``run_blobs`` (by run_id) are optional: the
+    ``gnomon.codec`` bytes a state was decoded from (its Kafka record's value). A store
+    that keeps encoded states may store them instead of encoding the state again (the
+    Cassandra store does, when they carry the schema id ``encode`` would write); others
+    ignore them. A blob must decode to exactly its state.
     """
 
     jobs: Sequence[JobState] = ()
     deleted_jobs: Sequence[str] = ()
     runs: Sequence[RunState] = ()
     logs: Sequence[LogLine] = ()
+    job_blobs: Mapping[str, bytes] = field(default_factory=dict)
+    run_blobs: Mapping[str, bytes] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.jobs) + len(self.deleted_jobs) + len(self.runs) + len(self.logs)

@@ -6,6 +6,10 @@
   API can start before Cassandra and answers 503 until it is there) or by ``connect()``.
 * Consistency LOCAL_QUORUM for reads and writes; token-aware routing.
 * Writes are idempotent upserts (the projector replays after a crash).
+* ``write_batch`` sends few requests: its statements are grouped by the replicas that
+  own their partition into UNLOGGED batches, each small enough that Cassandra does not
+  warn (see ``_WriteGroup``); a state's blob is the bytes of its Kafka record when the
+  projector passes them and they carry the schema id ``encode`` writes (no re-encode).
 * Paging uses clustering-key cursors (``gnomon.history._paging``), not driver paging
   state: stable across nodes and releases, and resumable in the middle of a scan.
 * ``list_runs(status=...)`` filters on the ``status`` column client-side while scanning
@@ -34,7 +38,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gnomon.core.errors import HistoryStoreError, ValidationError
@@ -56,10 +60,46 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+HEADER_LEN = 5  # gnomon.codec's magic byte + schema id (gnomon.codec.HEADER_LEN; not imported at module level)
+
+# One UNLOGGED batch of write_batch holds statements whose partitions live on the same
+# replicas (token-aware routing picks a replica of the first as coordinator, which then
+# owns them all: no extra hop for the others), and stays below
+# Cassandra's warning thresholds for multi-partition batches, which would otherwise log
+# on the server and in the driver for every request: unlogged_batch_across_partitions_
+# warn_threshold (10 partitions) and batch_size_warn_threshold (5 KiB; our estimate of
+# the data size keeps 1 KiB of margin). The statement bound caps the work of one request.
+WRITE_BATCH_PARTITIONS_MAX = 10
+WRITE_BATCH_BYTES_MAX = 4096
+WRITE_BATCH_STATEMENTS_MAX = 50
+_CELL_OVERHEAD_BYTES = 16  # a cell's timestamp, TTL and deletion time in Cassandra's data size
+
+
 def _encode(obj: Any) -> bytes:
     from gnomon.codec import encode
 
     return encode(obj)
+
+
+_HEADERS: dict[type, bytes | None] = {}  # by state type: what encode() starts with
+
+
+def _header(cls: type) -> bytes | None:
+    if cls not in _HEADERS:
+        from gnomon.codec import default_codec
+
+        _HEADERS[cls] = default_codec.header(cls)
+    return _HEADERS[cls]
+
+
+def _blob(state: Any, raw: bytes | None) -> bytes:
+    """``state``'s blob: ``raw`` (the codec bytes it was decoded from) when they carry
+    the schema id ``encode`` would write -- the same schema, so the same bytes, and
+    ``_decode`` reads them as ``state`` either way -- else ``state`` encoded afresh (a
+    record written with an older schema version is stored with the latest)."""
+    if raw is not None and raw[:HEADER_LEN] == _header(type(state)):
+        return raw
+    return _encode(state)
 
 
 def _decode(blob: bytes | None, cls: type, where: str) -> Any:
@@ -219,6 +259,66 @@ class _Dead:
     state: RunState | None
 
 
+def _param_bytes(params: Sequence[Any]) -> int:
+    """Estimated data size of a row written with ``params`` (as Cassandra counts a batch)."""
+    n = 0
+    for v in params:
+        if isinstance(v, str):
+            n += len(v) if v.isascii() else len(v.encode())
+        elif isinstance(v, bytes | bytearray | memoryview):
+            n += len(v)
+        else:
+            n += 8
+        n += _CELL_OVERHEAD_BYTES
+    return n
+
+
+def _by_partition(writes: Sequence[tuple[Any, Sequence[Any]]]) -> list[tuple[bytes, int, Any]]:
+    """(partition key, estimated size, bound statement) of each write, by partition key:
+    the statements of a partition (a job's row in jobs_by_id and its run in runs_by_job,
+    a run and its log lines, a tenant's jobs) then share a request and count once
+    against ``WRITE_BATCH_PARTITIONS_MAX``."""
+    out = []
+    for stmt, params in writes:
+        bound = stmt.bind(params)
+        out.append((bound.routing_key or b"", _param_bytes(params), bound))
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+@dataclass
+class _WriteGroup:
+    """Bound statements for one replica set, to be sent as one request."""
+
+    statements: list[Any] = field(default_factory=list)
+    partitions: set[bytes] = field(default_factory=set)
+    size_bytes: int = 0
+
+    def fits(self, partition: bytes, size_bytes: int) -> bool:
+        if not self.statements:
+            return True
+        new_partitions = len(self.partitions) + (partition not in self.partitions)
+        return (len(self.statements) < WRITE_BATCH_STATEMENTS_MAX and new_partitions <= WRITE_BATCH_PARTITIONS_MAX
+                and self.size_bytes + size_bytes <= WRITE_BATCH_BYTES_MAX)
+
+    def add(self, bound: Any, partition: bytes, size_bytes: int) -> None:
+        self.statements.append(bound)
+        self.partitions.add(partition)
+        self.size_bytes += size_bytes
+
+    def request(self) -> Any:
+        """A lone statement as itself, several as an UNLOGGED batch (not atomic, which
+        write_batch does not need: a failed batch is written again as a whole)."""
+        if len(self.statements) == 1:
+            return self.statements[0]
+        from cassandra.query import BatchStatement, BatchType
+
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for bound in self.statements:
+            batch.add(bound)
+        return batch
+
+
 def _status_filter(wanted: RunStatus | None) -> Callable[[Any], bool] | None:
     if wanted is None:
         return None
@@ -330,7 +430,7 @@ class CassandraHistoryStore:
         with translate_errors(op):
             return await execute_on_loop(session, stmt, params, asyncio.get_running_loop())
 
-    def _run_all(self, op: str, stmts: Sequence[tuple[Any, Sequence[Any]]]) -> list[list[Any]]:
+    def _run_all(self, op: str, stmts: Sequence[tuple[Any, Sequence[Any] | None]]) -> list[list[Any]]:
         """Execute with at most ``concurrency`` statements in flight; all rows, in order.
 
         Not ``cassandra.concurrent.execute_concurrent``: with every host down its
@@ -370,8 +470,8 @@ class CassandraHistoryStore:
 
     # ---- statements per change -----------------------------------------------------------
 
-    def _job_writes(self, st: _Statements, s: JobState) -> list[tuple[Any, Sequence[Any]]]:
-        blob = _encode(s)
+    def _job_writes(self, st: _Statements, s: JobState, raw: bytes | None = None) -> list[tuple[Any, Sequence[Any]]]:
+        blob = _blob(s, raw)
         out: list[tuple[Any, Sequence[Any]]] = [
             (st.put_job_by_id, (s.job_id, s.tenant, s.status.value, s.version, s.updated_at_ms, blob))
         ]
@@ -382,8 +482,8 @@ class CassandraHistoryStore:
         return out
 
     @staticmethod
-    def _run_writes(st: _Statements, r: RunState) -> list[tuple[Any, Sequence[Any]]]:
-        blob = _encode(r)
+    def _run_writes(st: _Statements, r: RunState, raw: bytes | None = None) -> list[tuple[Any, Sequence[Any]]]:
+        blob = _blob(r, raw)
         out: list[tuple[Any, Sequence[Any]]] = [
             (st.put_run_by_id, (r.run_id, r.job_id, r.tenant, r.slot_ms, r.status.value, r.updated_at_ms, blob)),
             (st.put_run_by_job, (r.job_id, r.slot_ms, r.run_id, r.status.value, r.attempt, r.updated_at_ms, blob)),
@@ -544,19 +644,46 @@ class CassandraHistoryStore:
     # ---- batches -------------------------------------------------------------------------
 
     def write_batch(self, batch: HistoryBatch) -> None:
-        """All writes of ``batch``, concurrently (at most ``concurrency`` in flight).
-        Raises ``HistoryStoreError`` if any failed (some may have been applied: retry
-        the whole batch; every write is idempotent)."""
-        _, st = self._ready()
+        """All writes of ``batch``, grouped into few requests (``_write_groups``) sent
+        concurrently (at most ``concurrency`` in flight). Raises ``HistoryStoreError`` if
+        any failed (some may have been applied: retry the whole batch; every write is
+        idempotent)."""
+        session, st = self._ready()
         writes: list[tuple[Any, Sequence[Any]]] = []
         if batch.deleted_jobs:
             found = self._run_all("look up deleted jobs", [(st.get_job_tenant, (j,)) for j in batch.deleted_jobs])
             for job_id, rows in zip(batch.deleted_jobs, found, strict=True):
                 if rows:
                     writes += [(st.del_job_by_tenant, (rows[0].tenant, job_id)), (st.del_job_by_id, (job_id,))]
+        job_blobs, run_blobs = batch.job_blobs, batch.run_blobs
         for job in batch.jobs:
-            writes += self._job_writes(st, job)
+            writes += self._job_writes(st, job, job_blobs.get(job.job_id))
         for run in batch.runs:
-            writes += self._run_writes(st, run)
+            writes += self._run_writes(st, run, run_blobs.get(run.run_id))
         writes += [self._log_write(st, x) for x in batch.logs]
-        self._run_all(f"write batch of {len(batch)}", writes)
+        op = f"write batch of {len(batch)}"
+        try:
+            requests = [g.request() for g in self._write_groups(session, writes)]
+        except Exception as exc:  # a value the driver cannot serialize: fail like a refused statement
+            raise HistoryStoreError(f"cassandra {op}: cannot bind: {_one_line(exc)}") from exc
+        self._run_all(op, [(r, None) for r in requests])
+
+    def _write_groups(self, session: Any, writes: Sequence[tuple[Any, Sequence[Any]]]) -> list[_WriteGroup]:
+        """``writes`` bound and grouped by the replicas of their partition, each group at
+        most ``WRITE_BATCH_*_MAX`` and sent as one request (one request per statement
+        before: the cost, in the projector and in Cassandra, was per request)."""
+        metadata = session.cluster.metadata
+        open_groups: dict[tuple[Any, ...], _WriteGroup] = {}
+        full: list[_WriteGroup] = []
+        last_partition, replicas = None, ()
+        for partition, size_bytes, statement in _by_partition(writes):
+            if partition != last_partition:
+                last_partition = partition
+                replicas = tuple(metadata.get_replicas(self.keyspace, partition)) if partition else ()
+            group = open_groups.get(replicas)
+            if group is None or not group.fits(partition, size_bytes):
+                if group is not None:
+                    full.append(group)
+                group = open_groups[replicas] = _WriteGroup()
+            group.add(statement, partition, size_bytes)
+        return full + list(open_groups.values())

@@ -13,7 +13,8 @@ topic                  key                 value
 
 Each batch (at most ``batch_max`` records) is decoded, coalesced to the last record per
 key (a job, a run, a log line), written with ``store.write_batch`` (concurrent
-statements, bounded), and only then are its offsets committed. So delivery into the
+statements, bounded; each state goes with its record's bytes, which the store may keep
+instead of encoding the state again), and only then are its offsets committed. So delivery into the
 store is at-least-once and every write is an idempotent upsert; a crash or a failed
 commit replays a few records, which converge to the same rows.
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gnomon.core.errors import EventLogError, HistoryStoreError
@@ -62,6 +63,27 @@ JOBS, RUNS, LOGS = "jobs", "runs", "logs"
 # records are decoded with, whatever the consumed topic is called.
 _TOPOLOGY_ROLE = {JOBS: "jobs", RUNS: "runs", LOGS: "run_logs"}
 _TYPE = {JOBS: JobState, RUNS: RunState, LOGS: LogLine}
+
+
+@dataclass
+class _Pending:
+    """A batch being read: the last record per key, and the bytes of each state."""
+
+    jobs: dict[str, JobState | None] = field(default_factory=dict)  # None: a tombstone
+    runs: dict[str, RunState] = field(default_factory=dict)
+    logs: dict[tuple[str, int, int], LogLine] = field(default_factory=dict)
+    job_blobs: dict[str, bytes] = field(default_factory=dict)
+    run_blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def batch(self) -> HistoryBatch:
+        return HistoryBatch(
+            jobs=[s for s in self.jobs.values() if s is not None],
+            deleted_jobs=[j for j, s in self.jobs.items() if s is None],
+            runs=list(self.runs.values()),
+            logs=list(self.logs.values()),
+            job_blobs=self.job_blobs,
+            run_blobs=self.run_blobs,
+        )
 
 
 @dataclass
@@ -207,9 +229,7 @@ class HistoryProjector:
     def _process(self, msgs: Sequence[Any]) -> int:
         from confluent_kafka import KafkaError
 
-        jobs: dict[str, JobState | None] = {}
-        runs: dict[str, RunState] = {}
-        logs: dict[tuple[str, int, int], LogLine] = {}
+        pending = _Pending()
         first: dict[tuple[str, int], int] = {}
         last: dict[tuple[str, int], int] = {}
         count = 0
@@ -227,16 +247,11 @@ class HistoryProjector:
             tp = (msg.topic(), msg.partition())
             first.setdefault(tp, msg.offset())
             last[tp] = msg.offset()
-            self._route(msg, jobs, runs, logs)
+            self._route(msg, pending)
         self.stats.records += count
         if not last:
             return count
-        batch = HistoryBatch(
-            jobs=[s for s in jobs.values() if s is not None],
-            deleted_jobs=[j for j, s in jobs.items() if s is None],
-            runs=list(runs.values()),
-            logs=list(logs.values()),
-        )
+        batch = pending.batch()
         if len(batch):
             self._write(batch, first)
         self.stats.batches += 1
@@ -248,13 +263,7 @@ class HistoryProjector:
         self._commit(last)
         return count
 
-    def _route(
-        self,
-        msg: Any,
-        jobs: dict[str, JobState | None],
-        runs: dict[str, RunState],
-        logs: dict[tuple[str, int, int], LogLine],
-    ) -> None:
+    def _route(self, msg: Any, pending: _Pending) -> None:
         from gnomon.codec import DecodeError, decode
 
         role = self._role.get(msg.topic())
@@ -273,8 +282,9 @@ class HistoryProjector:
             if not job_id:
                 self.on_poison(msg, "tombstone without a job_id key")
                 return
-            jobs.pop(job_id, None)
-            jobs[job_id] = None
+            pending.jobs.pop(job_id, None)
+            pending.jobs[job_id] = None
+            pending.job_blobs.pop(job_id, None)
             return
         try:
             obj = decode(value, self._codec_topic[role])
@@ -285,13 +295,15 @@ class HistoryProjector:
             self.on_poison(msg, f"a {type(obj).__name__} on the {role} topic")
             return
         if isinstance(obj, JobState):
-            jobs.pop(obj.job_id, None)
-            jobs[obj.job_id] = obj
+            pending.jobs.pop(obj.job_id, None)
+            pending.jobs[obj.job_id] = obj
+            pending.job_blobs[obj.job_id] = bytes(value)
         elif isinstance(obj, RunState):
-            runs[obj.run_id] = obj
+            pending.runs[obj.run_id] = obj
+            pending.run_blobs[obj.run_id] = bytes(value)
         else:
             assert isinstance(obj, LogLine)
-            logs[(obj.run_id, obj.attempt, obj.seq)] = obj
+            pending.logs[(obj.run_id, obj.attempt, obj.seq)] = obj
 
     def _write_retry(self) -> Retry:
         """Store writes: ``write_attempts`` in all, while not stopping; the wait ends on stop."""

@@ -4,6 +4,9 @@
 ``<state_dir>/processor/<instance>/pNNN`` and a ``pNNN.checkpoint`` file beside it.
 ``MemoryStores`` (the simulation): ``MemoryKV`` stores and checkpoints in dicts; an
 instance outlives a Processor object the way a disk outlives a process.
+
+Either opens a store behind a ``FloorKV`` (``gnomon.adapters.floors``): the tick's scans
+of the time-ordered indexes start past their deleted head.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from gnomon.adapters.floors import FloorKV
 from gnomon.adapters.kv import MemoryKV, RocksKV
 from gnomon.ports import KeyValueStore
 from gnomon.streams.attempts import FileMarker, Marker, MemoryMarker
@@ -50,7 +54,7 @@ class RocksStores:
         return self.root / f"p{partition:03d}"
 
     def open(self, partition: int, *, fresh: bool) -> KeyValueStore:
-        return RocksKV(self.path(partition), fresh=fresh)
+        return FloorKV(RocksKV(self.path(partition), fresh=fresh))
 
     def exists(self, partition: int) -> bool:
         return self.path(partition).is_dir()
@@ -84,7 +88,7 @@ class MemoryStores:
     def open(self, partition: int, *, fresh: bool) -> KeyValueStore:
         if fresh or partition not in self.stores:
             self.stores[partition] = MemoryKV()
-        return self.stores[partition]
+        return FloorKV(self.stores[partition])
 
     def exists(self, partition: int) -> bool:
         return partition in self.stores

@@ -429,7 +429,8 @@ class PartitionTask:
         out.append(Output(self.topo.runs, new.run_id, new, self.partition, raw))
         if new.status.terminal and (old is None or old.status is not new.status):
             # the history stream (not compacted, never tombstoned): what exports read
-            out.append(Output(self.topo.run_history, new.run_id, new, self.partition))
+            out.append(Output(self.topo.run_history, new.run_id, new, self.partition,
+                              codec.reframe(raw, new, self.topo.runs, self.topo.run_history)))
 
     # ---- restore from changelogs -------------------------------------------------------
 
