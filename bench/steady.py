@@ -18,7 +18,7 @@ sampled every 5 s (records, and seconds at the ledger's write rate).
     .venv/bin/python bench/steady.py --jobs 500 --duration-s 120 --api    # the budget table
     .venv/bin/python bench/steady.py --jobs 200 --duration-s 150 --profile-s 60
 
-``--profile-s`` samples the processor and the projector with py-spy for that long once the
+``--profile-s`` samples the processor, the projector and a worker with py-spy for that long once the
 warm-up is over (collapsed stacks in .gnomon/bench-logs/profile-*.txt, flame graphs beside
 them) and prints each one's top functions by inclusive and by own samples.
 """
@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=200)
     ap.add_argument("--lookahead-s", type=int, default=30)
     ap.add_argument("--api", action="store_true", help="start the API too (its CPU is in the budget)")
-    ap.add_argument("--profile-s", type=int, default=0, help="py-spy the processor and projector this long")
+    ap.add_argument("--profile-s", type=int, default=0, help="py-spy the processor, projector and worker0 this long")
     args = ap.parse_args()
     s, topo = load(), load_topology()
     from gnomon.infra import manager
@@ -246,7 +246,7 @@ def main() -> None:
             if b0 is None and time.time() >= budget_at:
                 b0, n0 = budget_snapshot(pids, s.kafka_bootstrap), n
                 if args.profile_s:
-                    profiles = start_profiles(pids, ["processor0", "projector"], logs, args.profile_s)
+                    profiles = start_profiles(pids, ["processor0", "projector", "worker0"], logs, args.profile_s)
             runs_end = gnomon_records(s.kafka_bootstrap).get(topo.runs, 0)
             behind = history_lag(s.kafka_bootstrap, topo.runs)
             rate = (runs_end - last_runs[1]) / max(0.1, time.time() - last_runs[0]) if last_runs else 0.0

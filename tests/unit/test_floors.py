@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from gnomon.adapters.floors import FloorKV
 from gnomon.adapters.kv import MemoryKV, RocksKV
 
-PREFIXES = [b"jd/", b"rt/", b"jd/", b"rt/", b"j/", b"rq/"]  # ours (twice as likely), and neighbours
+# ours (the time indexes twice as likely; waiting runs of two pools' lanes), and neighbours
+PREFIXES = [b"jd/", b"rt/", b"jd/", b"rt/", b"rw/a\x0001/", b"rw/a\x0002/", b"rw/b\x0001/", b"j/", b"rq/"]
 keys = st.builds(lambda p, n: p + b"%02d" % n, st.sampled_from(PREFIXES), st.integers(0, 12))
 # scans from an index's start (as a tick does: they raise its floor), from inside one, from elsewhere
-starts = st.one_of(st.sampled_from([b"jd/", b"rt/"]), keys, st.sampled_from([b"", b"jd0", b"zz", b"jd"]))
-bounds = st.one_of(keys, st.sampled_from([b"", b"jd0", b"rt0", b"zz", b"jd"]))
+starts = st.one_of(st.sampled_from([b"jd/", b"rt/", b"rw/a\x0001", b"rw/a\x0002", b"rw/b\x0001"]), keys,
+                   st.sampled_from([b"", b"jd0", b"zz", b"jd", b"rw/a\x00"]))
+bounds = st.one_of(keys, st.sampled_from([b"", b"jd0", b"rt0", b"zz", b"jd", b"rw/a\x0002", b"rw/a\x0003", b"rw/b\x0002"]))
 ops = st.lists(st.one_of(
     st.tuples(st.just("put"), keys),
     st.tuples(st.just("delete"), keys),
@@ -66,3 +68,26 @@ def test_an_empty_index_floor_stops_at_its_end() -> None:
     assert kv.floor(b"rt/") == b"rt0"  # never past the index's own end
     kv.put(b"rt/5", b"")
     assert list(kv.scan(b"rt/", b"zz", 10)) == [(b"rt/5", b""), (b"rtz", b"")]
+
+
+class CountingKV(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scans = 0
+
+    def scan(self, start: bytes, stop: bytes, limit: int):  # type: ignore[no-untyped-def]
+        self.scans += 1
+        return super().scan(start, stop, limit)
+
+
+def test_a_tick_with_nothing_due_does_not_touch_the_store() -> None:
+    inner = CountingKV()
+    kv = FloorKV(inner)
+    kv.put(b"rt/%013d/run" % 5_000, b"")  # the next timer, 5 s away
+    assert list(kv.scan(b"rt/", b"rt/%013d/" % 1_000, 100)) == []  # nothing due: the floor goes to that timer
+    assert kv.floor(b"rt/") == b"rt/%013d/run" % 5_000
+    before = inner.scans
+    for now in range(1_200, 5_000, 200):  # the ticks until it is due
+        assert list(kv.scan(b"rt/", b"rt/%013d/" % now, 100)) == []
+    assert inner.scans == before
+    assert [k for k, _ in kv.scan(b"rt/", b"rt/%013d/" % 5_001, 100)] == [b"rt/%013d/run" % 5_000]
