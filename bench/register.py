@@ -68,6 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=50_000)
     ap.add_argument("--no-processor", action="store_true")
+    ap.add_argument("--batch-max", type=int, default=None, help="the processor's --batch-max (default: its own)")
     args = ap.parse_args()
     settings = load()
     subprocess.run([sys.executable, "-m", "gnomon.infra", "up"], check=True)
@@ -77,7 +78,9 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     if not args.no_processor:
         with open(logs / "register-processor.log", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "processor", "--instance-id", "bench-reg"],
+            extra = [] if args.batch_max is None else ["--batch-max", str(args.batch_max)]
+            proc = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "processor", "--instance-id", "bench-reg",
+                                     *extra],
                                     cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -378,3 +378,39 @@ def test_reframe_encodes_when_the_bytes_or_the_schemas_differ() -> None:
     key = ("gnomon.runs", "gnomon.run-history", RunState)
     codec._same_body[key] = False  # as if run-history's subject held another schema version
     assert codec.reframe(b"\0\0\0\0\0junk", RUN, "gnomon.runs", "gnomon.run-history") == foreign
+
+
+# ---- a state's spec written once: the spliced encoding is Avro's own ------------------------
+
+
+def _plain(obj: Any, topic: str) -> bytes:
+    from io import BytesIO
+
+    from fastavro import schemaless_writer
+
+    w = default_codec._writers[(topic, type(obj))]
+    buf = BytesIO()
+    buf.write(w.header)
+    schemaless_writer(buf, w.schema, w.to_record(obj))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("cls", "topic"), [(RunState, "gnomon.runs"), (RunState, "gnomon.run-history"),
+                                            (JobState, "gnomon.jobs")], ids=lambda x: getattr(x, "__name__", x))
+@settings(max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_spliced_encoding_is_byte_for_byte_avros(cls: type, topic: str, data: st.DataObject) -> None:
+    assert default_codec._writers[(topic, cls)].splice is not None  # (the states with a spec are spliced)
+    obj = data.draw(dataclass_strategy(cls))
+    other = data.draw(dataclass_strategy(cls))
+    sharing = dataclasses.replace(other, spec=obj.spec)  # another state, the same spec object: from the cache
+    for o in (obj, obj, sharing):
+        assert encode(o, topic) == _plain(o, topic)
+        assert_identical(decode(encode(o, topic)), o)
+
+
+def test_a_changed_spec_is_written_anew() -> None:
+    first = encode(RUN, "gnomon.runs")
+    renamed = dataclasses.replace(RUN, spec=dataclasses.replace(RUN.spec, name="renamed"))
+    assert encode(renamed, "gnomon.runs") != first
+    assert decode(encode(renamed, "gnomon.runs")).spec.name == "renamed"

@@ -120,6 +120,10 @@ def processor(
              "the changelog tail (costs a second apply of every changelog record)")] = True,
     priority_weights: Annotated[str, typer.Option(
         help="high,normal,low: under contention, runs take free worker slots in these proportions")] = "70,20,10",
+    batch_max: Annotated[int, typer.Option(
+        min=1, max=20_000,
+        help="input records applied per transaction at most (larger: more throughput when behind, "
+             "and each record waits for a longer batch's commit)")] = 500,
     metrics_port: MetricsPort = None,
     stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,
@@ -142,7 +146,7 @@ def processor(
     s = load()
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(), session_timeout_ms=session_timeout_ms,
-                          standbys=standbys,
+                          standbys=standbys, batch_max=batch_max,
                           sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
                           runs=RunConfig(lease_ms=lease_s * 1000, retention_ms=retention_s * 1000,
                                          priority_weights=weights,

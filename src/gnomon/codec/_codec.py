@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from io import BytesIO
 from typing import Any
 
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from gnomon.codec._convert import Converters
 from gnomon.codec.registry import Registry, SchemaVersion
@@ -153,11 +153,94 @@ def _types_of_subject(subject: str, schema: Any) -> tuple[type, ...]:
     return tuple(c for c in _EXTRA_TYPES if schema.get("name") == f"{NAMESPACE}.{c.__name__}")
 
 
+# A job's spec is most of what a run or job state encodes (65 % of a RunState's encode),
+# and the processor writes a run's state several times and a per-second job's state
+# every slot, each with the same JobSpec object. So a state with a ``spec`` field is
+# written in three parts, the fields before it, the spec, the fields after it (Avro's
+# binary form of a record is its fields' forms one after the other), and the spec's
+# bytes are kept by object identity (with the object: its id is not reused meanwhile).
+# Bounded in entries and bytes (a spec's payload may be large), per writer; emptied when full.
+SPEC_FIELD = "spec"
+SPEC_CACHE_ENTRIES_MAX = 4_096
+SPEC_CACHE_BYTES_MAX = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Splice:
+    """A record schema cut around its ``spec`` field, each part parsed on its own."""
+
+    before: Any
+    spec: Any
+    after: Any
+    cache: dict[int, tuple[Any, bytes]]  # id(spec) -> (the spec, held so the id stays its, its bytes)
+    before_strings: tuple[str, ...] | None = None  # the fields before, when all are strings: written here
+    cached_bytes: list[int] = field(default_factory=lambda: [0])  # (a frozen dataclass's one mutable count)
+
+    def write(self, buf: BytesIO, record: Any, spec_obj: Any) -> None:
+        if self.before_strings is not None:
+            for name in self.before_strings:
+                data = record[name].encode()
+                buf.write(_long(len(data)))
+                buf.write(data)
+        else:
+            schemaless_writer(buf, self.before, record)
+        hit = self.cache.get(id(spec_obj))
+        if hit is not None and hit[0] is spec_obj:
+            buf.write(hit[1])
+        else:
+            part = BytesIO()
+            schemaless_writer(part, self.spec, record[SPEC_FIELD])
+            data = part.getvalue()
+            if len(self.cache) >= SPEC_CACHE_ENTRIES_MAX or self.cached_bytes[0] + len(data) > SPEC_CACHE_BYTES_MAX:
+                self.cache.clear()
+                self.cached_bytes[0] = 0
+            self.cache[id(spec_obj)] = (spec_obj, data)
+            self.cached_bytes[0] += len(data)
+            buf.write(data)
+        schemaless_writer(buf, self.after, record)
+
+
+def _long(n: int) -> bytes:
+    """Avro's binary long: zig-zag, then base-128 little-endian groups."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _splice(schema: Any) -> _Splice | None:
+    """``schema`` cut around a required ``spec`` field of record type, or None."""
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return None
+    names = [f["name"] for f in schema["fields"]]
+    if SPEC_FIELD not in names:
+        return None
+    i = names.index(SPEC_FIELD)
+    spec_type = schema["fields"][i]["type"]
+    spec_name = spec_type.get("name") if isinstance(spec_type, dict) else spec_type
+    named = dict(schema.get("__named_schemas", {}))
+    if not isinstance(spec_name, str) or spec_name not in named:
+        return None  # (a union, or not a named record: written whole)
+
+    def part(fields: list[Any], suffix: str) -> Any:
+        return parse_schema({"type": "record", "name": f"{schema['name']}{suffix}", "fields": fields},
+                            named_schemas=dict(named))
+
+    before = schema["fields"][:i]
+    strings = tuple(f["name"] for f in before) if all(f["type"] == "string" for f in before) else None
+    return _Splice(part(before, "Before"), parse_schema(named[spec_name], named_schemas=dict(named)),
+                   part(schema["fields"][i + 1:], "After"), {}, strings)
+
+
 @dataclass(frozen=True)
 class _Writer:
     header: bytes
     schema: Any
     to_record: Callable[[Any], Any]
+    splice: _Splice | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +290,8 @@ class Codec:
             def to_record(obj: Any) -> Any:
                 return {"body": (name, enc(obj))}  # fastavro's tuple notation: union branch by name
 
-        return _Writer(bytes([MAGIC]) + latest.id.to_bytes(4, "big"), latest.schema, to_record)
+        return _Writer(bytes([MAGIC]) + latest.id.to_bytes(4, "big"), latest.schema, to_record,
+                       _splice(latest.schema) if t.envelope is None else None)
 
     def _reader(self, v: SchemaVersion) -> _Reader:
         latest = self.registry.latest(v.subject)
@@ -253,7 +337,10 @@ class Codec:
         buf = BytesIO()
         buf.write(w.header)
         try:
-            schemaless_writer(buf, w.schema, w.to_record(obj))
+            if w.splice is not None:
+                w.splice.write(buf, w.to_record(obj), getattr(obj, SPEC_FIELD))
+            else:
+                schemaless_writer(buf, w.schema, w.to_record(obj))
         except Exception as e:  # fastavro: TypeError/ValueError/OverflowError/AttributeError...
             raise EncodeError(f"{type(obj).__name__} does not fit its schema: {type(e).__name__}: {e}") from e
         return buf.getvalue()

@@ -9,8 +9,9 @@ The record is then answered or sent to the poison topic, and the batch goes on; 
 transaction commits the other records as usual. (Aborting the transaction instead would
 cost a rebuild of every partition's state per bad record.)
 
-The journal costs one read per distinct key a record writes, and nothing when no
-savepoint is open (restores and standbys write through it unjournaled).
+The journal costs one read per distinct key a record writes (none for a key the record
+read first: that value is kept), and nothing when no savepoint is open (restores and
+standbys write through it unjournaled).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class JournalKV:
     def __init__(self, inner: KeyValueStore) -> None:
         self.inner = inner
         self._undo: dict[bytes, bytes | None] | None = None
+        self._read: dict[bytes, bytes | None] = {}  # read since ``begin``, not yet written
 
     @property
     def open(self) -> bool:
@@ -40,10 +42,12 @@ class JournalKV:
     def begin(self) -> None:
         assert self._undo is None, "savepoints do not nest"
         self._undo = {}
+        self._read.clear()
 
     def release(self) -> None:
         """Keep what was written since ``begin``."""
         self._undo = None
+        self._read.clear()
 
     def written(self) -> list[bytes]:
         """The keys written since ``begin``."""
@@ -52,6 +56,7 @@ class JournalKV:
     def rollback(self) -> int:
         """Put back every key written since ``begin``; the number of keys restored."""
         undo, self._undo = self._undo, None
+        self._read.clear()
         if undo is None:
             return 0
         for key, old in undo.items():
@@ -66,12 +71,16 @@ class JournalKV:
         if undo is not None and key not in undo:
             if len(undo) >= UNDO_KEYS_MAX:
                 raise RecordTooLarge(f"one record wrote more than {UNDO_KEYS_MAX} keys")
-            undo[key] = self.inner.get(key)
+            read = self._read
+            undo[key] = read.pop(key) if key in read else self.inner.get(key)
 
     # ---- KeyValueStore ------------------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
-        return self.inner.get(key)
+        value = self.inner.get(key)
+        if self._undo is not None and key not in self._undo:
+            self._read[key] = value  # its value before this record, should it write it
+        return value
 
     def put(self, key: bytes, value: bytes) -> None:
         self._remember(key)
@@ -89,4 +98,5 @@ class JournalKV:
 
     def close(self) -> None:
         self._undo = None
+        self._read.clear()
         self.inner.close()
