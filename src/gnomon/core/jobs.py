@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from zoneinfo import ZoneInfo
@@ -21,6 +21,7 @@ from cronsim import CronSim
 from gnomon.core.cron import CronSchedule
 from gnomon.core.errors import Conflict, TransitionError, ValidationError
 from gnomon.core.model import CatchUp, JobSpec, jitter_offset_ms, manual_run_id, slot_run_id
+from gnomon.core.records import replace
 from gnomon.core.validation import DEFAULT_POOLS, apply_patch
 
 

@@ -33,7 +33,7 @@ completions that carry another token are rejected and their sender is told to st
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 from gnomon.core.cron import CronSchedule
@@ -48,6 +48,7 @@ from gnomon.core.jobs import (
 )
 from gnomon.core.model import JobSpec, OverlapPolicy, slot_run_id
 from gnomon.core.priorities import DEFAULT_WEIGHTS, check_weights
+from gnomon.core.records import replace
 from gnomon.core.retry import BackoffStrategy
 
 
