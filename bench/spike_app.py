@@ -14,6 +14,7 @@ Note: ``gnomon worker --app`` overwrites the Worker's pool and concurrency_max w
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -32,7 +33,12 @@ _started = threading.Lock()
 
 
 def _flush_forever(path: str) -> None:
-    with open(path, "a") as out:
+    try:
+        out = open(path, "a")  # noqa: SIM115 - lives as long as the process
+    except OSError as exc:
+        print(f"spike_app: cannot write the starts to {path}: {exc}", file=sys.stderr)
+        os._exit(70)  # a bench that cannot record its starts measures nothing
+    with out:
         while True:
             time.sleep(FLUSH_EVERY_S)
             n = len(_pending)

@@ -8,7 +8,8 @@ handler records its own start time) and the history projector, registers N jobs 
 the cron `* * * * * *`, waits D seconds, then deletes them. Every slot in the measured
 window (after a warm-up) must have started exactly once: start lag = the handler's own
 start - slot. After the end it reports how long the history projector took to catch up
-(its committed offsets on gnomon.runs reach the end).
+(its committed offsets on gnomon.runs reach the end). (The lag samples open a consumer
+and read every gnomon.* partition's end offset every 5 s: a little of the Kafka figure.)
 
 The CPU budget (issue 22): over the measured window it prints CPU-seconds per 1,000 runs
 started for each process (processor, workers, projector, the API with ``--api``, and the
@@ -117,12 +118,16 @@ def print_budget(a: tuple[float, dict[str, float], dict[str, int]], b: tuple[flo
         print("budget: no runs started in the window")
         return
     cpu = {k: b[1][k] - a[1][k] for k in a[1]}
+    gone = sorted(k for k, v in cpu.items() if v < 0 or b[1][k] == 0)
+    if gone:
+        print(f"warning: exited during the window (their CPU is not counted): {gone}")
+    cpu = {k: max(0.0, v) for k, v in cpu.items()}
     print(f"CPU budget over {wall:.0f}s, {runs} runs started ({runs / wall:.0f}/s), machine of {os.cpu_count()} CPUs:")
-    print(f"  {'process':<12} {'CPU-s per 1,000 runs':>21} {'CPU-ms per run':>15} {'cores busy':>11}")
+    print(f"  {'process':<12} {'CPU-ms per run (= CPU-s per 1,000 runs)':>40} {'cores busy':>11}")
     for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]):
-        print(f"  {k:<12} {1000 * v / runs:21.3f} {1000 * v / runs:15.3f} {v / wall:11.2f}")
+        print(f"  {k:<12} {1000 * v / runs:40.3f} {v / wall:11.2f}")
     total = sum(cpu.values())
-    print(f"  {'total':<12} {1000 * total / runs:21.3f} {1000 * total / runs:15.3f} {total / wall:11.2f}")
+    print(f"  {'total':<12} {1000 * total / runs:40.3f} {total / wall:11.2f}")
     delta = {t: b[2].get(t, 0) - a[2].get(t, 0) for t in b[2]}
     print(f"records per run = {sum(delta.values()) / runs:.2f} (every gnomon.* topic, transaction markers included): "
           + " ".join(f"{t.removeprefix('gnomon.')}={d / runs:.2f}"
@@ -310,7 +315,12 @@ def main() -> None:
     else:
         print("budget: the run ended before the warm-up did (raise --duration-s)")
     for role, path, spy in profiles:
-        spy.wait(60)
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            print(f"profile {role}: py-spy did not finish; skipped")
+            continue
         print_profile(role, path)
 
 

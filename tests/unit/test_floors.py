@@ -91,3 +91,13 @@ def test_a_tick_with_nothing_due_does_not_touch_the_store() -> None:
         assert list(kv.scan(b"rt/", b"rt/%013d/" % now, 100)) == []
     assert inner.scans == before
     assert [k for k, _ in kv.scan(b"rt/", b"rt/%013d/" % 5_001, 100)] == [b"rt/%013d/run" % 5_000]
+
+
+def test_a_put_between_making_a_scan_and_reading_it_is_seen() -> None:
+    kv = FloorKV(MemoryKV())
+    kv.put(b"rt/7/a", b"")
+    assert [k for k, _ in kv.scan(b"rt/", b"rt/9", 10)] == [b"rt/7/a"]  # the floor: rt/7/a
+    scan = kv.scan(b"rt/", b"rt/9", 10)  # made, not read yet
+    kv.put(b"rt/3/b", b"")  # lowers the floor
+    assert [k for k, _ in scan] == [b"rt/3/b", b"rt/7/a"]
+    assert [k for k, _ in kv.scan(b"rt/", b"rt/9", 10)] == [b"rt/3/b", b"rt/7/a"]

@@ -82,12 +82,13 @@ class FloorKV:
         index = index_of(start)
         if index is None:
             return self.inner.scan(start, stop, limit)  # not a scan from inside one of our indexes
-        return self._scan(index, self._floor.get(index, index), start, stop, limit)
+        return self._scan(index, start, stop, limit)
 
-    def _scan(self, index: bytes, floor: bytes, start: bytes, stop: bytes, limit: int
-              ) -> Iterator[tuple[bytes, bytes]]:
-        # (a generator: the inner scan and the floor's update happen at the first next(),
-        # with no write in between; a put after that lowers the floor again if it must)
+    def _scan(self, index: bytes, start: bytes, stop: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
+        # (a generator: the floor is read, the inner scan made and the floor updated at the
+        # first next(), with no write in between, whenever the scan was created; a put
+        # after that lowers the floor again if it must)
+        floor = self._floor.get(index, index)
         begin = max(start, floor)
         if begin >= stop or limit <= 0:
             return

@@ -664,8 +664,8 @@ class CassandraHistoryStore:
         op = f"write batch of {len(batch)}"
         try:
             requests = [g.request() for g in self._write_groups(session, writes)]
-        except Exception as exc:  # a value the driver cannot serialize: fail like a refused statement
-            raise HistoryStoreError(f"cassandra {op}: cannot bind: {_one_line(exc)}") from exc
+        except Exception as exc:  # a value the driver cannot serialize (or no ring yet): fail like a refused statement
+            raise HistoryStoreError(f"cassandra {op}: cannot bind or group its statements: {_one_line(exc)}") from exc
         self._run_all(op, [(r, None) for r in requests])
 
     def _write_groups(self, session: Any, writes: Sequence[tuple[Any, Sequence[Any]]]) -> list[_WriteGroup]:
@@ -673,13 +673,14 @@ class CassandraHistoryStore:
         most ``WRITE_BATCH_*_MAX`` and sent as one request (one request per statement
         before: the cost, in the projector and in Cassandra, was per request)."""
         metadata = session.cluster.metadata
-        open_groups: dict[tuple[Any, ...], _WriteGroup] = {}
+        open_groups: dict[frozenset[Any], _WriteGroup] = {}  # by replica set (in any ring order)
         full: list[_WriteGroup] = []
-        last_partition, replicas = None, ()
+        last_partition: bytes | None = None
+        replicas: frozenset[Any] = frozenset()
         for partition, size_bytes, statement in _by_partition(writes):
             if partition != last_partition:
                 last_partition = partition
-                replicas = tuple(metadata.get_replicas(self.keyspace, partition)) if partition else ()
+                replicas = frozenset(metadata.get_replicas(self.keyspace, partition)) if partition else frozenset()
             group = open_groups.get(replicas)
             if group is None or not group.fits(partition, size_bytes):
                 if group is not None:
