@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from spike import gnomon_records  # bench/ is on sys.path: the script's own directory
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
@@ -93,17 +94,6 @@ def java_pids(marker: str) -> list[int]:
             except OSError:
                 pass
     return out
-
-
-def gnomon_records(bootstrap: str) -> dict[str, int]:
-    """topic -> sum of its partitions' end offsets, for every topic named gnomon.*"""
-    c = Consumer(consumer_config(bootstrap, "bench-offsets"))
-    try:
-        md = c.list_topics(timeout=10)
-        return {name: sum(c.get_watermark_offsets(TopicPartition(name, p), 10)[1] for p in t.partitions)
-                for name, t in sorted(md.topics.items()) if name.startswith("gnomon.")}
-    finally:
-        c.close()
 
 
 def budget_snapshot(pids: dict[str, list[int]], bootstrap: str) -> tuple[float, dict[str, float], dict[str, int]]:
