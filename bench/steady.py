@@ -19,6 +19,13 @@ sampled every 5 s (records, and seconds at the ledger's write rate).
     .venv/bin/python bench/steady.py --jobs 500 --duration-s 120 --api    # the budget table
     .venv/bin/python bench/steady.py --jobs 200 --duration-s 150 --profile-s 60
 
+Overload (issue 22): ``--high-fraction 0.1`` registers that share of the jobs with priority
+high (the rest normal) and reports, per priority, start lag, slots not started and slots
+recorded skipped with reason ``overload`` (read back from gnomon.run-history), so every
+measured slot is accounted for:
+
+    .venv/bin/python bench/steady.py --jobs 4000 --duration-s 180 --high-fraction 0.1 --api
+
 ``--profile-s`` samples the processor, the projector and a worker with py-spy for that long once the
 warm-up is over (collapsed stacks in .gnomon/bench-logs/profile-*.txt, flame graphs beside
 them) and prints each one's top functions by inclusive and by own samples.
@@ -34,6 +41,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -44,7 +52,7 @@ from gnomon.adapters.kafka import consumer_config, producer_config
 from gnomon.config import load
 from gnomon.core.cron import CronSchedule
 from gnomon.core.jobs import DeleteJob, RegisterJob
-from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.core.model import JobSpec, Priority, Schedule, Target, TargetType
 from gnomon.history.projector import GROUP_ID as HISTORY_GROUP
 from gnomon.topology import load_topology
 
@@ -71,6 +79,48 @@ def history_lag(bootstrap: str, topic: str) -> int:
         return lag
     finally:
         c.close()
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    c = Consumer(consumer_config(bootstrap, f"bench-{secrets.token_hex(4)}"))
+    try:
+        md = c.list_topics(topic, timeout=10)
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in md.topics[topic].partitions}
+    finally:
+        c.close()
+
+
+def skipped_slots(bootstrap: str, topic: str, since: dict[int, int], job_ids: set[str], lo_ms: int,
+                  hi_ms: int) -> Counter[tuple[str, str]]:
+    """(job, reason) -> slots in [lo_ms, hi_ms) recorded skipped on ``topic`` after ``since``
+    (every-second jobs: a range counts its seconds inside the window)."""
+    ends = end_offsets(bootstrap, topic)
+    c = Consumer({**consumer_config(bootstrap, f"bench-{secrets.token_hex(4)}"), "enable.auto.commit": False})
+    out: Counter[tuple[str, str]] = Counter()
+    try:
+        c.assign([TopicPartition(topic, p, since.get(p, 0)) for p in ends if ends[p] > since.get(p, 0)])
+        left = {p for p in ends if ends[p] > since.get(p, 0)}
+        idle = 0
+        while left and idle < 20:
+            msgs = c.consume(5000, 1.0)
+            idle = 0 if msgs else idle + 1
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                if m.offset() >= ends[m.partition()] - 1:
+                    left.discard(m.partition())
+                if m.value() is None:
+                    continue
+                st = codec.decode(m.value(), topic=topic)
+                if st.status.value != "skipped" or st.job_id not in job_ids:
+                    continue
+                first = st.skipped_from_ms if st.skipped_from_ms is not None else st.slot_ms
+                n = max(0, (min(st.slot_ms, hi_ms - 1) - max(first, lo_ms)) // 1000 + 1)
+                if n:
+                    out[(st.job_id, "overload" if st.reason == "overload" else "other")] += n
+    finally:
+        c.close()
+    return out
 
 
 def cpu_s(pid: int) -> float:
@@ -180,6 +230,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=200)
     ap.add_argument("--lookahead-s", type=int, default=30)
     ap.add_argument("--api", action="store_true", help="start the API too (its CPU is in the budget)")
+    ap.add_argument("--high-fraction", type=float, default=0.0, help="this share of the jobs is priority high")
     ap.add_argument("--profile-s", type=int, default=0, help="py-spy the processor, projector and worker0 this long")
     args = ap.parse_args()
     s, topo = load(), load_topology()
@@ -214,17 +265,21 @@ def main() -> None:
     pids |= {"kafka": java_pids("kafka.Kafka"), "cassandra": java_pids("CassandraDaemon")}
     tag = secrets.token_hex(3)
     job_ids = [f"steady{tag}-{i:05d}" for i in range(args.jobs)]
+    high = set(job_ids[:round(args.jobs * args.high_fraction)])
     p = Producer(producer_config(s.kafka_bootstrap))
     try:
         time.sleep(8)  # group join, restore, adverts
         spec = JobSpec(name="steady", schedule=Schedule(cron="* * * * * *"),
                        target=Target(TargetType.HANDLER, handler="noop"), timeout_s=60)
+        high_spec = replace(spec, priority=Priority.HIGH)
         t_reg = int(time.time() * 1000)
+        history_from = end_offsets(s.kafka_bootstrap, topo.run_history)
         for job_id in job_ids:
             while True:
                 try:
                     p.produce(topo.job_commands, key=job_id.encode(),
-                              value=codec.encode(RegisterJob(job_id, "bench", spec, t_reg)))
+                              value=codec.encode(RegisterJob(job_id, "bench", high_spec if job_id in high else spec,
+                                                             t_reg)))
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -295,6 +350,20 @@ def main() -> None:
     if lags:
         print(f"start lag s (handler start - slot): p50={pct(lags, 50):.3f} p95={pct(lags, 95):.3f} "
               f"p99={pct(lags, 99):.3f} max={max(lags):.3f} min={min(lags):.3f}")
+    if high:
+        skipped = skipped_slots(s.kafka_bootstrap, topo.run_history, history_from, set(job_ids), lo, hi)
+        for prio, members in (("high", high), ("normal", set(job_ids) - high)):
+            mine = {rid: ms for rid, ms in wanted.items() if rid.partition("@")[0] in members}
+            plags = [(ms - mine[rid]) / 1000 for rid, ms in starts if rid in mine]
+            ran = sum(1 for rid in mine if counts[rid] > 0)
+            over = sum(n for (j, reason), n in skipped.items() if j in members and reason == "overload")
+            other = sum(n for (j, reason), n in skipped.items() if j in members and reason != "overload")
+            line = (f"  {prio:<6} slots={len(mine)} started={ran} skipped(overload)={over} skipped(other)={other} "
+                    f"unaccounted={len(mine) - ran - over - other}")
+            if plags:
+                line += (f" start lag p50={pct(plags, 50):.3f} p99={pct(plags, 99):.3f} max={max(plags):.3f}"
+                         f" late>1s={sum(1 for x in plags if x > 1)}")
+            print(line)
     print("history caught up " + (f"{caught_at - t_end:.1f}s after the end" if caught_at else "NOT within 120s"))
     if hist_lags:
         worst = max(hist_lags, key=lambda x: x[1])

@@ -110,7 +110,9 @@ class HistoryChecker:
         mine = {rid: st[-1] for rid, st in self.ledger.items() if rid.startswith(prefix) and not st[-1].manual}
         if not mine:
             return
-        start = first if first is not None else min(s.slot_ms for s in mine.values())
+        # (a skipped range names its last slot; its first is skipped_from_ms)
+        start = first if first is not None else min(s.slot_ms if s.skipped_from_ms is None else s.skipped_from_ms
+                                                    for s in mine.values())
         end = job.next_run_at_ms if job.next_run_at_ms is not None else max(s.slot_ms for s in mine.values()) + 1
         # (start == end: a paused job whose first state left the compacted changelog, so its
         # first known position is where it stopped; nothing from there is due)

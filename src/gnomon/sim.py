@@ -186,7 +186,8 @@ class SimCluster:
                  faults: SimFaults | None = None, standbys: bool = True, worker_slots: int = 8,
                  step_ms: int = 100, session_timeout_ms: int = 3_000,
                  run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
-                 duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None) -> None:
+                 duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
+                 overload_budget_per_tick: int | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = FakeClock()
@@ -200,7 +201,8 @@ class SimCluster:
         self.sched_cfg = sched_cfg or J.SchedulerConfig(lookahead_ms=5_000)
         self.cfg = ProcessorConfig(bootstrap="memory", state_dir=Path("/nonexistent"), standbys=standbys,
                                    session_timeout_ms=session_timeout_ms, transaction_timeout_ms=5_000,
-                                   tick_interval_ms=200, sched=self.sched_cfg, runs=self.run_cfg)
+                                   tick_interval_ms=200, sched=self.sched_cfg, runs=self.run_cfg,
+                                   overload_budget_per_tick=overload_budget_per_tick)
         self.procs = [_Proc(f"p{i}") for i in range(processors)]
         self.workers = [_Worker(i) for i in range(workers)]
         self.events: list[str] = []  # the faults injected, in order (for a failing seed's message)
@@ -261,12 +263,13 @@ class SimCluster:
         self.client.produce(self.topo.job_commands, cmd.job_id.encode(), codec.encode(cmd))
 
     def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
-                 timeout_s: int = 60) -> None:
-        from gnomon.core.model import JobSpec, RetryPolicy, Schedule, TargetType
+                 timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None) -> None:
+        from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, TargetType
 
         spec = JobSpec(name=job_id, schedule=Schedule(cron=cron), target=Target(TargetType.HANDLER, handler=HANDLER),
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
-                       retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0))
+                       retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),
+                       priority=Priority(priority), late_max_s=late_max_s)
         self.submit(J.RegisterJob(job_id, TENANT, spec, self.clock.now_ms()))
 
     # ---- time -----------------------------------------------------------------------------

@@ -174,10 +174,11 @@ def test_a_job_whose_tick_breaks_is_poisoned_once_and_the_others_keep_running(
         monkeypatch: pytest.MonkeyPatch) -> None:
     original = J.decide_tick
 
-    def broken(state: J.JobState, now_ms: int, cfg: J.SchedulerConfig | None = None) -> list[J.JobEvent]:
+    def broken(state: J.JobState, now_ms: int, cfg: J.SchedulerConfig | None = None,
+               present_since_ms: int | None = None, *, triggers: bool = True) -> list[J.JobEvent]:
         if state.job_id == "sick":
             raise ZeroDivisionError("a schedule no code expected")
-        return original(state, now_ms, cfg)
+        return original(state, now_ms, cfg, present_since_ms, triggers=triggers)
 
     monkeypatch.setattr(J, "decide_tick", broken)
     sim = _sim()

@@ -1,7 +1,7 @@
 """Skip the deleted head of a time-ordered index (RocksDB's queue problem).
 
-A processor keeps time-ordered indexes in its store (``jd/<ms>/<job>``: a job's next
-slot; ``rt/<ms>/<run>``: a run's timer; ``rp/<ms>/<run>``: a purge) and scans them from
+A processor keeps time-ordered indexes in its store (``j<prio>/<ms>/<job>``: a job's
+next slot; ``rt/<ms>/<run>``: a run's timer; ``rp/<ms>/<run>``: a purge) and scans them from
 their start on every tick. Each slot deletes the entry it consumed, and RocksDB keeps a
 deleted key as a tombstone until a compaction drops it, so a scan from the start of an
 index walks over every entry consumed since the last compaction before it reaches a
@@ -28,11 +28,12 @@ from collections.abc import Iterator
 from gnomon.ports import KeyValueStore
 
 # The indexes of a partition's store that are consumed from their head (the key layout
-# is gnomon.streams.task's): a due job (jd/<ms>/<job>), a run's timer (rt/<ms>/<run>), a
+# is gnomon.streams.task's): a due job (j<prio>/<ms>/<job>, one index per priority; jd/
+# in stores written before those), a run's timer (rt/<ms>/<run>), a
 # run's purge (rp/<ms>/<run>), each by time; and the runs waiting for room in a pool,
 # one index per pool, lane and priority (rw/<pool>\0<lane><prio>/<ms>/<run>), scanned
 # per tick for each of them on every partition.
-TIME_INDEXES: frozenset[bytes] = frozenset({b"jd/", b"rt/", b"rp/"})
+TIME_INDEXES: frozenset[bytes] = frozenset({b"j0/", b"j1/", b"j2/", b"jd/", b"rt/", b"rp/"})
 WAITING = b"rw/"
 
 

@@ -141,6 +141,10 @@ class _JobFields(_Closed):
         default=None, description="a run whose first attempt starts more than this many seconds after its "
                                   "start time sends a 'late' alert (PUT /v1/alerts); null: the tenant's "
                                   "alert config default")
+    lateMaxS: Annotated[int, Field(ge=1, le=LATE_MAX_S)] | None = Field(
+        default=None, description="while the scheduler is overloaded, a slot that cannot start within this "
+                                  "many seconds of its time is given up, recorded skipped with reason "
+                                  "'overload'; null: the scheduler's misfire grace (60 s by default)")
 
 
 class JobSpecInput(_JobFields):
@@ -195,6 +199,7 @@ class Job(_Closed):
     jitterS: int
     overlap: Overlap
     alertLateS: int | None
+    lateMaxS: int | None
 
 
 class Run(_Closed):

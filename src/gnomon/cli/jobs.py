@@ -47,6 +47,9 @@ def create(
     alert_late_s: Annotated[int | None, typer.Option(
         "--alert-late-s", help="alert (gnomon alerts) when a run starts more than N s late "
                                "(default: the tenant's alert config)")] = None,
+    late_max_s: Annotated[int | None, typer.Option(
+        "--late-max-s", help="under overload, give a slot up (recorded 'overload') when it cannot start "
+                             "within N s of its time (default: the misfire grace, 60 s)")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Register a job and print its id."""
@@ -59,6 +62,8 @@ def create(
                             "pool": pool, "retry": {"max": retries}, "catchUp": catch_up, "jitterS": jitter_s}
     if alert_late_s is not None:
         body["alertLateS"] = alert_late_s
+    if late_max_s is not None:
+        body["lateMaxS"] = late_max_s
     if cron is not None:
         body["schedule"] = cron
     else:

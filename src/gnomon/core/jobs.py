@@ -468,8 +468,26 @@ def skip_range(
                        count=count, from_ms=first if first != last else None)]
 
 
-def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None) -> list[JobEvent]:
-    """Triggers for slots due within the lookahead; catch-up for slots already missed."""
+OVERLOAD_REASON = "overload"
+
+
+def late_max_ms(spec: JobSpec, cfg: SchedulerConfig) -> int:
+    """How late a slot may start under overload before it is given up (the job's
+    ``late_max_s``, else the misfire grace)."""
+    return spec.late_max_s * 1000 if spec.late_max_s is not None else cfg.misfire_grace_ms
+
+
+def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None,
+                present_since_ms: int | None = None, *, triggers: bool = True) -> list[JobEvent]:
+    """Triggers for slots due within the lookahead; catch-up for slots already missed.
+
+    ``present_since_ms``: since when the deciding processor has ticked this partition
+    without a gap (None: unknown). A slot at or after it that is still untriggered was
+    not missed by an outage but deferred by an overloaded processor (its tick budget,
+    ``streams.task``): such slots run late, up to the job's ``late_max_ms``, and older
+    ones are given up in one range recorded skipped with reason ``overload``. Slots
+    before it were missed while no processor ticked: the job's catch-up policy decides.
+    ``triggers`` False (the tick's budget is spent): only the give-up, nothing triggered."""
     cfg = cfg or SchedulerConfig()
     if state.status is not JobStatus.ACTIVE or state.next_run_at_ms is None:
         return []
@@ -490,7 +508,23 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         )
 
     slot: int | None = first
-    if first < missed_before:
+    if present_since_ms is not None and first >= present_since_ms:
+        give_up_to = now_ms - late_max_ms(spec, cfg)  # slots at or before this are given up
+        if first <= give_up_to:
+            if spec.schedule.run_at_ms is not None:
+                return [RunSkipped(slot_run_id(state.job_id, first), state.job_id, state.tenant, spec, first,
+                                   OVERLOAD_REASON, now_ms, advances=True)]
+            events.extend(_skip_range(state, first, give_up_to, OVERLOAD_REASON, now_ms, cfg))
+            if events:
+                given_up = events[-1]
+                assert isinstance(given_up, RunSkipped)
+                slot = _next_slot(spec, given_up.slot_ms)
+                events[-1] = replace(given_up, advances=True, advance_to_ms=slot)
+        if not triggers:
+            return events
+    elif not triggers:
+        return []
+    elif first < missed_before:
         # Catch-up: the processors were away. Decide which missed slots run.
         if spec.schedule.run_at_ms is not None:
             if spec.catch_up is CatchUp.SKIP:

@@ -101,6 +101,10 @@ class JobSpec:
     # a run that starts more than this many seconds after its start time alerts the tenant
     # (gnomon.alerts); None: the tenant's alert config's default
     alert_late_s: int | None = None
+    # while the scheduler is overloaded, a slot not started within this many seconds of
+    # its time is given up, recorded skipped with reason "overload" (docs/semantics.md,
+    # "Overload"); None: the scheduler's misfire grace (60 s by default)
+    late_max_s: int | None = None
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:

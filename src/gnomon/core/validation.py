@@ -40,7 +40,7 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
-     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS"}
+     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS"}
 )
 _RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
 _TARGET_FIELDS = {
@@ -92,6 +92,15 @@ def check_late_s(value: object, field: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LATE_MAX_S:
         raise ValidationError(field, f"must be a whole number of seconds from 0 to {LATE_MAX_S}, or null")
+    return value
+
+
+def check_late_max_s(value: object) -> int | None:
+    """``lateMaxS``: how late a slot may start under overload before it is given up, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LATE_MAX_S:
+        raise ValidationError("lateMaxS", f"must be a whole number of seconds from 1 to {LATE_MAX_S}, or null")
     return value
 
 
@@ -261,6 +270,7 @@ def parse_job_spec(
         jitter_s=_int(data.get("jitterS", 0), "jitterS", 0, JITTER_MAX_S),
         overlap=_enum(data.get("overlap", "allow"), "overlap", OverlapPolicy),
         alert_late_s=check_late_s(data.get("alertLateS"), "alertLateS"),
+        late_max_s=check_late_max_s(data.get("lateMaxS")),
     )
 
 
@@ -295,6 +305,7 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     out["jitterS"] = spec.jitter_s
     out["overlap"] = spec.overlap.value
     out["alertLateS"] = spec.alert_late_s
+    out["lateMaxS"] = spec.late_max_s
     return out
 
 

@@ -89,6 +89,14 @@ class ProcessorMetrics:
         self.committed_lag = Gauge("gnomon_consumer_committed_lag_records", "Records after the group's committed "
                                    "offsets, on this processor's partitions (the history projector's on the run "
                                    "ledger)", ["group", "topic"], registry=r)
+        self.overload_rate = Gauge("gnomon_overload_budget_per_second", "Normal/low triggers per second this "
+                                   "processor allows itself while overloaded (core.overload); 0: unlimited, "
+                                   "not overloaded", registry=r)
+        self.overload_deferred = Gauge("gnomon_overload_deferred_jobs", "Due normal/low jobs the last tick left "
+                                       "for later because its budget ran out", registry=r)
+        self.overload_lag = Gauge("gnomon_overload_signal_lag_seconds", "The governor's last signal: 90th "
+                                  "percentile start lag of the most urgent priority that started runs, or the "
+                                  "input lag if worse", registry=r)
         self.partitions.set(topology.partitions)
         for pool in topology.pools:  # every series exists from the start (rate() from zero)
             for outcome in OUTCOMES:
@@ -130,6 +138,12 @@ class ProcessorMetrics:
                 kind = expiry_kind(value.reason)
                 if kind is not None:
                     self.lease_expiries.labels(pool, kind).inc()
+
+    def overloaded(self, rate_per_s: float, deferred: int, lag_ms: int) -> None:
+        """The overload governor after a tick (``rate_per_s`` inf: unlimited)."""
+        self.overload_rate.set(0 if rate_per_s == float("inf") else rate_per_s)
+        self.overload_deferred.set(deferred)
+        self.overload_lag.set(lag_ms / 1000)
 
     def restored(self, source: str, seconds: float) -> None:
         """``source``: "standby", "checkpoint" or "rebuild"."""

@@ -3,7 +3,7 @@ policies in words ("overlap: job_1@... is still running"), a label must not."""
 
 from __future__ import annotations
 
-SKIP_REASONS = ("paused", "deleted", "schedule_changed", "overlap", "catch_up", "other")
+SKIP_REASONS = ("paused", "deleted", "schedule_changed", "overlap", "catch_up", "overload", "other")
 
 
 def skip_reason(reason: str | None) -> str:
@@ -13,6 +13,8 @@ def skip_reason(reason: str | None) -> str:
         return "overlap"
     if text.startswith("catch-up"):
         return "catch_up"
+    if text == "overload":
+        return "overload"
     if "paused" in text:
         return "paused"
     if "deleted" in text:

@@ -44,6 +44,9 @@ class ProcessorView:
     instance_id: str
     partitions: list[int]
     standbys: int
+    overload_budget_per_s: float = 0.0  # 0: not overloaded (no budget)
+    overload_deferred: int = 0
+    overload_lag_s: float = 0.0
 
 
 @dataclass
@@ -96,7 +99,11 @@ def summarize(scrapes: Sequence[Scrape]) -> Status:
                            if x.value > 0)
             owned.update(parts)
             standbys = sum(x.value for x in _named(s, "gnomon_processor_standby_partitions"))
-            st.processors.append(ProcessorView(sc.url, info[0].labels.get("instance_id", "?"), parts, int(standbys)))
+            view = ProcessorView(sc.url, info[0].labels.get("instance_id", "?"), parts, int(standbys))
+            view.overload_budget_per_s = sum(x.value for x in _named(s, "gnomon_overload_budget_per_second"))
+            view.overload_deferred = int(sum(x.value for x in _named(s, "gnomon_overload_deferred_jobs")))
+            view.overload_lag_s = sum(x.value for x in _named(s, "gnomon_overload_signal_lag_seconds"))
+            st.processors.append(view)
             for x in _named(s, "gnomon_topology_partitions"):
                 st.partitions_total = int(x.value)
             for x in _named(s, "gnomon_workers_live"):  # every processor sees every worker: the most any saw
@@ -160,6 +167,11 @@ def render(st: Status) -> list[str]:
     for p in sorted(st.processors, key=lambda p: p.instance_id):
         parts = ",".join(map(str, p.partitions)) or "none"
         out.append(f"  {p.instance_id:<20} partitions {parts:<24} standbys {p.standbys:<4} {p.url}")
+        if p.overload_budget_per_s or p.overload_deferred:
+            out.append(f"    OVERLOADED: normal/low triggers held to {p.overload_budget_per_s:.0f}/s, "
+                       f"{p.overload_deferred} due jobs deferred at the last tick, urgent start lag p90 "
+                       f"{p.overload_lag_s:.2f} s (high runs first; late slots past their lateMaxS are "
+                       "recorded skipped, reason overload)")
     if not st.processors:
         out.append("  none answered")
     out.append(f"workers ({len(st.workers)} answered)")

@@ -28,6 +28,7 @@ from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import EventLogError, GnomonError, InfraError
 from gnomon.core.messages import PoisonRecord
+from gnomon.core.overload import OverloadGovernor, TickBudget
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.quota import QuotaBook
 from gnomon.core.tenants import TenantBook
@@ -68,6 +69,9 @@ class ProcessorConfig:
     state_dir: Path
     instance_id: str = field(default_factory=lambda: f"{socket.gethostname()}")
     batch_max: int = 500
+    # normal/low triggers per tick across this processor's partitions, fixed (tests, the
+    # simulation); None: the overload governor sets it from start lags (core.overload)
+    overload_budget_per_tick: int | None = None
     poll_timeout_s: float = 0.05
     tick_interval_ms: int = 200
     restore_timeout_s: float = 120.0
@@ -108,6 +112,8 @@ class Processor:
         self.tasks: dict[int, PartitionTask] = {}
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
+        self.overload = OverloadGovernor()  # normal/low triggers per second when overloaded
+        self.last_budget = TickBudget()  # the last tick's (status and metrics show it)
         self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
                                                                             group_id=GROUP_ID)
         self._stop = threading.Event()
@@ -360,6 +366,9 @@ class Processor:
                         apply(key, value)
                     except GnomonError as exc:
                         log.error("changelog %s[%d] key %s undecodable, skipped: %s", topic, partition, key, exc)
+        moved = task.migrate_due_index()
+        if moved:
+            log.info("partition %d: %d due-index entries moved to the per-priority indexes", partition, moved)
         counted = task.load_counts()
         self.progress_at_s = time.monotonic()
         self.metrics.restored("standby" if promoted is not None else "rebuild" if ckpt is None else "checkpoint",
@@ -415,11 +424,15 @@ class Processor:
                 for task in list(self.tasks.values()):
                     outputs.extend(task.worker_lost(worker, now))
             behind = self._behind()
+            budget = self._tick_budget(now, behind)
             for p, task in list(self.tasks.items()):
                 # a partition with unread run events judges leases by how far it has read
                 outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None,
                                          self.history.until_ms(p) if self.history is not None else None,
-                                         assign_waiting=False))
+                                         assign_waiting=False, budget=budget))
+            self.overload.after_tick(budget, now)
+            self.last_budget = budget
+            self.metrics.overloaded(self.overload.rate_per_s, budget.deferred, self.overload.last_window_lag_ms)
             # waiting runs take free slots across all partitions, in the weighted mix
             outputs.extend(assign_waiting(list(self.tasks.values()), now, self._pickers))
             outputs.extend(self.usage.changes(sorted(self.tasks), now))
@@ -431,6 +444,21 @@ class Processor:
         self.progress_at_s = time.monotonic()
         self.metrics.sample(now, self.tasks, self.directory, len(self.standbys.copies) if self.standbys else 0,
                             self.consumer, self.inputs, self.history.lag if self.history is not None else None)
+
+    def _tick_budget(self, now: int, behind: set[int]) -> TickBudget:
+        """This tick's budget for normal and low triggers (core.overload), after feeding the
+        governor what the partitions saw since the last tick."""
+        for task in self.tasks.values():
+            for rank, lag_ms in task.start_lags:
+                self.overload.observe_start(rank, lag_ms)
+            task.start_lags.clear()
+        if behind:
+            read = [self._read_ts[p] for p in behind if self._read_ts.get(p)]
+            if read:
+                self.overload.observe_input_lag(max(0, now - min(read)))
+        if self.cfg.overload_budget_per_tick is not None:
+            return TickBudget(left=self.cfg.overload_budget_per_tick)
+        return self.overload.budget(now)
 
     def _behind(self) -> set[int]:
         """Partitions of run-events with unread records (cached high watermark and local

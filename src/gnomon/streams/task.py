@@ -6,7 +6,10 @@ in-memory runner drive this class directly.
 State layout in the partition's ordered key-value store (RocksDB):
 
     j/<job_id>                      -> JobState (codec)
-    jd/<next_run_at_ms:013>/<job_id> -> b""   due index, ordered by time
+    j<prio>/<next_run_at_ms:013>/<job_id> -> b""  due index, one per priority (j0/ high, j1/
+                                             normal, j2/ low), each ordered by time (a store
+                                             written before 2026-12 has one jd/ index:
+                                             ``migrate_due_index`` moves it when it is opened)
     r/<run_id>                      -> RunState (codec)
     rt/<timer_ms:013>/<run_id>      -> b""   run timer index (stage, lease, retry backoff)
     rw/<pool>\0<lane><prio>/<due_ms:013>/<run_id> -> b"" READY runs waiting for a worker with
@@ -62,6 +65,7 @@ from gnomon.core.errors import (
 )
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, PoisonRecord, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
+from gnomon.core.overload import TickBudget
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.replies import CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
@@ -78,8 +82,13 @@ def _job_key(job_id: str) -> bytes:
     return b"j/" + job_id.encode()
 
 
-def _due_key(ms: int, job_id: str) -> bytes:
-    return b"jd/%013d/" % ms + job_id.encode()
+_PRIO_RANK = {"high": b"0", "normal": b"1", "low": b"2"}
+_DUE = tuple(b"j%s/" % r for r in (b"0", b"1", b"2"))  # the due indexes, most urgent first
+_OLD_DUE = b"jd/"  # the single due index of stores written before the priority indexes
+
+
+def _due_key(ms: int, job: J.JobState) -> bytes:
+    return b"j" + _PRIO_RANK.get(job.spec.priority.value, b"1") + b"/%013d/" % ms + job.job_id.encode()
 
 
 def _run_key(run_id: str) -> bytes:
@@ -88,9 +97,6 @@ def _run_key(run_id: str) -> bytes:
 
 def _timer_key(ms: int, run_id: str) -> bytes:
     return b"rt/%013d/" % ms + run_id.encode()
-
-
-_PRIO_RANK = {"high": b"0", "normal": b"1", "low": b"2"}
 
 
 # Variable parts of index keys end with NUL, so no id is a prefix of another's entries
@@ -191,6 +197,8 @@ class TaskStats:
     completions: int = 0
     tick_jobs_examined: int = 0
     catch_up_deferred: int = 0  # ticks whose catch-up budget ran out (the backlog goes on next tick)
+    overload_deferred: int = 0  # due normal/low jobs left for a later tick: the tick's budget ran out
+    overload_given_up: int = 0  # slots given up (recorded skipped, reason overload) past their lateness bound
     tick_runs_examined: int = 0
     purged: int = 0  # finished runs that left state (tombstoned)
     replays_refused: int = 0  # triggers for slots already decided (maybe purged), refused
@@ -245,6 +253,13 @@ class PartitionTask:
         self._tick_failed: set[tuple[str, str]] = set()  # jobs and runs whose tick step raised (poisoned once)
         self._tick_failure_logged_s = 0.0
         self._runs_cache: dict[str, R.RunState | None] = {}
+        # a tick more than this after the previous one: the partition was away in between
+        # (its untriggered slots were missed, not deferred by overload)
+        self.absent_after_ms = 15_000
+        self.start_lags: list[tuple[int, int]] = []  # (priority rank, ms) of first attempts started
+        self.start_lags_max = 10_000
+        self._last_tick_ms: int | None = None
+        self._present_since_ms: int | None = None
 
     # ---- state access ------------------------------------------------------------------
 
@@ -364,9 +379,26 @@ class PartitionTask:
                 self._progress(n)
         return n
 
+    def migrate_due_index(self, chunk_max: int = 10_000) -> int:
+        """Move a store's old single due index (``jd/<ms>/<job>``, before 2026-12) to the
+        per-priority ones; the number of entries moved (0 for every store written since).
+        Idempotent: an interrupted move goes on at the next open."""
+        moved = 0
+        while True:
+            chunk = [k for k, _ in self.kv.scan(_OLD_DUE, _prefix_end(_OLD_DUE), chunk_max)]
+            if not chunk:
+                return moved
+            for key in chunk:
+                job = self.job(key[len(_OLD_DUE) + _TIME_W + 1:].decode())
+                if job is not None and job.next_run_at_ms is not None and job.status is J.JobStatus.ACTIVE:
+                    self.kv.put(_due_key(job.next_run_at_ms, job), b"")
+                self.kv.delete(key)
+                moved += 1
+                self._progress(moved)
+
     def _store_job(self, job_id: str, old: J.JobState | None, new: J.JobState | None, out: list[Output]) -> None:
         if old is not None and old.next_run_at_ms is not None and old.status is J.JobStatus.ACTIVE:
-            self.kv.delete(_due_key(old.next_run_at_ms, job_id))
+            self.kv.delete(_due_key(old.next_run_at_ms, old))
         was, now = _counted_job(old), _counted_job(new)
         if was and not now:
             assert old is not None
@@ -388,7 +420,7 @@ class PartitionTask:
         self.kv.put(_job_key(job_id), raw)
         self._cache(self._jobs_cache, job_id, new)
         if new.next_run_at_ms is not None and new.status is J.JobStatus.ACTIVE:
-            self.kv.put(_due_key(new.next_run_at_ms, job_id), b"")
+            self.kv.put(_due_key(new.next_run_at_ms, new), b"")
         out.append(Output(self.topo.jobs, job_id, new, self.partition, raw))
 
     def _index_keys(self, run: R.RunState | None) -> set[bytes]:
@@ -451,7 +483,7 @@ class PartitionTask:
             job: J.JobState = codec.decode(raw)
             self.kv.put(_job_key(job_id), raw)
             if job.next_run_at_ms is not None and job.status is J.JobStatus.ACTIVE:
-                self.kv.put(_due_key(job.next_run_at_ms, job_id), b"")
+                self.kv.put(_due_key(job.next_run_at_ms, job), b"")
             if _counted_job(job):
                 self._put_index(Q.job_key(job.tenant, job_id))
             pending = Q.pending_one_time_key(job)
@@ -720,6 +752,9 @@ class PartitionTask:
                 continue
             new = R.evolve(new, ev)
             out.extend(self._messages_for(new, ev))
+            if (isinstance(ev, R.AttemptStartReported) and new.attempt <= 1 and not new.manual
+                    and new.created_at_ms <= new.not_before_ms):  # (triggered ahead: not catch-up, not deferred)
+                self._note_start(new, ev.started_at_ms)
         if new is None:
             return out
         # a skipped range reopened at its last slot by a backfill: the rest stays skipped
@@ -743,6 +778,13 @@ class PartitionTask:
         if rest is not None:
             out.extend(self._handle_run(rest, now_ms))
         return out
+
+    def _note_start(self, run: R.RunState, started_at_ms: int) -> None:
+        """A scheduled run's first attempt started: its start lag, for the overload governor
+        (``start_lags``, drained by the runtime; at most ``start_lags_max`` kept)."""
+        if len(self.start_lags) < self.start_lags_max:
+            rank = int(_PRIO_RANK.get(run.spec.priority.value, b"1"))
+            self.start_lags.append((rank, max(0, started_at_ms - run.not_before_ms)))
 
     def _active_sibling(self, run: R.RunState, job: J.JobState | None) -> R.RunState | None:
         """For a scheduled run of a job with an overlap policy: another of its runs that is
@@ -858,33 +900,42 @@ class PartitionTask:
     # ---- time --------------------------------------------------------------------------
 
     def tick(self, now_ms: int, read_up_to_ms: int | None = None, history_until_ms: int | None = None,
-             assign_waiting: bool = True) -> list[Output]:
+             assign_waiting: bool = True, budget: TickBudget | None = None) -> list[Output]:
         """Time-driven work of this partition: due jobs, run timers, purges. Bounded by due_max.
         ``read_up_to_ms``: record time up to which this partition's input was read, when it
         is behind (see ``runs.decide_timer``); None when caught up. ``history_until_ms``:
         every ledger record this partition committed before that time is in history (the
-        projector has read past it); None: unknown, purge nothing."""
+        projector has read past it); None: unknown, purge nothing. ``budget``: triggers
+        left for normal and low jobs (``core.overload``; None: unlimited)."""
         out: list[Output] = []
         self._quota_waits_this_tick = 0
+        present = self._presence(now_ms)
+        budget = budget if budget is not None else TickBudget()
         # 1. Jobs due now (next_run_at from the misfire edge on), their near slots only;
-        # 2. the catch-up backlog (older), paced by a record budget, near slots only;
+        # 2. the older backlog (catch-up after an outage, paced by a record budget; slots
+        #    deferred by an overloaded tick), near slots only;
         # 3. the rest of the lookahead.
+        # Each by priority: high first, then normal and low while the tick's budget lasts.
         # So a tick that has much to do (a backlog decided, a lookahead filled after a
         # restart) emits the slots due in the next seconds first, for every job: their
         # grants come first in each worker's inbox, ahead of slots 30 s away.
         edge = max(now_ms - self.sched_cfg.misfire_grace_ms, 0)
         near = self._near_cfg()
-        out.extend(self._tick_jobs_from(edge, now_ms + near.lookahead_ms, now_ms, near))
-        budget = self.sched_cfg.catch_up_records_per_tick_max
-        backlog = self.kv.scan(b"jd/", b"jd/%013d/" % edge, self.due_max)
-        for job_id in [k[len(b"jd/") + _TIME_W + 1:].decode() for k, _ in backlog]:
-            if budget <= 0:
-                self.stats.catch_up_deferred += 1
-                break
-            produced = self._tick_job(job_id, now_ms, near)
-            budget -= max(1, len(produced))
-            out.extend(produced)
-        out.extend(self._tick_jobs_from(edge, now_ms + self.sched_cfg.lookahead_ms, now_ms, self.sched_cfg))
+        for index in _DUE:
+            out.extend(self._tick_jobs_from(index, edge, now_ms + near.lookahead_ms, now_ms, near, budget, present))
+        catch_up = self.sched_cfg.catch_up_records_per_tick_max
+        for index in _DUE:
+            backlog = self.kv.scan(index, index + b"%013d/" % edge, self.due_max)
+            for job_id in [k[len(index) + _TIME_W + 1:].decode() for k, _ in backlog]:
+                if catch_up <= 0:
+                    self.stats.catch_up_deferred += 1
+                    break
+                produced = self._tick_budgeted(index, job_id, now_ms, near, budget, present)
+                catch_up -= max(1, len(produced))
+                out.extend(produced)
+        for index in _DUE:
+            out.extend(self._tick_jobs_from(index, edge, now_ms + self.sched_cfg.lookahead_ms, now_ms,
+                                            self.sched_cfg, budget, present, far=True))
         due = [(k, k[len(b"rt/") + _TIME_W + 1:].decode())
                for k, _ in self.kv.scan(b"rt/", _bound(b"rt/", now_ms), self.due_max)]
         for key, run_id in due:
@@ -934,13 +985,46 @@ class PartitionTask:
             self._near = (self.sched_cfg, cfg)
         return self._near[1]
 
-    def _tick_jobs_from(self, from_ms: int, horizon_ms: int, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
-        """Tick the jobs whose next slot is in [from_ms, horizon_ms] (at most due_max)."""
+    def _tick_jobs_from(self, due: bytes, from_ms: int, horizon_ms: int, now_ms: int, cfg: J.SchedulerConfig,
+                        budget: TickBudget, present_since_ms: int, far: bool = False) -> list[Output]:
+        """Tick the jobs of due index ``due`` whose next slot is in [from_ms, horizon_ms]
+        (at most due_max). ``far``: slots not due yet, none of which waits for the budget."""
         out: list[Output] = []
-        due = self.kv.scan(b"jd/%013d/" % from_ms, _bound(b"jd/", horizon_ms), self.due_max)
-        for job_id in [k[len(b"jd/") + _TIME_W + 1:].decode() for k, _ in due]:
-            out.extend(self._tick_job(job_id, now_ms, cfg))
+        if far and due != _DUE[0] and budget.exhausted:
+            return out
+        scan = self.kv.scan(due + b"%013d/" % from_ms, _bound(due, horizon_ms), self.due_max)
+        for job_id in [k[len(due) + _TIME_W + 1:].decode() for k, _ in scan]:
+            if far and due != _DUE[0] and budget.exhausted:
+                break
+            out.extend(self._tick_budgeted(due, job_id, now_ms, cfg, budget, present_since_ms))
         return out
+
+    def _tick_budgeted(self, due: bytes, job_id: str, now_ms: int, cfg: J.SchedulerConfig, budget: TickBudget,
+                       present_since_ms: int) -> list[Output]:
+        """One due job: triggered (high always; normal and low while the budget lasts), or
+        left due with only its slots past their lateness bound given up."""
+        if due == _DUE[0]:
+            return self._tick_job(job_id, now_ms, cfg, present_since_ms)
+        if budget.exhausted:
+            budget.deferred += 1
+            self.stats.overload_deferred += 1
+            return self._tick_job(job_id, now_ms, cfg, present_since_ms, trigger=False)
+        if budget.left is not None and budget.left < cfg.triggers_per_tick_max:
+            cfg = replace(cfg, triggers_per_tick_max=budget.left)  # (a late job takes no more than is left)
+        before = self.stats.triggers
+        out = self._tick_job(job_id, now_ms, cfg, present_since_ms)
+        budget.spend(self.stats.triggers - before)
+        return out
+
+    def _presence(self, now_ms: int) -> int:
+        """Since when this partition has been ticked without a gap over ``absent_after_ms``
+        (``core.jobs.decide_tick``: slots due in that time and still untriggered were
+        deferred by overload, not missed in an outage). A gap shorter than that is no
+        absence, so the first tick after one counts from ``absent_after_ms`` before it."""
+        last, self._last_tick_ms = self._last_tick_ms, now_ms
+        if self._present_since_ms is None or last is None or not 0 <= now_ms - last <= self.absent_after_ms:
+            self._present_since_ms = now_ms - self.absent_after_ms
+        return self._present_since_ms
 
     def _tick_run(self, run: R.RunState, now_ms: int, read_up_to_ms: int | None) -> list[Output]:
         job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
@@ -951,15 +1035,21 @@ class PartitionTask:
         out.extend(self._replace_active(run.run_id, active, now_ms))
         return out
 
-    def _tick_job(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
+    def _tick_job(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig, present_since_ms: int | None = None,
+                  trigger: bool = True) -> list[Output]:
         self.stats.tick_jobs_examined += 1
-        return self._contained("job", job_id, now_ms, lambda: self._tick_job_step(job_id, now_ms, cfg))
+        return self._contained("job", job_id, now_ms,
+                               lambda: self._tick_job_step(job_id, now_ms, cfg, present_since_ms, trigger))
 
-    def _tick_job_step(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig) -> list[Output]:
+    def _tick_job_step(self, job_id: str, now_ms: int, cfg: J.SchedulerConfig, present_since_ms: int | None,
+                       trigger: bool) -> list[Output]:
         state = self.job(job_id)
         if state is None:
             return []
-        return self._apply_job_events(job_id, state, J.decide_tick(state, now_ms, cfg), now_ms)
+        events = J.decide_tick(state, now_ms, cfg, present_since_ms, triggers=trigger)
+        self.stats.overload_given_up += sum(ev.count for ev in events
+                                            if isinstance(ev, J.RunSkipped) and ev.reason == J.OVERLOAD_REASON)
+        return self._apply_job_events(job_id, state, events, now_ms)
 
     def _contained(self, kind: str, ident: str, now_ms: int, call: Callable[[], list[Output]]) -> list[Output]:
         """One job's or run's time-driven step, under a savepoint: if it raises, its writes

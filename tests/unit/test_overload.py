@@ -1,0 +1,157 @@
+"""core.overload: the tick budget and the AIMD governor that sets it on the real stack;
+core.jobs.decide_tick's give-up of slots past a job's lateness bound; the per-priority
+due indexes (and the move of an old store's single one)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gnomon.adapters.floors import FloorKV
+from gnomon.adapters.kv import MemoryKV
+from gnomon.core import jobs as J
+from gnomon.core.model import JobSpec, Priority, Schedule, Target, TargetType
+from gnomon.core.overload import OverloadGovernor, TickBudget
+from gnomon.streams.task import PartitionTask
+from gnomon.topology import load_topology
+
+T0 = 1_767_225_600_000
+SPEC = JobSpec(name="n", schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.HANDLER, handler="h"))
+
+
+def _state(spec: JobSpec = SPEC, next_ms: int = T0) -> J.JobState:
+    return J.JobState("j", "t", spec, J.JobStatus.ACTIVE, next_ms, 1, T0 - 60_000, T0 - 60_000)
+
+
+def test_a_budget_counts_down_and_none_is_unlimited() -> None:
+    b = TickBudget(left=3)
+    b.spend(2)
+    assert not b.exhausted and b.used == 2
+    b.spend(1)
+    assert b.exhausted
+    free = TickBudget()
+    free.spend(10**6)
+    assert not free.exhausted and free.used == 10**6
+
+
+def test_the_governor_is_unlimited_until_lag_passes_its_target_then_cuts_to_what_was_done() -> None:
+    g = OverloadGovernor(target_lag_ms=800, window_ms=1_000)
+    now = T0
+    for _ in range(10):  # on time: no budget at all
+        b = g.budget(now)
+        assert b.left is None
+        b.spend(100)
+        g.observe_start(0, 100)
+        g.after_tick(b, now)
+        now += 200
+    assert not g.limited
+    for _ in range(6):  # high runs start 2 s late: the rate is cut below what was triggered
+        b = g.budget(now)
+        b.spend(100)
+        g.observe_start(0, 2_000)
+        g.observe_start(1, 50)  # (normal runs on time do not hide late high ones)
+        g.after_tick(b, now)
+        now += 200
+    assert g.limited and g.rate_per_s <= 0.7 * 500 + 1
+    cut = g.rate_per_s
+    for _ in range(20):  # on time again: the rate grows back
+        b = g.budget(now)
+        assert b.left is not None and b.left <= max(cut, g.rate_per_s) + 1
+        g.observe_start(0, 100)
+        g.after_tick(b, now)
+        now += 200
+    assert g.rate_per_s > cut
+    for _ in range(200):  # and once nothing was deferred for unbound_after_s, it is unlimited again
+        b = g.budget(now)
+        g.observe_start(0, 100)
+        g.after_tick(b, now)
+        now += 200
+    assert g.rate_per_s == math.inf
+
+
+def test_input_lag_counts_like_a_start_lag() -> None:
+    g = OverloadGovernor(target_lag_ms=800, window_ms=1_000)
+    b = g.budget(T0)
+    b.spend(50)
+    g.observe_input_lag(5_000)
+    g.after_tick(b, T0)
+    g.after_tick(TickBudget(), T0 + 1_000)
+    assert g.limited and g.rate_per_s >= g.rate_min_per_s
+
+
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 5_000), st.integers(0, 3)), max_size=80))
+def test_the_rate_stays_between_its_floor_and_unlimited(ticks: list[tuple[int, int, int]]) -> None:
+    g = OverloadGovernor(window_ms=500)
+    now = T0
+    for used, lag, step in ticks:
+        b = g.budget(now)
+        b.spend(used if b.left is None else min(used, max(0, b.left)))
+        g.observe_start(step % 3, lag)
+        g.after_tick(b, now)
+        assert g.rate_per_s == math.inf or g.rate_per_s >= g.rate_min_per_s
+        assert b.left is None or b.left >= -used
+        now += 100 * (step + 1)
+
+
+def test_a_present_processor_gives_late_slots_up_as_overload_in_one_range() -> None:
+    state = _state(next_ms=T0)
+    now = T0 + 90_000  # 90 slots late, the job accepts 60 s (the misfire grace)
+    events = J.decide_tick(state, now, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0 - 1)
+    given_up = events[0]
+    assert isinstance(given_up, J.RunSkipped) and given_up.reason == J.OVERLOAD_REASON
+    assert (given_up.from_ms, given_up.slot_ms, given_up.count) == (T0, T0 + 30_000, 31)
+    assert given_up.advances and given_up.advance_to_ms == T0 + 31_000
+    ran = [e for e in events if isinstance(e, J.RunTriggered)]
+    assert ran[0].slot_ms == T0 + 31_000 and ran[-1].slot_ms == now  # the rest run late
+
+
+def test_lateness_is_the_jobs_own_setting_and_an_absent_processor_uses_catch_up() -> None:
+    spec = JobSpec(name="n", schedule=Schedule(cron="* * * * * *"), target=SPEC.target, late_max_s=5)
+    events = J.decide_tick(_state(spec), T0 + 20_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0)
+    assert isinstance(events[0], J.RunSkipped) and events[0].slot_ms == T0 + 15_000
+    only = J.decide_tick(_state(spec), T0 + 20_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0,
+                         triggers=False)
+    assert len(only) == 1 and isinstance(only[0], J.RunSkipped)
+    # the processor was not there at the slot: the catch-up policy, as after an outage
+    away = J.decide_tick(_state(spec), T0 + 90_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0 + 1)
+    assert isinstance(away[0], J.RunSkipped) and away[0].reason == "catch-up policy once"
+    assert J.decide_tick(_state(spec), T0 + 90_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0 + 1,
+                         triggers=False) == []
+
+
+def _task() -> PartitionTask:
+    return PartitionTask(0, FloorKV(MemoryKV()), load_topology())
+
+
+def test_due_jobs_are_indexed_by_priority_and_an_old_store_is_moved() -> None:
+    task = _task()
+    out: list = []
+    for i, prio in enumerate(Priority):
+        spec = JobSpec(name="n", schedule=SPEC.schedule, target=SPEC.target, priority=prio)
+        job = J.JobState(f"j{i}", "t", spec, J.JobStatus.ACTIVE, T0 + i, 1, T0, T0)
+        task._store_job(job.job_id, None, job, out)
+    keys = [k for k, _ in task.kv.scan(b"j0/", b"j3", 10)]
+    assert keys == [b"j0/%013d/j0" % T0, b"j1/%013d/j1" % (T0 + 1), b"j2/%013d/j2" % (T0 + 2)]
+    # a store written before the per-priority indexes: one jd/ index, moved when opened
+    for k in keys:
+        task.kv.delete(k)
+    for i in range(3):
+        task.kv.put(b"jd/%013d/j%d" % (T0 + i, i), b"")
+    task.kv.put(b"jd/%013d/gone" % T0, b"")  # an entry whose job is gone is dropped
+    assert task.migrate_due_index(chunk_max=2) == 4
+    assert [k for k, _ in task.kv.scan(b"j0/", b"j3", 10)] == keys
+    assert list(task.kv.scan(b"jd/", b"je", 10)) == []
+    assert task.migrate_due_index() == 0
+
+
+def test_status_says_a_processor_is_overloaded_and_by_how_much() -> None:
+    from gnomon.metrics.status import ProcessorView, Status, render
+
+    calm = ProcessorView("http://p0", "p0", [0, 1], 0)
+    busy = ProcessorView("http://p1", "p1", [2, 3], 0, overload_budget_per_s=120, overload_deferred=40,
+                         overload_lag_s=0.9)
+    lines = render(Status(processors=[calm, busy], partitions_total=4))
+    flagged = [line for line in lines if "OVERLOADED" in line]
+    assert len(flagged) == 1 and "120/s" in flagged[0] and "40 due jobs deferred" in flagged[0]
