@@ -32,6 +32,7 @@ def _overloaded(seed: int, faults: SimFaults | None = None, processors: int = 2)
     c = SimCluster(seed, processors=processors, workers=2, worker_slots=40, partitions=4, step_ms=100,
                    duration_ms=(50, 300), faults=faults, overload_budget_per_tick=BUDGET_PER_TICK,
                    sched_cfg=J.SchedulerConfig(lookahead_ms=5_000, misfire_grace_ms=20_000))
+    c.run_for(1_000, faults=False)  # the processors tick before the jobs come (their slots are theirs)
     for i in range(HIGH):
         c.register(f"h{i}", "* * * * * *", priority="high")
     for i in range(NORMAL):

@@ -1019,11 +1019,11 @@ class PartitionTask:
     def _presence(self, now_ms: int) -> int:
         """Since when this partition has been ticked without a gap over ``absent_after_ms``
         (``core.jobs.decide_tick``: slots due in that time and still untriggered were
-        deferred by overload, not missed in an outage). A gap shorter than that is no
-        absence, so the first tick after one counts from ``absent_after_ms`` before it."""
+        deferred by overload, not missed in an outage; a slot before the first tick after
+        an absence was the absence's, which the catch-up policy decides)."""
         last, self._last_tick_ms = self._last_tick_ms, now_ms
         if self._present_since_ms is None or last is None or not 0 <= now_ms - last <= self.absent_after_ms:
-            self._present_since_ms = now_ms - self.absent_after_ms
+            self._present_since_ms = now_ms
         return self._present_since_ms
 
     def _tick_run(self, run: R.RunState, now_ms: int, read_up_to_ms: int | None) -> list[Output]:
