@@ -102,8 +102,8 @@ class JobSpec:
     # (gnomon.alerts); None: the tenant's alert config's default
     alert_late_s: int | None = None
     # while the scheduler is overloaded, a slot not started within this many seconds of
-    # its time is given up, recorded skipped with reason "overload" (docs/semantics.md,
-    # "Overload"); None: the scheduler's misfire grace (60 s by default)
+    # its time is given up, recorded skipped with reason "overload"
+    # (docs/semantics.md); None: the scheduler's misfire grace (60 s by default)
     late_max_s: int | None = None
 
 

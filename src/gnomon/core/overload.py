@@ -1,6 +1,6 @@
 """Overload: how much scheduled work a processor takes on per tick when it cannot do it all.
 
-The order (docs/semantics.md, "Overload"):
+The order (docs/semantics.md):
 
 1. Records already in the input (worker reports, commands) are always applied: they are
    facts, and what they cost is what runs already granted cost.
