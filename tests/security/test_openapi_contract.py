@@ -154,7 +154,7 @@ def test_the_contract_is_real(gnomon_api: Any) -> None:
         "$ref": "#/components/schemas/JobSpecInput"}
     spec_input = doc["components"]["schemas"]["JobSpecInput"]
     assert {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS", "retry",
-            "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS"} == set(spec_input["properties"])
+            "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS"} == set(spec_input["properties"])
     kinds = {ref["$ref"].rsplit("/", 1)[1] for ref in spec_input["properties"]["target"]["oneOf"]}
     assert kinds == {"HandlerTarget", "HttpTarget", "CommandTarget", "ContainerTarget"}
     assert {"401", "409", "413", "422", "503"} <= set(create["responses"])
