@@ -15,8 +15,9 @@ The order (docs/semantics.md):
 
 The budget is a rate of triggers per second for ``normal`` and ``low`` (``OverloadGovernor``),
 AIMD on what an outside observer sees: the start lag of the most urgent runs that started
-(``high`` when any did, else ``normal``) and how far the processor is behind its input,
-the 90th percentile over a window. A lag over the target cuts the rate to ``decrease`` times what was actually triggered; a
+(``high`` when any did, else ``normal``), the 90th percentile over a window (the runtime
+does not feed it the input lag: after an outage a processor reads a backlog, and slowing
+its triggers then would only make the return later). A lag over the target cuts the rate to ``decrease`` times what was actually triggered; a
 lag under half the target raises it by ``increase_fraction`` of itself (at least
 ``increase_min_per_s``); a rate that has not bound for ``unbound_after_s`` goes back to
 unlimited, so a box that is not overloaded never sees a budget at all. The simulation

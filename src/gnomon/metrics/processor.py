@@ -95,8 +95,7 @@ class ProcessorMetrics:
         self.overload_deferred = Gauge("gnomon_overload_deferred_jobs", "Due normal/low jobs the last tick left "
                                        "for later because its budget ran out", registry=r)
         self.overload_lag = Gauge("gnomon_overload_signal_lag_seconds", "The governor's last signal: 90th "
-                                  "percentile start lag of the most urgent priority that started runs, or the "
-                                  "input lag if worse", registry=r)
+                                  "percentile start lag of the most urgent priority that started runs", registry=r)
         self.partitions.set(topology.partitions)
         for pool in topology.pools:  # every series exists from the start (rate() from zero)
             for outcome in OUTCOMES:

@@ -424,7 +424,7 @@ class Processor:
                 for task in list(self.tasks.values()):
                     outputs.extend(task.worker_lost(worker, now))
             behind = self._behind()
-            budget = self._tick_budget(now, behind)
+            budget = self._tick_budget(now)
             for p, task in list(self.tasks.items()):
                 # a partition with unread run events judges leases by how far it has read
                 outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None,
@@ -445,17 +445,15 @@ class Processor:
         self.metrics.sample(now, self.tasks, self.directory, len(self.standbys.copies) if self.standbys else 0,
                             self.consumer, self.inputs, self.history.lag if self.history is not None else None)
 
-    def _tick_budget(self, now: int, behind: set[int]) -> TickBudget:
+    def _tick_budget(self, now: int) -> TickBudget:
         """This tick's budget for normal and low triggers (core.overload), after feeding the
-        governor what the partitions saw since the last tick."""
+        governor the start lags the partitions saw since the last tick. (Not the input lag:
+        after an outage the processor reads a backlog, and slowing the triggers then would
+        make the return later, not the overload smaller.)"""
         for task in self.tasks.values():
             for rank, lag_ms in task.start_lags:
                 self.overload.observe_start(rank, lag_ms)
             task.start_lags.clear()
-        if behind:
-            read = [self._read_ts[p] for p in behind if self._read_ts.get(p)]
-            if read:
-                self.overload.observe_input_lag(max(0, now - min(read)))
         if self.cfg.overload_budget_per_tick is not None:
             return TickBudget(left=self.cfg.overload_budget_per_tick)
         return self.overload.budget(now)
