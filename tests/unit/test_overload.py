@@ -4,8 +4,6 @@ due indexes (and the move of an old store's single one)."""
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,62 +34,56 @@ def test_a_budget_counts_down_and_none_is_unlimited() -> None:
     assert not free.exhausted and free.used == 10**6
 
 
-def test_the_governor_is_unlimited_until_lag_passes_its_target_then_cuts_to_what_was_done() -> None:
-    g = OverloadGovernor(target_lag_ms=800, window_ms=1_000)
-    now = T0
-    for _ in range(10):  # on time: no budget at all
-        b = g.budget(now)
-        assert b.left is None
-        b.spend(100)
+def test_the_window_grows_while_runs_start_on_time_and_is_cut_when_they_do_not() -> None:
+    g = OverloadGovernor(target_lag_ms=800, period_ms=1_000, window_start_runs=1_000)
+    now, in_flight = T0, 0
+    assert g.budget(0).left == 1_000
+    for _ in range(7):  # on time and binding: slow start doubles it every period
+        b = g.budget(in_flight)
+        in_flight += b.left or 0
+        b.spend(b.left or 0)
         g.observe_start(0, 100)
-        g.after_tick(b, now)
-        now += 200
-    assert not g.limited
-    for _ in range(6):  # high runs start 2 s late: the rate is cut below what was triggered
-        b = g.budget(now)
-        b.spend(100)
+        g.after_tick(b, in_flight, now)
+        now += 500
+    assert g.window_runs == 8_000 and g.slow_start
+    # high runs start 2 s late: cut to 0.7x what was in flight, and slow start ends
+    for _ in range(2):
+        b = g.budget(in_flight)
         g.observe_start(0, 2_000)
         g.observe_start(1, 50)  # (normal runs on time do not hide late high ones)
-        g.after_tick(b, now)
-        now += 200
-    assert g.limited and g.rate_per_s <= 0.7 * 500 + 1
-    cut = g.rate_per_s
-    for _ in range(20):  # on time again: the rate grows back
-        b = g.budget(now)
-        assert b.left is not None and b.left <= max(cut, g.rate_per_s) + 1
+        g.after_tick(b, in_flight, now)
+        now += 500
+    assert g.window_runs == 0.7 * in_flight and not g.slow_start
+    cut = g.window_runs
+    # on time again, with due jobs deferred (it binds): it grows by 10 % a period
+    for _ in range(4):
+        b = g.budget(in_flight)
+        b.deferred = 5
         g.observe_start(0, 100)
-        g.after_tick(b, now)
-        now += 200
-    assert g.rate_per_s > cut
-    for _ in range(200):  # and once nothing was deferred for unbound_after_s, it is unlimited again
-        b = g.budget(now)
-        g.observe_start(0, 100)
-        g.after_tick(b, now)
-        now += 200
-    assert g.rate_per_s == math.inf
+        g.after_tick(b, in_flight, now)
+        now += 500
+    assert cut < g.window_runs <= cut * 1.1 ** 2 + 1
+    assert g.overloaded
 
 
-def test_input_lag_counts_like_a_start_lag() -> None:
-    g = OverloadGovernor(target_lag_ms=800, window_ms=1_000)
-    b = g.budget(T0)
-    b.spend(50)
-    g.observe_input_lag(5_000)
-    g.after_tick(b, T0)
-    g.after_tick(TickBudget(), T0 + 1_000)
-    assert g.limited and g.rate_per_s >= g.rate_min_per_s
+def test_a_window_that_does_not_bind_does_not_grow() -> None:
+    g = OverloadGovernor(period_ms=1_000, window_start_runs=1_000)
+    for i in range(10):
+        g.after_tick(g.budget(10), 10, T0 + i * 500)
+    assert g.window_runs == 1_000 and not g.overloaded
 
 
-@given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 5_000), st.integers(0, 3)), max_size=80))
-def test_the_rate_stays_between_its_floor_and_unlimited(ticks: list[tuple[int, int, int]]) -> None:
-    g = OverloadGovernor(window_ms=500)
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 5_000), st.integers(0, 3)), max_size=80))
+def test_the_window_stays_between_its_floor_and_its_ceiling(ticks: list[tuple[int, int, int]]) -> None:
+    g = OverloadGovernor(period_ms=500)
     now = T0
-    for used, lag, step in ticks:
-        b = g.budget(now)
-        b.spend(used if b.left is None else min(used, max(0, b.left)))
+    for in_flight, lag, step in ticks:
+        b = g.budget(in_flight)
+        assert b.left is not None and b.left >= 0
+        b.deferred = step
         g.observe_start(step % 3, lag)
-        g.after_tick(b, now)
-        assert g.rate_per_s == math.inf or g.rate_per_s >= g.rate_min_per_s
-        assert b.left is None or b.left >= -used
+        g.after_tick(b, in_flight, now)
+        assert g.window_min_runs <= g.window_runs <= g.window_max_runs
         now += 100 * (step + 1)
 
 
@@ -150,8 +142,8 @@ def test_status_says_a_processor_is_overloaded_and_by_how_much() -> None:
     from gnomon.metrics.status import ProcessorView, Status, render
 
     calm = ProcessorView("http://p0", "p0", [0, 1], 0)
-    busy = ProcessorView("http://p1", "p1", [2, 3], 0, overload_budget_per_s=120, overload_deferred=40,
-                         overload_lag_s=0.9)
+    busy = ProcessorView("http://p1", "p1", [2, 3], 0, overload_window=1200, overload_in_flight=1190,
+                         overload_deferred=40, overload_lag_s=0.9)
     lines = render(Status(processors=[calm, busy], partitions_total=4))
     flagged = [line for line in lines if "OVERLOADED" in line]
-    assert len(flagged) == 1 and "120/s" in flagged[0] and "40 due jobs deferred" in flagged[0]
+    assert len(flagged) == 1 and "window 1200" in flagged[0] and "40 due normal/low jobs deferred" in flagged[0]

@@ -11,10 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.model import Priority
 from gnomon.sim import SimCluster, SimFaults
+from gnomon.streams.task import _in_flight
 
 HIGH, NORMAL, LOW = 3, 24, 6  # per-second jobs: 33 slots a second
 BUDGET_PER_TICK = 2  # normal/low triggers per 200 ms tick: 10 a second of the 30 asked
@@ -96,3 +98,9 @@ def test_overload_under_faults_accounts_for_every_slot(seed: int) -> None:
     rep = c.history_report()
     assert rep.missed == 0 and rep.duplicates == 0 and not rep.problems, \
         f"{rep.summary()}\n{c.describe()}\nproblems: {rep.problems[:10]}"
+    # the overload window's count of runs in flight is what the store holds, after every
+    # rollback, restore and takeover of the run
+    for proc in c.live_processors():
+        for task in proc.tasks.values():
+            held = [codec.decode(v) for k, v in task.kv.scan(b"r/", b"r0", 1_000_000)]
+            assert task.in_flight_runs == sum(_in_flight(r) for r in held), (seed, task.partition)

@@ -89,11 +89,14 @@ class ProcessorMetrics:
         self.committed_lag = Gauge("gnomon_consumer_committed_lag_records", "Records after the group's committed "
                                    "offsets, on this processor's partitions (the history projector's on the run "
                                    "ledger)", ["group", "topic"], registry=r)
-        self.overload_rate = Gauge("gnomon_overload_budget_per_second", "Normal/low triggers per second this "
-                                   "processor allows itself while overloaded (core.overload); 0: unlimited, "
-                                   "not overloaded", registry=r)
-        self.overload_deferred = Gauge("gnomon_overload_deferred_jobs", "Due normal/low jobs the last tick left "
-                                       "for later because its budget ran out", registry=r)
+        self.overload_window = Gauge("gnomon_overload_window_runs", "Normal/low runs this processor lets be in "
+                                     "flight (triggered, not started): its overload window (core.overload)",
+                                     registry=r)
+        self.overload_in_flight = Gauge("gnomon_overload_in_flight_runs", "Normal/low runs in flight (triggered, "
+                                        "not started) on this processor's partitions", registry=r)
+        self.overload_deferred = Gauge("gnomon_overload_deferred_jobs", "Due normal/low jobs left for later in the "
+                                       "governor's last 2 s period because the window was full (>0: overloaded)",
+                                       registry=r)
         self.overload_lag = Gauge("gnomon_overload_signal_lag_seconds", "The governor's last signal: 90th "
                                   "percentile start lag of the most urgent priority that started runs", registry=r)
         self.partitions.set(topology.partitions)
@@ -138,9 +141,10 @@ class ProcessorMetrics:
                 if kind is not None:
                     self.lease_expiries.labels(pool, kind).inc()
 
-    def overloaded(self, rate_per_s: float, deferred: int, lag_ms: int) -> None:
-        """The overload governor after a tick (``rate_per_s`` inf: unlimited)."""
-        self.overload_rate.set(0 if rate_per_s == float("inf") else rate_per_s)
+    def overloaded(self, window_runs: float, in_flight: int, deferred: int, lag_ms: int) -> None:
+        """The overload governor after a tick."""
+        self.overload_window.set(window_runs)
+        self.overload_in_flight.set(in_flight)
         self.overload_deferred.set(deferred)
         self.overload_lag.set(lag_ms / 1000)
 

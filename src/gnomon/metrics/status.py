@@ -44,8 +44,9 @@ class ProcessorView:
     instance_id: str
     partitions: list[int]
     standbys: int
-    overload_budget_per_s: float = 0.0  # 0: not overloaded (no budget)
-    overload_deferred: int = 0
+    overload_window: float = 0.0  # normal/low runs allowed in flight
+    overload_in_flight: int = 0
+    overload_deferred: int = 0  # >0: overloaded (due jobs deferred in the last 2 s)
     overload_lag_s: float = 0.0
 
 
@@ -100,7 +101,8 @@ def summarize(scrapes: Sequence[Scrape]) -> Status:
             owned.update(parts)
             standbys = sum(x.value for x in _named(s, "gnomon_processor_standby_partitions"))
             view = ProcessorView(sc.url, info[0].labels.get("instance_id", "?"), parts, int(standbys))
-            view.overload_budget_per_s = sum(x.value for x in _named(s, "gnomon_overload_budget_per_second"))
+            view.overload_window = sum(x.value for x in _named(s, "gnomon_overload_window_runs"))
+            view.overload_in_flight = int(sum(x.value for x in _named(s, "gnomon_overload_in_flight_runs")))
             view.overload_deferred = int(sum(x.value for x in _named(s, "gnomon_overload_deferred_jobs")))
             view.overload_lag_s = sum(x.value for x in _named(s, "gnomon_overload_signal_lag_seconds"))
             st.processors.append(view)
@@ -167,11 +169,11 @@ def render(st: Status) -> list[str]:
     for p in sorted(st.processors, key=lambda p: p.instance_id):
         parts = ",".join(map(str, p.partitions)) or "none"
         out.append(f"  {p.instance_id:<20} partitions {parts:<24} standbys {p.standbys:<4} {p.url}")
-        if p.overload_budget_per_s or p.overload_deferred:
-            out.append(f"    OVERLOADED: normal/low triggers held to {p.overload_budget_per_s:.0f}/s, "
-                       f"{p.overload_deferred} due jobs deferred at the last tick, urgent start lag p90 "
-                       f"{p.overload_lag_s:.2f} s (high runs first; late slots past their lateMaxS are "
-                       "recorded skipped, reason overload)")
+        if p.overload_deferred:
+            out.append(f"    OVERLOADED: {p.overload_deferred} due normal/low jobs deferred in the last 2 s; "
+                       f"{p.overload_in_flight} normal/low runs in flight, window {p.overload_window:.0f}; urgent "
+                       f"start lag p90 {p.overload_lag_s:.2f} s (high runs first; slots later than their "
+                       "lateMaxS are recorded skipped, reason overload)")
     if not st.processors:
         out.append("  none answered")
     out.append(f"workers ({len(st.workers)} answered)")

@@ -112,7 +112,7 @@ class Processor:
         self.tasks: dict[int, PartitionTask] = {}
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
-        self.overload = OverloadGovernor()  # normal/low triggers per second when overloaded
+        self.overload = OverloadGovernor()  # normal/low runs in flight (core.overload)
         self.last_budget = TickBudget()  # the last tick's (status and metrics show it)
         self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
                                                                             group_id=GROUP_ID)
@@ -430,9 +430,11 @@ class Processor:
                 outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None,
                                          self.history.until_ms(p) if self.history is not None else None,
                                          assign_waiting=False, budget=budget))
-            self.overload.after_tick(budget, now)
+            in_flight = sum(t.in_flight_runs for t in self.tasks.values())
+            self.overload.after_tick(budget, in_flight, now)
             self.last_budget = budget
-            self.metrics.overloaded(self.overload.rate_per_s, budget.deferred, self.overload.last_window_lag_ms)
+            self.metrics.overloaded(self.overload.window_runs, in_flight, self.overload.last_deferred,
+                                    self.overload.last_lag_ms)
             # waiting runs take free slots across all partitions, in the weighted mix
             outputs.extend(assign_waiting(list(self.tasks.values()), now, self._pickers))
             outputs.extend(self.usage.changes(sorted(self.tasks), now))
@@ -456,7 +458,7 @@ class Processor:
             task.start_lags.clear()
         if self.cfg.overload_budget_per_tick is not None:
             return TickBudget(left=self.cfg.overload_budget_per_tick)
-        return self.overload.budget(now)
+        return self.overload.budget(sum(t.in_flight_runs for t in self.tasks.values()))
 
     def _behind(self) -> set[int]:
         """Partitions of run-events with unread records (cached high watermark and local

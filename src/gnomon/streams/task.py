@@ -19,6 +19,8 @@ State layout in the partition's ordered key-value store (RocksDB):
                                              buffered one (overlap: bufferOne)
     ws/<worker_id>\0<run_id>        -> b""   attempts staged on a worker (moved if it is lost)
     rp/<purge_at_ms:013>/<run_id>   -> b""   finished runs, by when they may leave state (purge)
+    rf/<run_id>                     -> b""   scheduled normal/low runs triggered and not started:
+                                             the overload window's count (core.overload)
     tq/<tenant>\0<pool>\0<run_id>  -> b""   runs granted to a worker: hold the tenant's quota
     tb/<tenant>\0<run_id>           -> b""   one-off runs not started: the tenant's backlog
     tj/<tenant>\0<job_id>           -> b""   the tenant's jobs
@@ -133,10 +135,17 @@ def _purge_key(ms: int, run_id: str) -> bytes:
     return b"rp/%013d/" % ms + run_id.encode()
 
 
+_IN_FLIGHT = b"rf/"  # rf/<run_id>: a scheduled normal/low run triggered and not started (``_in_flight``)
 _COUNTED = frozenset(f.value.encode() for f in Q.Family)
 COUNTED_ENTRIES_MAX = 100_000_000  # a partition's counting entries read when it is opened
 TICK_FAILURES_KEPT_MAX = 10_000  # distinct failing jobs/runs remembered (each poisoned once)
 PROGRESS_EVERY = 10_000  # keys loaded between two progress reports (``PartitionTask.on_progress``)
+
+
+def _in_flight(run: R.RunState | None) -> int:
+    """1 for a scheduled normal or low run triggered and not started (what the overload
+    window counts, ``core.overload``), else 0."""
+    return int(run is not None and run.never_started and not run.manual and run.spec.priority.value != "high")
 
 
 def _counted_job(job: J.JobState | None) -> bool:
@@ -258,6 +267,7 @@ class PartitionTask:
         self.absent_after_ms = 15_000
         self.start_lags: list[tuple[int, int]] = []  # (priority rank, ms) of first attempts started
         self.start_lags_max = 10_000
+        self.in_flight_runs = 0  # scheduled normal/low runs triggered and not started (``_in_flight``)
         self._last_tick_ms: int | None = None
         self._present_since_ms: int | None = None
 
@@ -322,11 +332,13 @@ class PartitionTask:
         journal.inner = store
         journal.begin()
         self.kv, self._quota_undo = journal, []
+        in_flight = self.in_flight_runs
         try:
             out = call()
         except InfraError:
             raise
         except Exception as exc:
+            self.in_flight_runs = in_flight
             self._undo()
             if isinstance(exc, GnomonError):
                 raise
@@ -366,7 +378,10 @@ class PartitionTask:
 
     def load_counts(self) -> int:
         """Count this partition's counting entries into the quota book (after a restore,
-        which writes state without counting); from then on every write is counted."""
+        which writes state without counting); from then on every write is counted. And
+        the runs in flight, from their ``rf/`` entries (a store written before those has
+        none: its runs in flight then are not counted, and the count is floored at 0)."""
+        self.in_flight_runs = sum(1 for _ in self.kv.scan(_IN_FLIGHT, _prefix_end(_IN_FLIGHT), COUNTED_ENTRIES_MAX))
         if self.quota is None:
             return 0
         self.quota.open(self.partition)
@@ -436,6 +451,8 @@ class PartitionTask:
                 keys.add(_timer_key(t, run.run_id))
         if run.never_started and run.status in (R.RunStatus.READY, R.RunStatus.RUNNING):
             keys.add(_job_runs_prefix(run.job_id) + run.run_id.encode())
+        if _in_flight(run):
+            keys.add(_IN_FLIGHT + run.run_id.encode())
         if run.staged and run.worker_id is not None:
             keys.add(_staged_prefix(run.worker_id) + run.run_id.encode())
         if run.spec.overlap is not OverlapPolicy.ALLOW and (R.is_active(run) or run.buffered):
@@ -456,6 +473,7 @@ class PartitionTask:
         raw = codec.encode(new, self.topo.runs)
         self.kv.put(_run_key(new.run_id), raw)
         self._cache(self._runs_cache, new.run_id, new)
+        self.in_flight_runs = max(0, self.in_flight_runs + _in_flight(new) - _in_flight(old))
         for k in new_keys - old_keys:
             self._put_index(k)
         out.append(Output(self.topo.runs, new.run_id, new, self.partition, raw))
@@ -496,6 +514,7 @@ class PartitionTask:
                 continue
             run: R.RunState = codec.decode(raw)
             self.kv.put(_run_key(run_id), raw)
+            self.in_flight_runs += _in_flight(run)  # (its rf/ entry is among the index keys below)
             for k in self._index_keys(run):
                 self._put_index(k)
             n += 1
@@ -515,6 +534,7 @@ class PartitionTask:
         self._store_run(old, codec.decode(value), [])
 
     def _forget_run(self, run: R.RunState) -> None:
+        self.in_flight_runs = max(0, self.in_flight_runs - _in_flight(run))
         for k in self._index_keys(run):
             self._del_index(k)
         self.kv.delete(_run_key(run.run_id))
