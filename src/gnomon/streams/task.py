@@ -1010,11 +1010,16 @@ class PartitionTask:
         """Tick the jobs of due index ``due`` whose next slot is in [from_ms, horizon_ms]
         (at most due_max). ``far``: slots not due yet, none of which waits for the budget."""
         out: list[Output] = []
-        if far and due != _DUE[0] and budget.exhausted:
+        budgeted = due != _DUE[0]
+        if far and budgeted and budget.exhausted:
             return out
         scan = self.kv.scan(due + b"%013d/" % from_ms, _bound(due, horizon_ms), self.due_max)
-        for job_id in [k[len(due) + _TIME_W + 1:].decode() for k, _ in scan]:
-            if far and due != _DUE[0] and budget.exhausted:
+        ids = [k[len(due) + _TIME_W + 1:].decode() for k, _ in scan]
+        for i, job_id in enumerate(ids):
+            if budgeted and budget.exhausted:
+                if not far:  # due now and left for later (their give-up is the backlog pass's, past the grace)
+                    budget.deferred += len(ids) - i
+                    self.stats.overload_deferred += len(ids) - i
                 break
             out.extend(self._tick_budgeted(due, job_id, now_ms, cfg, budget, present_since_ms))
         return out
