@@ -147,3 +147,31 @@ def test_status_says_a_processor_is_overloaded_and_by_how_much() -> None:
     lines = render(Status(processors=[calm, busy], partitions_total=4))
     flagged = [line for line in lines if "OVERLOADED" in line]
     assert len(flagged) == 1 and "window 1200" in flagged[0] and "40 due normal/low jobs deferred" in flagged[0]
+
+
+def test_the_ui_banner_names_an_overload_and_is_silent_otherwise() -> None:
+    import asyncio
+
+    import httpx
+
+    from gnomon.metrics.status import Scrape, parse
+    from gnomon.ui.overload import OverloadProbe, banner_text
+
+    calm = ('gnomon_processor_info{instance_id="p0"} 1\n'
+            'gnomon_overload_deferred_jobs 0\n')
+    busy = ('gnomon_processor_info{instance_id="p1"} 1\n'
+            'gnomon_overload_deferred_jobs 37\ngnomon_overload_signal_lag_seconds 1.5\n')
+    assert banner_text([Scrape("a", parse(calm))]) is None
+    text = banner_text([Scrape("a", parse(calm)), Scrape("b", parse(busy))])
+    assert text is not None and "37 due normal/low jobs" in text and "overload" in text
+
+    pages = {"http://p0/metrics": calm, "http://p1/metrics": busy}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = pages.get(str(request.url))
+        return httpx.Response(200, text=body) if body is not None else httpx.Response(503)
+
+    probe = OverloadProbe(["http://p0/metrics", "http://p1/metrics", "http://gone/metrics"],
+                          transport=httpx.MockTransport(answer))
+    asyncio.run(probe.refresh())
+    assert probe.current() is not None and "37" in (probe.current() or "")

@@ -25,6 +25,7 @@ from gnomon.core.clock import Clock, ms_to_iso
 from gnomon.history._paging import LOGS, encode_cursor
 from gnomon.ui.backend import Answer, ApiBackend, path_id
 from gnomon.ui.filters import STATUSES, TARGETS, JobFilter
+from gnomon.ui.overload import OverloadProbe, processor_targets
 from gnomon.ui.preview import next_fires
 from gnomon.ui.session import (
     COOKIE,
@@ -93,6 +94,8 @@ def install(app: FastAPI, clock: Clock) -> None:
     (not an included router), so ``app.routes`` lists them (tests/security's matrix)."""
     env = templates()
     backend = ApiBackend(app)
+    probe = OverloadProbe(processor_targets())
+    app.state.overload_probe = probe
 
     def auth() -> Authenticator:
         found: Authenticator = app.state.auth
@@ -115,7 +118,9 @@ def install(app: FastAPI, clock: Clock) -> None:
         return session
 
     def render(name: str, session: Session | None, status: int = 200, **context: Any) -> HTMLResponse:
-        html = env.get_template(name).render(session=session, prefix=PREFIX, colours=COLOURS, **context)
+        overload = probe.current() if session is not None else None
+        html = env.get_template(name).render(session=session, prefix=PREFIX, colours=COLOURS, overload=overload,
+                                             **context)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
     def answer_or_raise(answer: Answer, what: str) -> Any:
