@@ -63,6 +63,12 @@ ROLE = "processor"  # Kafka principal User:processor (ACLs: gnomon.infra.acls)
 _WRITTEN_AT = "written_at_ms"  # checkpoint file: when it was written (processor clock)
 
 
+# the overload governor hears no start lags for this long after a gap in this processor's
+# work (a recovery, an assignment, ticks further apart than OVERLOAD_GAP_MS): core.overload
+OVERLOAD_QUIET_MS = 60_000
+OVERLOAD_GAP_MS = 5_000
+
+
 @dataclass(frozen=True)
 class ProcessorConfig:
     bootstrap: str
@@ -114,6 +120,8 @@ class Processor:
         self.inputs = [self.topo.job_commands, self.topo.run_events]
         self.overload = OverloadGovernor()  # normal/low runs in flight (core.overload)
         self.last_budget = TickBudget()  # the last tick's (status and metrics show it)
+        self.overload_quiet_until_ms = 0  # start lags are not an overload's until then (``_tick_budget``)
+        self._last_budget_ms: int | None = None
         self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
                                                                             group_id=GROUP_ID)
         self._stop = threading.Event()
@@ -238,6 +246,7 @@ class Processor:
     # ---- rebalance -----------------------------------------------------------------------
 
     def _on_assign(self, partitions: list[TP]) -> None:
+        self.overload_quiet_until_ms = self.clock.now_ms() + OVERLOAD_QUIET_MS
         wanted = sorted({p for _, p in partitions})
         self._joined = True
         log.info("assigned partitions %s; restoring state", wanted)
@@ -431,7 +440,8 @@ class Processor:
                                          self.history.until_ms(p) if self.history is not None else None,
                                          assign_waiting=False, budget=budget))
             in_flight = sum(t.in_flight_runs for t in self.tasks.values())
-            self.overload.after_tick(budget, in_flight, now)
+            if now >= self.overload_quiet_until_ms:  # (quiet: the window holds where it is)
+                self.overload.after_tick(budget, in_flight, now)
             self.last_budget = budget
             self.metrics.overloaded(self.overload.window_runs, in_flight, self.overload.last_deferred,
                                     self.overload.last_lag_ms)
@@ -449,12 +459,20 @@ class Processor:
 
     def _tick_budget(self, now: int) -> TickBudget:
         """This tick's budget for normal and low triggers (core.overload), after feeding the
-        governor the start lags the partitions saw since the last tick. (Not the input lag:
-        after an outage the processor reads a backlog, and slowing the triggers then would
-        make the return later, not the overload smaller.)"""
+        governor the start lags the partitions saw since the last tick. Not after a gap:
+        for ``OVERLOAD_QUIET_MS`` after a recovery, a (re)assignment or a pause of more than
+        ``OVERLOAD_GAP_MS`` between ticks, start lags are an outage's, not an overload's
+        (the window holds, neither grown nor cut, and still bounds what is triggered),
+        and neither is the input lag ever (after an outage the processor reads a backlog:
+        slowing the triggers then would make the return later, not the overload smaller)."""
+        if self._last_budget_ms is not None and now - self._last_budget_ms > OVERLOAD_GAP_MS:
+            self.overload_quiet_until_ms = now + OVERLOAD_QUIET_MS
+        self._last_budget_ms = now
+        quiet = now < self.overload_quiet_until_ms
         for task in self.tasks.values():
-            for rank, lag_ms in task.start_lags:
-                self.overload.observe_start(rank, lag_ms)
+            if not quiet:
+                for rank, lag_ms in task.start_lags:
+                    self.overload.observe_start(rank, lag_ms)
             task.start_lags.clear()
         if self.cfg.overload_budget_per_tick is not None:
             return TickBudget(left=self.cfg.overload_budget_per_tick)
@@ -625,6 +643,7 @@ class Processor:
             return False
         log.info("recovered after %.1f s: producer ready, state and positions at the last commit",
                  (self.clock.now_ms() - self._recovering_since_ms) / 1000)
+        self.overload_quiet_until_ms = self.clock.now_ms() + OVERLOAD_QUIET_MS
         self._recovering_since_ms = None
         return True
 
