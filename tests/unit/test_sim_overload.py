@@ -104,3 +104,21 @@ def test_overload_under_faults_accounts_for_every_slot(seed: int) -> None:
         for task in proc.tasks.values():
             held = [codec.decode(v) for k, v in task.kv.scan(b"r/", b"r0", 1_000_000)]
             assert task.in_flight_runs == sum(_in_flight(r) for r in held), (seed, task.partition)
+
+
+def test_the_governor_holds_its_window_after_an_assignment_and_a_gap() -> None:
+    """Start lags right after a processor gets partitions, recovers or was stalled are an
+    outage's: the window neither grows nor is cut for a minute (runtime.OVERLOAD_QUIET_MS)."""
+    from gnomon.streams.runtime import OVERLOAD_QUIET_MS
+
+    c = SimCluster(3, processors=1, workers=1, partitions=2, step_ms=100)
+    c.run_for(2_000, faults=False)
+    proc = c.live_processors()[0]
+    assert proc.overload_quiet_until_ms >= c.clock.now_ms() + OVERLOAD_QUIET_MS - 3_000
+    window = proc.overload.window_runs
+    proc.tasks[0].start_lags.extend([(0, 60_000)] * 50)  # (an outage's late starts)
+    c.run_for(10_000, faults=False)
+    assert proc.overload.window_runs == window and proc.overload.changes == []
+    c.stall("p0", 8_000)  # no tick for 8 s: a gap, quiet again
+    c.run_for(9_000, faults=False)
+    assert proc.overload_quiet_until_ms > c.clock.now_ms() + OVERLOAD_QUIET_MS - 10_000
