@@ -175,3 +175,14 @@ def test_the_ui_banner_names_an_overload_and_is_silent_otherwise() -> None:
                           transport=httpx.MockTransport(answer))
     asyncio.run(probe.refresh())
     assert probe.current() is not None and "37" in (probe.current() or "")
+
+
+def test_deleting_a_job_behind_records_its_untriggered_slots() -> None:
+    state = _state(next_ms=T0)  # deferred: 10 slots due and not triggered
+    events = J.decide(state, J.DeleteJob("j", "t", T0 + 9_500), T0 + 9_500)
+    skipped, deleted = events
+    assert isinstance(skipped, J.RunSkipped) and skipped.reason == "job deleted"
+    assert (skipped.from_ms, skipped.slot_ms, skipped.count) == (T0, T0 + 9_000, 10)
+    assert isinstance(deleted, J.JobDeleted)
+    # a job on time has nothing behind it
+    assert [type(e) for e in J.decide(_state(next_ms=T0 + 1_000), J.DeleteJob("j", "t", T0), T0)] == [J.JobDeleted]

@@ -331,7 +331,12 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
         return [*events, JobResumed(cmd.job_id, first_slot_after(state.spec, now - 1), now)]
     if isinstance(cmd, DeleteJob):
         _check(state, JobStatus.DELETED)
-        return [JobDeleted(cmd.job_id, now)]
+        # slots already due and not triggered (a job behind: deferred by an overloaded
+        # processor, or in a catch-up not reached yet) are recorded, not dropped silently
+        behind: list[JobEvent] = []
+        if state.status is JobStatus.ACTIVE and state.next_run_at_ms is not None and state.next_run_at_ms < now:
+            behind = list(_skip_range(state, state.next_run_at_ms, now - 1, "job deleted", now, SchedulerConfig()))
+        return [*behind, JobDeleted(cmd.job_id, now)]
     if isinstance(cmd, TriggerJob):
         return [
             RunTriggered(
