@@ -104,8 +104,9 @@ class OverloadGovernor:
         self._inflight_peak = max(self._inflight_peak, inflight_runs)
         return TickBudget(left=max(0, int(self.window_runs) - inflight_runs))
 
-    def after_tick(self, budget: TickBudget, inflight_runs: int, now_ms: int) -> None:
-        """What the tick did; once per period, move the window."""
+    def after_tick(self, budget: TickBudget, inflight_runs: int, now_ms: int, *, hold: bool = False) -> None:
+        """What the tick did; once per period, move the window (``hold``: keep it where it
+        is, the period is still reported)."""
         self._inflight_peak = max(self._inflight_peak, inflight_runs)
         self._deferred += budget.deferred
         if self._period_start_ms is None:
@@ -115,6 +116,8 @@ class OverloadGovernor:
         lag, peak, deferred = self.period_lag_ms(), self._inflight_peak, self._deferred
         self.last_lag_ms, self.last_deferred = lag, deferred
         self._period_start_ms, self._lags, self._inflight_peak, self._deferred = now_ms, {}, inflight_runs, 0
+        if hold:
+            return
         if lag > self.target_lag_ms:
             self.slow_start = False
             self._set(now_ms, max(self.window_min_runs, min(self.window_runs, peak) * self.decrease))

@@ -119,7 +119,6 @@ class Processor:
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
         self.overload = OverloadGovernor()  # normal/low runs in flight (core.overload)
-        self.last_budget = TickBudget()  # the last tick's (status and metrics show it)
         self.overload_quiet_until_ms = 0  # start lags are not an overload's until then (``_tick_budget``)
         self._last_budget_ms: int | None = None
         self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
@@ -440,9 +439,7 @@ class Processor:
                                          self.history.until_ms(p) if self.history is not None else None,
                                          assign_waiting=False, budget=budget))
             in_flight = sum(t.in_flight_runs for t in self.tasks.values())
-            if now >= self.overload_quiet_until_ms:  # (quiet: the window holds where it is)
-                self.overload.after_tick(budget, in_flight, now)
-            self.last_budget = budget
+            self.overload.after_tick(budget, in_flight, now, hold=now < self.overload_quiet_until_ms)
             self.metrics.overloaded(self.overload.window_runs, in_flight, self.overload.last_deferred,
                                     self.overload.last_lag_ms)
             # waiting runs take free slots across all partitions, in the weighted mix

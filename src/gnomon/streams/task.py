@@ -1072,9 +1072,10 @@ class PartitionTask:
         if state is None:
             return []
         events = J.decide_tick(state, now_ms, cfg, present_since_ms, triggers=trigger)
+        out = self._apply_job_events(job_id, state, events, now_ms)
         self.stats.overload_given_up += sum(ev.count for ev in events
                                             if isinstance(ev, J.RunSkipped) and ev.reason == J.OVERLOAD_REASON)
-        return self._apply_job_events(job_id, state, events, now_ms)
+        return out
 
     def _contained(self, kind: str, ident: str, now_ms: int, call: Callable[[], list[Output]]) -> list[Output]:
         """One job's or run's time-driven step, under a savepoint: if it raises, its writes
