@@ -186,3 +186,67 @@ def test_deleting_a_job_behind_records_its_untriggered_slots() -> None:
     assert isinstance(deleted, J.JobDeleted)
     # a job on time has nothing behind it
     assert [type(e) for e in J.decide(_state(next_ms=T0 + 1_000), J.DeleteJob("j", "t", T0), T0)] == [J.JobDeleted]
+
+
+class _Overloaded:
+    """An OverloadProbe stand-in that says what it is told."""
+
+    def __init__(self, text: str | None) -> None:
+        self.text = text
+
+    def current(self) -> str | None:
+        return self.text
+
+
+def test_the_api_answers_new_one_off_work_429_while_a_processor_is_overloaded() -> None:
+    from fastapi.testclient import TestClient
+
+    from gnomon.api.app import CommandSink, create_app
+    from gnomon.api.auth import Authenticator
+    from gnomon.core.clock import FakeClock
+    from gnomon.history.memory import InMemoryHistoryStore
+    from gnomon.testing import ListProducer
+
+    producer, history, probe = ListProducer(), InMemoryHistoryStore(), _Overloaded("overloaded")
+    topo = load_topology()
+    app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
+                     auth=Authenticator({"tok": "acme"}), topology=topo, clock=FakeClock(T0),
+                     overload=probe)  # type: ignore[arg-type]
+    client, auth = TestClient(app), {"Authorization": "Bearer tok"}
+    target = {"type": "command", "argv": ["true"]}
+    once = client.post("/v1/jobs", json={"name": "n", "runAt": "2026-01-01T01:00:00Z", "target": target},
+                       headers=auth)
+    assert once.status_code == 429 and once.headers["Retry-After"] == "30"
+    assert once.json()["limit"] == "overload" and once.headers["content-type"].startswith("application/problem+json")
+    cron = client.post("/v1/jobs", json={"name": "n", "schedule": "0 * * * *", "target": target}, headers=auth)
+    assert cron.status_code == 201  # recurring work is still registered: its slots follow the order
+    job_id = cron.json()["id"]
+    history.put_job(J.JobState(job_id, "acme", producer.sent[-1][2].spec, J.JobStatus.ACTIVE, T0, 1, T0, T0))
+    trig = client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=auth)
+    assert trig.status_code == 429 and trig.json()["limit"] == "overload"
+    assert len(producer.sent) == 1  # nothing sent for the refused work
+    probe.text = None
+    assert client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=auth).status_code == 202
+
+
+def test_the_processor_refuses_new_one_off_work_while_overloaded() -> None:
+    from gnomon.core.errors import LimitExceeded
+
+    task = _task()
+    task.overloaded = True
+    once = JobSpec(name="n", schedule=Schedule(run_at_ms=T0 + 60_000), target=SPEC.target)
+    try:
+        task.handle(J.RegisterJob("o", "t", once, T0), T0)
+        raise AssertionError("a one-time job was accepted while overloaded")
+    except LimitExceeded as exc:
+        assert exc.limit == "overload" and exc.retry_after_s == 30
+    task.handle(J.RegisterJob("c", "t", SPEC, T0), T0)  # recurring: applied
+    assert task.job("c") is not None and task.job("o") is None
+    try:
+        task.handle(J.TriggerJob("c", "t", "k", T0), T0)
+        raise AssertionError("a manual trigger was accepted while overloaded")
+    except LimitExceeded as exc:
+        assert exc.limit == "overload"
+    task.overloaded = False
+    task.handle(J.TriggerJob("c", "t", "k", T0), T0)
+    assert task.run("c@manual:k") is not None

@@ -48,7 +48,7 @@ from gnomon.api.tenants import TenantService, limit_responses
 from gnomon.api.tenants import install as install_tenant_routes
 from gnomon.api.views import RunViews, job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import Conflict, EventLogError, NotFound, ValidationError
+from gnomon.core.errors import Conflict, EventLogError, LimitExceeded, NotFound, ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
     JobState,
@@ -62,12 +62,14 @@ from gnomon.core.jobs import (
     first_slot_after,
 )
 from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id
+from gnomon.core.overload import OVERLOAD_RETRY_AFTER_S
 from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatus
 from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
 from gnomon.metrics import api as api_metrics
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
 from gnomon.ui import install as install_ui
+from gnomon.ui.overload import OverloadProbe, processor_targets
 
 __all__ = ["BODY_MAX_BYTES", "PAGE_MAX", "AsyncReads", "CommandSink", "ReadCache", "create_app", "idempotent_job_id"]
 
@@ -255,13 +257,15 @@ def _forget(task: asyncio.Future[Any] | None) -> None:
 def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
     clock: Clock | None = None, tenants: TenantService | None = None, runs_cache_s: float = 0.0,
-    alerts: AlertService | None = None,
+    alerts: AlertService | None = None, overload: OverloadProbe | None = None,
 ) -> FastAPI:
     """``commands`` produces to ``topology.job_commands``. ``tenants``: limits, usage and
     the admin endpoints (api/tenants.py); default: built-in limits, no usage, read-only.
     ``alerts``: the tenants' alert webhooks (api/alerts.py); default: none, read-only.
     ``runs_cache_s``: ``GET /v1/jobs/{id}/runs`` may answer from a read (of the job and of
-    the page) that began at most this long ago (``ReadCache``; 0: every request reads)."""
+    the page) that began at most this long ago (``ReadCache``; 0: every request reads).
+    ``overload``: whether a processor is overloaded (its /metrics; default: this host's
+    processors, ``gnomon.ui.overload``): new one-off work is then answered 429."""
     clock = clock or SystemClock()
     tenants = tenants or TenantService(topic=topology.tenants)
     run_sink = commands
@@ -279,6 +283,8 @@ def create_app(
     api_metrics.install(app)  # GET /metrics and the request counters (gnomon.metrics.api)
     app.openapi = finish(app)  # type: ignore[method-assign]
     app.state.auth = auth
+    overload = overload or OverloadProbe(processor_targets())
+    app.state.overload_probe = overload  # (the UI's banner reads it too)
     install_tenant_routes(app, tenants, clock)
     install_alert_routes(app, alerts or AlertService(topic=topology.alert_configs), clock)  # /v1/alerts
     add_backfill_route(app, history=history, commands=commands, clock=clock)  # POST /v1/jobs/{id}:backfill
@@ -307,7 +313,15 @@ def create_app(
     def created(view: dict[str, Any], status: int) -> JSONResponse:
         return JSONResponse(view, status_code=status, headers={"Location": f"/v1/jobs/{view['id']}"})
 
-    def register(tenant: str, data: Any, key: str | None) -> JSONResponse:
+    def refuse_one_off_if_overloaded(overloaded: str | None) -> None:
+        """The processors' answer while they defer due jobs (docs/semantics.md): new
+        one-off work would only queue behind what is already late."""
+        if overloaded is not None:
+            raise LimitExceeded("overload", "the scheduler is overloaded: new one-off work (one-time jobs, "
+                                "manual triggers) is refused for now; retry later",
+                                retry_after_s=OVERLOAD_RETRY_AFTER_S)
+
+    def register(tenant: str, data: Any, key: str | None, overloaded: str | None = None) -> JSONResponse:
         now = clock.now_ms()
         if key is None:
             job_id = "job_" + secrets.token_hex(8)
@@ -317,6 +331,8 @@ def create_app(
             if existing is not None:
                 return created(job_view(same_job(existing, tenant, data, key, now)), 200)
         spec = parse_job_spec(data, now, pools=pools)
+        if spec.schedule.is_one_time:
+            refuse_one_off_if_overloaded(overloaded)
         tenants.check_registration(tenant, spec, now)  # jobs_max, interval_min_s, backlog_max
         commands.send(job_id, RegisterJob(job_id, tenant, spec, now))
         return created(job_view(JobState(job_id, tenant, spec, JobStatus.ACTIVE,
@@ -350,7 +366,7 @@ def create_app(
     async def create_job(request: Request, tenant: Tenant, idempotency_key: IdempotencyKey = None) -> JSONResponse:
         key = None if idempotency_key is None else validate_idempotency_key(idempotency_key, IDEMPOTENCY_HEADER)
         data = await body_of(request)
-        return await run_in_threadpool(register, tenant, data, key)
+        return await run_in_threadpool(register, tenant, data, key, overload.current())
 
     @app.get("/v1/jobs", summary="List this tenant's jobs", response_model=None,
              responses={200: {"model": schemas.JobPage}, **problem_responses(401, 422, 503)})
@@ -375,7 +391,7 @@ def create_app(
     def resume_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
         return job_action(job_id, tenant, ResumeJob(job_id, tenant, clock.now_ms()), "resume")
 
-    def trigger(job_id: str, tenant: str, body: Any) -> dict[str, Any]:
+    def trigger(job_id: str, tenant: str, body: Any, overloaded: str | None = None) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ValidationError("body", "must be a JSON object")
         for name in body:
@@ -383,6 +399,7 @@ def create_app(
                 raise ValidationError(name, "unknown field; allowed: idempotencyKey")
         key = validate_idempotency_key(body.get("idempotencyKey"))
         owned_job(tenant, job_id)
+        refuse_one_off_if_overloaded(overloaded)
         now = clock.now_ms()
         tenants.admit_trigger(tenant, now)  # triggers_per_min_max, backlog_max
         commands.send(job_id, TriggerJob(job_id, tenant, key, now))
@@ -395,7 +412,7 @@ def create_app(
               openapi_extra=request_body(schemas.TriggerBody, example={"idempotencyKey": "deploy-42"}))
     async def trigger_job(job_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await body_of(request)
-        return await run_in_threadpool(trigger, job_id, tenant, body)
+        return await run_in_threadpool(trigger, job_id, tenant, body, overload.current())
 
     @app.get("/v1/jobs/{job_id}", summary="Get a job", response_model=None,
              responses={200: {"model": schemas.Job}, **problem_responses(401, 404, 422, 503)})

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+OVERLOAD_RETRY_AFTER_S = 30  # new one-off work refused while overloaded (429): try again after this
+
 
 @dataclass
 class TickBudget:

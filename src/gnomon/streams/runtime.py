@@ -440,6 +440,10 @@ class Processor:
                                          assign_waiting=False, budget=budget))
             in_flight = sum(t.in_flight_runs for t in self.tasks.values())
             self.overload.after_tick(budget, in_flight, now, hold=now < self.overload_quiet_until_ms)
+            overloaded = self.overload.overloaded or (self.cfg.overload_budget_per_tick is not None
+                                                      and budget.deferred > 0)
+            for task in self.tasks.values():
+                task.overloaded = overloaded
             self.metrics.overloaded(self.overload.window_runs, in_flight, self.overload.last_deferred,
                                     self.overload.last_lag_ms)
             # waiting runs take free slots across all partitions, in the weighted mix

@@ -62,12 +62,13 @@ from gnomon.core.errors import (
     GnomonError,
     InfraError,
     InternalError,
+    LimitExceeded,
     TransitionError,
     ValidationError,
 )
 from gnomon.core.messages import DispatchRun, Grant, LeaseAck, PoisonRecord, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
-from gnomon.core.overload import TickBudget
+from gnomon.core.overload import OVERLOAD_RETRY_AFTER_S, TickBudget
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.replies import CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
@@ -268,6 +269,7 @@ class PartitionTask:
         self.start_lags: list[tuple[int, int]] = []  # (priority rank, ms) of first attempts started
         self.start_lags_max = 10_000
         self.in_flight_runs = 0  # scheduled normal/low runs triggered and not started (``_in_flight``)
+        self.overloaded = False  # set by the runtime: its last ticks deferred due jobs (new one-off work refused)
         self._last_tick_ms: int | None = None
         self._present_since_ms: int | None = None
 
@@ -675,6 +677,8 @@ class PartitionTask:
         """Refuse (LimitExceeded) a command over its tenant's limits, before anything is
         written; True if it is a manual trigger that creates a run (it counts toward the
         trigger rate)."""
+        if self.overloaded and events:
+            self._refuse_one_off_while_overloaded(cmd, events)
         if self.quota is None or not events:
             return False
         limits = self.quota.effective_limits(cmd.tenant)
@@ -700,6 +704,20 @@ class PartitionTask:
             self.stats.admissions_refused += 1
             raise
         return False
+
+    def _refuse_one_off_while_overloaded(self, cmd: J.JobCommand, events: list[J.JobEvent]) -> None:
+        """New one-off work (a one-time job, a manual trigger that makes a new run) is
+        refused while this processor is overloaded, with a Retry-After: it would only
+        queue behind what is already late (docs/semantics.md). Recurring registrations,
+        edits, pauses and deletes go on."""
+        for ev in events:
+            one_off = (isinstance(ev, J.JobRegistered) and ev.spec.schedule.is_one_time) or (
+                isinstance(ev, J.RunTriggered) and ev.manual and self.run(ev.run_id) is None)
+            if one_off:
+                self.stats.admissions_refused += 1
+                raise LimitExceeded("overload", f"the scheduler is overloaded (partition {self.partition} defers "
+                                    "due jobs): new one-off work is refused for now; retry later",
+                                    retry_after_s=OVERLOAD_RETRY_AFTER_S)
 
     def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],
                           now_ms: int, *, preflight: bool = False) -> list[Output]:

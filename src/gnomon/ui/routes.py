@@ -94,8 +94,7 @@ def install(app: FastAPI, clock: Clock) -> None:
     (not an included router), so ``app.routes`` lists them (tests/security's matrix)."""
     env = templates()
     backend = ApiBackend(app)
-    probe = OverloadProbe(processor_targets())
-    app.state.overload_probe = probe
+    probe: OverloadProbe = getattr(app.state, "overload_probe", None) or OverloadProbe(processor_targets())
 
     def auth() -> Authenticator:
         found: Authenticator = app.state.auth
