@@ -101,3 +101,30 @@ def test_origin_and_redirect_checks() -> None:
     assert safe_next("/ui/runs/j@x?y=1") == "/ui/runs/j@x?y=1"
     for bad in (None, "", "//evil", "https://evil/ui/", "/v1/jobs", "/ui\\evil", "/ui/x\r\nSet-Cookie: a"):
         assert safe_next(bad) == "/ui/jobs"
+
+
+def test_the_jobs_list_and_page_of_a_one_time_job_answer_200() -> None:
+    """The demo's one-time job has no ``schedule`` key: the list and its page answered 500
+    (StrictUndefined) until the templates asked for it with ``get``."""
+    from fastapi.testclient import TestClient
+
+    from gnomon.api.app import CommandSink, create_app
+    from gnomon.api.auth import Authenticator
+    from gnomon.core import jobs as J
+    from gnomon.core.clock import FakeClock
+    from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+    from gnomon.history.memory import InMemoryHistoryStore
+    from gnomon.testing import ListProducer
+    from gnomon.topology import load_topology
+
+    now = iso_to_ms("2026-05-01T08:00:00Z")
+    history, topo = InMemoryHistoryStore(), load_topology()
+    spec = JobSpec(name="once", schedule=Schedule(run_at_ms=now + 3_600_000),
+                   target=Target(TargetType.HANDLER, handler="h"))
+    history.put_job(J.JobState("job_1", "acme", spec, J.JobStatus.ACTIVE, now + 3_600_000, 1, now, now))
+    app = create_app(history=history, commands=CommandSink(ListProducer(), topo.job_commands),
+                     auth=Authenticator({"tok": "acme"}), topology=topo, clock=FakeClock(now))
+    client = TestClient(app, base_url="http://127.0.0.1:8787")
+    page = client.post("/ui/login", data={"token": "tok", "next": "/ui/jobs"}, follow_redirects=True)
+    assert page.status_code == 200 and "once at 2026-05-01T09:00:00Z" in page.text, page.text[-500:]
+    assert client.get("/ui/jobs/job_1").status_code == 200
