@@ -250,3 +250,15 @@ def test_the_processor_refuses_new_one_off_work_while_overloaded() -> None:
     task.overloaded = False
     task.handle(J.TriggerJob("c", "t", "k", T0), T0)
     assert task.run("c@manual:k") is not None
+
+
+def test_the_probe_names_its_targets_as_gnomon_status_does(monkeypatch: object) -> None:
+    import pytest
+
+    from gnomon.ui.overload import processor_targets
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setenv("GNOMON_STATUS_TARGETS", "10.0.0.5:9470, http://p2:9471/metrics")
+    assert processor_targets() == ["http://10.0.0.5:9470/metrics", "http://p2:9471/metrics"]
+    monkeypatch.delenv("GNOMON_STATUS_TARGETS")
+    assert processor_targets()[0] == "http://127.0.0.1:9470/metrics"

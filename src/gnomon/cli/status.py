@@ -9,7 +9,6 @@ host's defaults: the API's own port and the metrics ports each kind takes by def
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
@@ -19,9 +18,7 @@ import typer
 from gnomon.cli.common import console, fail
 from gnomon.config import load
 from gnomon.metrics.serve import candidate_ports
-from gnomon.metrics.status import Scrape, parse, render, summarize
-
-TARGETS_ENV = "GNOMON_STATUS_TARGETS"
+from gnomon.metrics.status import Scrape, env_targets, metrics_url, parse, render, summarize
 
 
 def default_targets() -> list[str]:
@@ -31,13 +28,6 @@ def default_targets() -> list[str]:
                        ("worker", s.worker_metrics_port)):
         urls += [f"http://127.0.0.1:{p}/metrics" for p in candidate_ports(kind, port)]
     return urls
-
-
-def _url(target: str) -> str:
-    t = target.strip()
-    if "://" not in t:
-        t = "http://" + t
-    return t if t.rstrip("/").endswith("/metrics") else t.rstrip("/") + "/metrics"
 
 
 def scrape(url: str, timeout_s: float) -> Scrape:
@@ -57,8 +47,8 @@ def status(
     timeout_s: Annotated[float, typer.Option(min=0.1, max=30, help="per endpoint")] = 2.0,
 ) -> None:
     """One screen: processors and partitions, workers, consumer lag, start lag p50/p99 (last minute)."""
-    given = target or [t for t in os.environ.get(TARGETS_ENV, "").split(",") if t.strip()]
-    urls = [_url(t) for t in given] if given else default_targets()
+    given = target or env_targets()
+    urls = [metrics_url(t) for t in given] if given else default_targets()
     with ThreadPoolExecutor(max_workers=16) as pool:
         scrapes = list(pool.map(lambda u: scrape(u, timeout_s), urls))
     if not given:  # scanning default ports: a closed one is not news

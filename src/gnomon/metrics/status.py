@@ -1,8 +1,10 @@
 """``gnomon status`` without I/O: parse scraped /metrics texts, sum them up, render one
-screen. The CLI (``gnomon.cli.status``) does the scraping."""
+screen, and name the targets (``$GNOMON_STATUS_TARGETS``). The CLI (``gnomon.cli.status``)
+and the API's overload probe (``gnomon.ui.overload``) do the scraping."""
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -77,6 +79,22 @@ class Status:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+TARGETS_ENV = "GNOMON_STATUS_TARGETS"  # comma-separated /metrics endpoints (host:port or URL)
+
+
+def metrics_url(target: str) -> str:
+    """``host:port`` or a URL, as the /metrics URL to scrape."""
+    t = target.strip()
+    if "://" not in t:
+        t = "http://" + t
+    return t if t.rstrip("/").endswith("/metrics") else t.rstrip("/") + "/metrics"
+
+
+def env_targets() -> list[str]:
+    """The targets named in ``$GNOMON_STATUS_TARGETS`` (none: [])."""
+    return [t for t in os.environ.get(TARGETS_ENV, "").split(",") if t.strip()]
 
 
 def _named(samples: Iterable[Sample], name: str) -> list[Sample]:

@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Callable
 
 import httpx
 
 from gnomon.metrics.serve import candidate_ports
-from gnomon.metrics.status import Scrape, parse, summarize
-
-TARGETS_ENV = "GNOMON_STATUS_TARGETS"
+from gnomon.metrics.status import Scrape, env_targets, metrics_url, parse, summarize
 
 
 def processor_targets(port: int | None = None) -> list[str]:
-    given = [t.strip() for t in os.environ.get(TARGETS_ENV, "").split(",") if t.strip()]
+    given = env_targets()
     if given:
-        return [t if "://" in t else f"http://{t}" for t in given]
+        return [metrics_url(t) for t in given]
     return [f"http://127.0.0.1:{p}/metrics" for p in candidate_ports("processor", port)]
 
 
