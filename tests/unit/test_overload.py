@@ -4,6 +4,7 @@ due indexes (and the move of an old store's single one)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -252,12 +253,9 @@ def test_the_processor_refuses_new_one_off_work_while_overloaded() -> None:
     assert task.run("c@manual:k") is not None
 
 
-def test_the_probe_names_its_targets_as_gnomon_status_does(monkeypatch: object) -> None:
-    import pytest
-
+def test_the_probe_names_its_targets_as_gnomon_status_does(monkeypatch: pytest.MonkeyPatch) -> None:
     from gnomon.ui.overload import processor_targets
 
-    assert isinstance(monkeypatch, pytest.MonkeyPatch)
     monkeypatch.setenv("GNOMON_STATUS_TARGETS", "10.0.0.5:9470, http://p2:9471/metrics")
     assert processor_targets() == ["http://10.0.0.5:9470/metrics", "http://p2:9471/metrics"]
     monkeypatch.delenv("GNOMON_STATUS_TARGETS")
