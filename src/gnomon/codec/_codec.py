@@ -11,6 +11,7 @@ from typing import Any
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from gnomon.codec._convert import Converters
+from gnomon.codec._fastwrite import Writer, compile_writer, write_string
 from gnomon.codec.registry import Registry, SchemaVersion
 from gnomon.core.alerts import AlertConfig
 from gnomon.core.errors import InternalError, ValidationError
@@ -165,9 +166,20 @@ SPEC_CACHE_ENTRIES_MAX = 4_096
 SPEC_CACHE_BYTES_MAX = 8 * 1024 * 1024
 
 
+def _write_with(schema: Any, fast: Writer | None, out: bytearray, datum: Any) -> None:
+    """``datum`` as ``schema``: by its compiled writer, or by fastavro."""
+    if fast is not None:
+        fast(datum, out)
+        return
+    part = BytesIO()
+    schemaless_writer(part, schema, datum)
+    out += part.getvalue()
+
+
 @dataclass(frozen=True)
 class _Splice:
-    """A record schema cut around its ``spec`` field, each part parsed on its own."""
+    """A record schema cut around its ``spec`` field, each part parsed (and its writer
+    compiled, ``_fastwrite``) on its own."""
 
     before: Any
     spec: Any
@@ -175,40 +187,30 @@ class _Splice:
     cache: dict[int, tuple[Any, bytes]]  # id(spec) -> (the spec, held so the id stays its, its bytes)
     before_strings: tuple[str, ...] | None = None  # the fields before, when all are strings: written here
     cached_bytes: list[int] = field(default_factory=lambda: [0])  # (a frozen dataclass's one mutable count)
+    before_fast: Writer | None = None
+    spec_fast: Writer | None = None
+    after_fast: Writer | None = None
 
-    def write(self, buf: BytesIO, record: Any, spec_obj: Any) -> None:
+    def write(self, out: bytearray, record: Any, spec_obj: Any) -> None:
         if self.before_strings is not None:
             for name in self.before_strings:
-                data = record[name].encode()
-                buf.write(_long(len(data)))
-                buf.write(data)
+                write_string(out, record[name])
         else:
-            schemaless_writer(buf, self.before, record)
+            _write_with(self.before, self.before_fast, out, record)
         hit = self.cache.get(id(spec_obj))
         if hit is not None and hit[0] is spec_obj:
-            buf.write(hit[1])
+            out += hit[1]
         else:
-            part = BytesIO()
-            schemaless_writer(part, self.spec, record[SPEC_FIELD])
-            data = part.getvalue()
+            part = bytearray()
+            _write_with(self.spec, self.spec_fast, part, record[SPEC_FIELD])
+            data = bytes(part)
             if len(self.cache) >= SPEC_CACHE_ENTRIES_MAX or self.cached_bytes[0] + len(data) > SPEC_CACHE_BYTES_MAX:
                 self.cache.clear()
                 self.cached_bytes[0] = 0
             self.cache[id(spec_obj)] = (spec_obj, data)
             self.cached_bytes[0] += len(data)
-            buf.write(data)
-        schemaless_writer(buf, self.after, record)
-
-
-def _long(n: int) -> bytes:
-    """Avro's binary long: zig-zag, then base-128 little-endian groups."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+            out += data
+        _write_with(self.after, self.after_fast, out, record)
 
 
 def _splice(schema: Any) -> _Splice | None:
@@ -231,8 +233,10 @@ def _splice(schema: Any) -> _Splice | None:
 
     before = schema["fields"][:i]
     strings = tuple(f["name"] for f in before) if all(f["type"] == "string" for f in before) else None
-    return _Splice(part(before, "Before"), parse_schema(named[spec_name], named_schemas=dict(named)),
-                   part(schema["fields"][i + 1:], "After"), {}, strings)
+    before_s, spec_s = part(before, "Before"), parse_schema(named[spec_name], named_schemas=dict(named))
+    after_s = part(schema["fields"][i + 1:], "After")
+    return _Splice(before_s, spec_s, after_s, {}, strings, before_fast=compile_writer(before_s),
+                   spec_fast=compile_writer(spec_s), after_fast=compile_writer(after_s))
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,7 @@ class _Writer:
     schema: Any
     to_record: Callable[[Any], Any]
     splice: _Splice | None = None
+    fast: Writer | None = None  # the schema's compiled writer (None: fastavro writes it)
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,7 @@ class Codec:
                 return {"body": (name, enc(obj))}  # fastavro's tuple notation: union branch by name
 
         return _Writer(bytes([MAGIC]) + latest.id.to_bytes(4, "big"), latest.schema, to_record,
-                       _splice(latest.schema) if t.envelope is None else None)
+                       _splice(latest.schema) if t.envelope is None else None, compile_writer(latest.schema))
 
     def _reader(self, v: SchemaVersion) -> _Reader:
         latest = self.registry.latest(v.subject)
@@ -334,16 +339,15 @@ class Codec:
         except KeyError:
             where = f"on topic {topic!r}" if topic is not None else "on any topic"
             raise EncodeError(f"{type(obj).__name__} has no registered value schema {where}") from None
-        buf = BytesIO()
-        buf.write(w.header)
+        out = bytearray(w.header)
         try:
             if w.splice is not None:
-                w.splice.write(buf, w.to_record(obj), getattr(obj, SPEC_FIELD))
+                w.splice.write(out, w.to_record(obj), getattr(obj, SPEC_FIELD))
             else:
-                schemaless_writer(buf, w.schema, w.to_record(obj))
-        except Exception as e:  # fastavro: TypeError/ValueError/OverflowError/AttributeError...
+                _write_with(w.schema, w.fast, out, w.to_record(obj))
+        except Exception as e:  # TypeError/ValueError/OverflowError/AttributeError/KeyError...
             raise EncodeError(f"{type(obj).__name__} does not fit its schema: {type(e).__name__}: {e}") from e
-        return buf.getvalue()
+        return bytes(out)
 
     def reframe(self, data: bytes, obj: Any, from_topic: str, to_topic: str) -> bytes:
         """``obj`` encoded for ``to_topic``, given ``data``: ``obj`` encoded for
