@@ -52,6 +52,9 @@ class AttemptContext:
     secrets: tuple[str, ...] = ()  # names of the tenant's secrets the job declared
     slot_ms: int = 0  # the run's scheduled instant (epoch ms)
     deadline_ms: int | None = None  # when this attempt is stopped (epoch ms, worker clock); set at its start
+    # set by an executor that runs the handler on the attempt's own thread and leaves its
+    # deadline to the worker's loop (stop at the deadline, give up ``KILL_GRACE_S`` later)
+    watched: bool = False
 
     @property
     def slot(self) -> datetime:

@@ -55,6 +55,7 @@ from gnomon.eventlog.port import EventLog, Producer, ProducerFatalError, Reader
 from gnomon.metrics.worker import WorkerMetrics
 from gnomon.retrying import Retry
 from gnomon.topology import Topology, load_topology
+from gnomon.worker.attempt import KILL_GRACE_S
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Executor, Handler
 from gnomon.worker.http_target import redact_url
 from gnomon.worker.policy import PolicyError, PoolPolicy
@@ -97,6 +98,7 @@ class _Attempt:
     end: Callable[[AttemptResult], None] | None = None
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    given_up: bool = False  # its handler outlived deadline + grace: reported timed out by the loop
 
 
 class Worker:
@@ -169,6 +171,7 @@ class Worker:
         self.progress_at_s = time.monotonic()  # last step with every checked record acknowledged
         self.undelivered_total = 0
         self._pool = AttemptPool(concurrency_max)
+        self.kill_grace_ms = int(KILL_GRACE_S * 1000)  # a watched handler past its deadline: given up this much later
         self._inbox_tp: tuple[str, int] | None = None
         # counts at the edges (attempt start and end, the loop); made at start() unless set
         # before (the CLI sets it to serve it)
@@ -258,7 +261,7 @@ class Worker:
                 log.warning("no writable cgroup v1 pids/memory/cpu hierarchies (run the worker as root on a "
                             "cgroup v1 or hybrid host): sandboxes get rlimits only, with no per-attempt "
                             "process or memory cgroup")
-        self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets)
+        self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets, inline_handlers=True)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         self._inbox = self._open_inbox()
         self.ensure_metrics()
@@ -274,7 +277,10 @@ class Worker:
         assert self._inbox is not None and self._executor is not None and self._producer is not None
         for msg in self._inbox.consume(500, self._wait_s() if wait_s is None else wait_s):
             self._on_inbox(msg.value, self._executor)
+        if self._runner is None:  # threads for what is staged, started before its slot
+            self._pool.prestart(len(self._running) + len(self._staged))
         self._fire_due(self._executor)
+        self._watch_deadlines()
         self._finish_done()
         self._heartbeat()
         self._advertise()
@@ -582,7 +588,10 @@ class Worker:
 
         def end(result: AttemptResult) -> None:
             att = holder[0]
-            att.finished = True
+            with att.lock:
+                if att.finished:  # given up by the loop already (_watch_deadlines)
+                    return
+                att.finished = True
             self._done.put((att, result))
 
         lease_ms = grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)
@@ -604,9 +613,10 @@ class Worker:
             self._runner.start(att.ctx, begin, work, end)
             return
 
-        def body() -> None:  # on a pooled thread
+        def body() -> bool:  # on a pooled thread; True: given up while it ran, the thread leaves
             begin()
             end(work())
+            return att.given_up
 
         self._pool.submit(body)
 
@@ -648,6 +658,28 @@ class Worker:
                 g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
                 att.started_ms, result.output), checked=True)
 
+    def _watch_deadlines(self) -> None:
+        """Attempts whose handler runs on the attempt's own thread (``ctx.watched``): stop
+        at the deadline; ``kill_grace_ms`` later, one still running is reported timed out
+        and its thread given up (the pool starts another in its place)."""
+        now = self.clock.now_ms()
+        for att in list(self._running.values()):
+            ctx = att.ctx
+            if not ctx.watched or ctx.deadline_ms is None or now < ctx.deadline_ms or att.finished:
+                continue
+            ctx.request_stop("timeout")
+            if now < ctx.deadline_ms + self.kill_grace_ms:
+                continue
+            with att.lock:
+                if att.finished:
+                    continue
+                att.finished = att.given_up = True
+            log.warning("attempt %s of %s: handler still running %d ms after its deadline; reported timed out and "
+                        "its thread given up", att.grant.attempt, att.grant.run_id, now - ctx.deadline_ms)
+            self._pool.abandon()
+            self._done.put((att, AttemptResult(Outcome.TIMED_OUT, None,
+                                               f"handler still running after {ctx.timeout_s:g}s")))
+
     def _heartbeat(self) -> None:
         now = self.clock.now_ms()
         for att in list(self._running.values()):
@@ -661,6 +693,7 @@ class Worker:
         while self._running and time.monotonic() < deadline:
             for msg in inbox.consume(100, 0.1):
                 self._on_inbox(msg.value, executor)
+            self._watch_deadlines()
             self._finish_done()
             self._heartbeat()
         self._finish_done()
