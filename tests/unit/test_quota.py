@@ -305,3 +305,31 @@ def test_a_manual_trigger_read_from_run_events_is_refused() -> None:
     with pytest.raises(TransitionError, match="only as a TriggerJob"):
         task.handle(forged, now, c.topo.run_events)
     assert task.run("j@manual:forged") is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["open", "close", "entry"]), st.integers(0, 3),
+                          st.sampled_from(["t1", "t2"]), st.booleans()), max_size=60))
+def test_the_totals_read_per_grant_are_the_sum_of_the_partitions_counts(script: list[tuple[str, int, str, bool]]) -> None:
+    """``count`` reads a running total (it was a sum over partitions per grant): it stays
+    the sum of the per-partition counts through opens, closes and entries."""
+    book = Q.QuotaBook(partitions_total=4)
+    spec = JobSpec(name="j", schedule=Schedule(cron="* * * * *"), target=CMD)
+    held: dict[int, Counter[bytes]] = {}
+    for op, p, tenant, up in script:
+        if op == "open":
+            book.open(p)
+            held[p] = Counter()
+        elif op == "close":
+            book.close(p)
+            held.pop(p, None)
+        elif p in held:
+            key = (Q.Family.GRANTED.value + tenant + "\0" + spec.pool + "\0" + tenant + "-j@1").encode()
+            if up or held[p][key] == 0:
+                book.entry(p, key, +1)
+                held[p][key] += 1
+            else:
+                book.entry(p, key, -1)
+                held[p][key] -= 1
+        for t in ("t1", "t2"):
+            expected = sum(c[k] for c in held.values() for k in c if Q.parse_key(k) == (Q.Family.GRANTED, t, spec.pool))
+            assert book.count(Q.Family.GRANTED, t, spec.pool) == expected

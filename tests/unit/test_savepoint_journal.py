@@ -44,3 +44,33 @@ def test_rollback_restores_the_store_as_at_begin(initial: list[tuple[bytes, byte
             assert _contents(inner) == before
         else:
             journal.release()
+
+
+class _CountingKV(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        self.gets += 1
+        return super().get(key)
+
+
+def test_an_assumed_prior_value_is_journaled_without_a_read() -> None:
+    inner = _CountingKV()
+    inner.put(b"ix/old", b"")
+    j = JournalKV(inner)
+    j.begin()
+    j.assume(b"ix/new", None)
+    j.put(b"ix/new", b"")
+    j.assume(b"ix/old", b"")
+    j.delete(b"ix/old")
+    j.put(b"r/1", b"state")  # not assumed: read once to journal it
+    assert inner.gets == 1
+    j.rollback()
+    assert inner.get(b"ix/new") is None and inner.get(b"ix/old") == b"" and inner.get(b"r/1") is None
+    j.begin()
+    j.put(b"k", b"v1")
+    j.assume(b"k", None)  # (after a write: the journal keeps what it saw first)
+    j.rollback()
+    assert inner.get(b"k") is None

@@ -54,10 +54,15 @@ class MemoryKV:
 
 
 class RocksKV:
-    """A RocksDB database through rocksdict, in raw (bytes) mode."""
+    """A RocksDB database through rocksdict, in raw (bytes) mode.
+
+    Writes skip RocksDB's write-ahead log, as Kafka Streams' stores do: a store is trusted
+    only after a clean close (``close`` flushes the memtables first, then the processor
+    writes its checkpoint); after a crash it is rebuilt from the changelogs, so the log
+    would only cost a write per put (about 2.4 of 3.7 µs a put on this box)."""
 
     def __init__(self, path: Path, *, fresh: bool = False) -> None:
-        from rocksdict import Options, Rdict
+        from rocksdict import Options, Rdict, WriteOptions
 
         try:
             if fresh and path.exists():
@@ -66,6 +71,9 @@ class RocksKV:
             opts = Options(raw_mode=True)
             opts.create_if_missing(True)
             self._db = Rdict(str(path), options=opts)
+            unlogged = WriteOptions()
+            unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
+            self._db.set_write_options(unlogged)
         except Exception as exc:  # rocksdict raises plain Exception subclasses
             raise StateStoreError(f"cannot open RocksDB at {path}: {exc}") from exc
         self.path = path
@@ -118,6 +126,7 @@ class RocksKV:
 
     def close(self) -> None:
         try:
+            self._db.flush(True)  # unlogged writes live in the memtables until flushed
             self._db.close()
         except Exception as exc:
             raise StateStoreError(f"RocksDB close failed: {exc}") from exc

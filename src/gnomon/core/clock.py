@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from datetime import UTC, datetime
@@ -42,6 +43,7 @@ class FakeClock:
             self._now_ms = now_ms
 
 
+@functools.lru_cache(maxsize=4096)  # (a slot's run id: the jobs due at one instant share it)
 def ms_to_iso(ms: int) -> str:
     """UTC ISO-8601 with a Z; milliseconds only when non-zero."""
     dt = datetime.fromtimestamp(ms / 1000, tz=UTC)

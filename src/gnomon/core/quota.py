@@ -75,12 +75,13 @@ def pending_one_time_key(job: JobState | None) -> bytes | None:
     return (Family.BACKLOG.value + job.tenant + "\0job:" + job.job_id).encode()
 
 
+_FAMILY_OF_HEAD: dict[bytes, Family] = {f.value.encode(): f for f in Family}
+
+
 def parse_key(key: bytes) -> tuple[Family, str, str] | None:
     """(family, tenant, pool or "") of a counting entry, or None if ``key`` is not one."""
-    head = key[:3].decode(errors="replace")
-    try:
-        family = Family(head)
-    except ValueError:
+    family = _FAMILY_OF_HEAD.get(key[:3])  # (a dict: Family(head) was ~5 % of the processor)
+    if family is None:
         return None
     parts = key[3:].decode().split("\0")
     if family is Family.GRANTED:
@@ -127,6 +128,7 @@ class QuotaBook:
         self.tenants = tenants or TenantBook()
         self.partitions_total = partitions_total
         self._counts: dict[int, Counter[tuple[Family, str, str]]] = {}
+        self._totals: Counter[tuple[Family, str, str]] = Counter()  # the sum of ``_counts`` (read per grant)
         self._triggers: dict[int, dict[str, deque[int]]] = {}  # partition -> tenant -> accepted at
         self._owned: frozenset[int] = frozenset()
 
@@ -134,15 +136,22 @@ class QuotaBook:
 
     def open(self, partition: int) -> None:
         """Start counting ``partition`` from zero (its entries are counted as loaded)."""
+        self._forget_counts(partition)
         self._counts[partition] = Counter()
         self._triggers[partition] = {}
         self._owned = frozenset(self._counts)
 
     def close(self, partition: int) -> None:
         """``partition`` is no longer owned here: forget its counts."""
-        self._counts.pop(partition, None)
+        self._forget_counts(partition)
         self._triggers.pop(partition, None)
         self._owned = frozenset(self._counts)
+
+    def _forget_counts(self, partition: int) -> None:
+        old = self._counts.pop(partition, None)
+        if old:
+            self._totals.subtract(old)
+            self._totals = +self._totals  # (drops the zeros)
 
     def counting(self, partition: int) -> bool:
         return partition in self._counts
@@ -157,9 +166,13 @@ class QuotaBook:
         assert counts[parsed] >= 0, f"count of {parsed} below zero in partition {partition}"
         if counts[parsed] == 0:
             del counts[parsed]
+        totals = self._totals
+        totals[parsed] += delta
+        if totals[parsed] == 0:
+            del totals[parsed]
 
     def count(self, family: Family, tenant: str, pool: str = "") -> int:
-        return sum(c.get((family, tenant, pool), 0) for c in self._counts.values())
+        return self._totals.get((family, tenant, pool), 0)
 
     def partition_counts(self, partition: int, now_ms: int) -> dict[str, dict[str, int]]:
         """tenant -> {"jobs", "backlog", "running", "triggers_last_min"} of one partition

@@ -19,6 +19,7 @@ and rewound batch counts nothing), and sampled from its partitions' state betwee
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -117,29 +118,40 @@ class ProcessorMetrics:
     # ---- counted from committed transactions ------------------------------------------------
 
     def committed(self, outputs: Iterable[Any]) -> None:
-        """Count what one committed transaction wrote (``streams.task.Output`` records)."""
+        """Count what one committed transaction wrote (``streams.task.Output`` records);
+        each label set is incremented once per transaction (a label lookup per run was
+        ~5 % of the processor's CPU)."""
         self.transactions.inc()
         topo = self.topo
+        finished: Tally[tuple[str, str, str]] = Tally()
+        skipped: Tally[tuple[str, str]] = Tally()
+        other: Tally[tuple[Any, tuple[str, ...]]] = Tally()
         for o in outputs:
             value = o.value
             if o.topic == topo.poison:
-                self.poison.labels(o.key).inc()
+                other[(self.poison, (o.key,))] += 1
                 continue
             if not isinstance(value, RunState):
                 continue
             pool = value.spec.pool
             if o.topic == topo.run_history:
-                self.runs_finished.labels(value.status.value, pool, value.spec.priority.value).inc()
+                finished[(value.status.value, pool, value.spec.priority.value)] += 1
                 if value.status is RunStatus.SKIPPED:
-                    self.slots_skipped.labels(skip_reason(value.reason), pool).inc(max(1, value.skipped_count))
+                    skipped[(skip_reason(value.reason), pool)] += max(1, value.skipped_count)
             elif o.topic == topo.dead_letters:
-                self.dead_letters.labels(pool).inc()
+                other[(self.dead_letters, (pool,))] += 1
             elif o.topic == topo.runs and value.status in (RunStatus.RETRY_WAIT, RunStatus.FAILED):
                 if value.status is RunStatus.RETRY_WAIT:
-                    self.retries.labels(pool).inc()
+                    other[(self.retries, (pool,))] += 1
                 kind = expiry_kind(value.reason)
                 if kind is not None:
-                    self.lease_expiries.labels(pool, kind).inc()
+                    other[(self.lease_expiries, (pool, kind))] += 1
+        for key, n in finished.items():
+            self.runs_finished.labels(*key).inc(n)
+        for key2, n in skipped.items():
+            self.slots_skipped.labels(*key2).inc(n)
+        for (metric, labels), n in other.items():
+            metric.labels(*labels).inc(n)
 
     def overloaded(self, window_runs: float, in_flight: int, deferred: int, lag_ms: int) -> None:
         """The overload governor after a tick."""

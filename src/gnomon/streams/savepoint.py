@@ -10,7 +10,8 @@ transaction commits the other records as usual. (Aborting the transaction instea
 cost a rebuild of every partition's state per bad record.)
 
 The journal costs one read per distinct key a record writes (none for a key the record
-read first: that value is kept), and nothing when no savepoint is open (restores and
+read first: that value is kept, or whose value the caller knows: ``assume``, for the
+index entries a state change adds or removes), and nothing when no savepoint is open (restores and
 standbys write through it unjournaled).
 """
 
@@ -65,6 +66,15 @@ class JournalKV:
             else:
                 self.inner.put(key, old)
         return len(undo)
+
+    def assume(self, key: bytes, prior: bytes | None) -> None:
+        """The caller knows ``key``'s value before this record (an index entry it is adding,
+        None, or removing, b""): its next write is journaled without a read. A wrong guess
+        only matters to a rollback (an index entry left or lost, which the tick's scans
+        treat as stale)."""
+        undo = self._undo
+        if undo is not None and key not in undo and key not in self._read:
+            self._read[key] = prior
 
     def _remember(self, key: bytes) -> None:
         undo = self._undo

@@ -301,15 +301,21 @@ class PartitionTask:
         cache[key] = value
 
     def _put_index(self, key: bytes) -> None:
-        if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition) \
-                and self.kv.get(key) is None:
-            self._count(key, +1)
+        """Add an index entry the state did not have (a diff of ``_index_keys``)."""
+        if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition):
+            if self.kv.get(key) is None:
+                self._count(key, +1)
+        elif self.kv is self._journal:
+            self._journal.assume(key, None)  # no read to journal it
         self.kv.put(key, b"")
 
     def _del_index(self, key: bytes) -> None:
-        if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition) \
-                and self.kv.get(key) is not None:
-            self._count(key, -1)
+        """Remove an index entry the state had."""
+        if self.quota is not None and key[:3] in _COUNTED and self.quota.counting(self.partition):
+            if self.kv.get(key) is not None:
+                self._count(key, -1)
+        elif self.kv is self._journal:
+            self._journal.assume(key, b"")
         self.kv.delete(key)
 
     def _count(self, key: bytes, delta: int) -> None:
@@ -747,7 +753,7 @@ class PartitionTask:
         for cmd in run_cmds:
             # the run lives in this same partition: apply it here, in this transaction
             out.extend(self._handle_run(cmd, now_ms))
-        if changed:
+        if changed and state is not None:  # (a job that did not exist has no runs waiting to start)
             out.extend(self._job_changed(job_id, new, now_ms))
         return out
 
