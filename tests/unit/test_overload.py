@@ -260,3 +260,46 @@ def test_the_probe_names_its_targets_as_gnomon_status_does(monkeypatch: pytest.M
     assert processor_targets() == ["http://10.0.0.5:9470/metrics", "http://p2:9471/metrics"]
     monkeypatch.delenv("GNOMON_STATUS_TARGETS")
     assert processor_targets()[0] == "http://127.0.0.1:9470/metrics"
+
+
+def test_runs_triggered_ahead_get_an_allowance_so_a_healthy_load_is_never_held_back() -> None:
+    """300 per-second normal jobs with a 30 s lookahead keep ~9,000 runs in flight. The
+    window alone (here 1,000, as if cut once at start-up) would defer most of them and
+    make them late by itself; the allowance (start rate x lookahead) makes room for them,
+    counted from starts even in a quiet period."""
+    g = OverloadGovernor(period_ms=2_000, window_start_runs=1_000, lookahead_ms=30_000)
+    now, in_flight, quiet_until = T0, 0, T0 + 10_000
+    deferred_total = 0
+    for tick in range(300):  # 60 s of 200 ms ticks
+        b = g.budget(in_flight)
+        wanted = 9_000 - in_flight  # what the due index has to trigger
+        take = min(wanted, b.left or 0)
+        in_flight += take
+        b.spend(take)
+        b.deferred = 1 if take < wanted else 0
+        if tick >= 50:
+            deferred_total += b.deferred
+        for _ in range(60):  # 300 starts a second, on time (judged only after the quiet period)
+            g.observe_start(1, 30, judged=now >= quiet_until)
+        in_flight -= 60
+        g.after_tick(b, in_flight, now, hold=now < quiet_until)
+        now += 200
+    assert g.pipeline_runs == 300 * 30
+    assert g.room_runs >= 9_000 and deferred_total == 0
+    assert not g.overloaded
+
+
+def test_under_overload_normal_keeps_the_rate_it_achieves_while_the_window_is_at_its_floor() -> None:
+    g = OverloadGovernor(period_ms=1_000, window_start_runs=1_000, lookahead_ms=30_000)
+    now = T0
+    for _ in range(40):  # high late: the window falls to its floor; normal still starts 40/s
+        b = g.budget(5_000)
+        b.deferred = 100
+        g.observe_start(0, 3_000)
+        for _ in range(20):
+            g.observe_start(1, 20_000)
+        g.after_tick(b, 5_000, now)
+        now += 500
+    assert g.window_runs == g.window_min_runs
+    assert g.pipeline_runs == 40 * 30 and g.room_runs == g.window_min_runs + 1_200
+    assert g.overloaded

@@ -22,13 +22,23 @@ what was in flight; below half the target, while it binds, it doubles (slow star
 the first cut) or grows by ``increase_fraction``. A window, unlike a rate, is
 self-clocking (a run that starts frees room for the next) and bounds the backlog a
 saturated box builds: the lookahead of thousands of jobs registered at once is triggered
-as fast as runs start, not in one tick. It starts at ``window_start_runs``, more than a
-small deployment's whole lookahead. The simulation gives a fixed budget per tick instead
-(``TickBudget(n)``) to test the order.
+as fast as runs start, not in one tick. It starts at ``window_start_runs``.
+
+Runs triggered ahead of their slot (the lookahead) are in flight too, and a healthy box
+always has about (its start rate x the lookahead) of them: a window below that would make
+the runs it defers late by itself (300 per-second jobs need ~9,000 in flight; the window
+alone, cut once at start-up, held them back for a minute). So the room is the window
+**plus a pipeline allowance**: the highest ``normal``/``low`` start rate of the last
+lookahead (counted from starts, in quiet periods too) times the lookahead. AIMD moves only
+the window, on what is in flight beyond the allowance. Under overload the allowance is
+what the box actually starts, so ``normal`` keeps its share of what is left after ``high``
+instead of starving at the window's floor. The simulation gives a fixed budget per tick
+instead (``TickBudget(n)``) to test the order.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 OVERLOAD_RETRY_AFTER_S = 30  # new one-off work refused while overloaded (429): try again after this
@@ -63,12 +73,15 @@ class OverloadGovernor:
     period_ms: int = 2_000  # the window moves at most once per period (a cut shows in start lags later)
     decrease: float = 0.7
     increase_fraction: float = 0.1
-    window_start_runs: float = 5_000.0
+    window_start_runs: float = 10_000.0  # a 10,000-run spike registered ahead, triggered in one go
     window_min_runs: float = 50.0  # never below: normal and low starve slowly, not at once
     window_max_runs: float = 10_000_000.0
     window_runs: float = field(init=False)
     slow_start: bool = True
+    lookahead_ms: int = 30_000  # the scheduler's lookahead (the pipeline allowance's horizon)
     _period_start_ms: int | None = None
+    _started: int = 0  # normal/low runs started this period (quiet or not)
+    _rates: deque[float] = field(default_factory=deque)  # their starts per second, a period each
     _lags: dict[int, list[int]] = field(default_factory=dict)  # priority rank (0 high) -> start lags
     _seen: int = 0
     _inflight_peak: int = 0
@@ -80,8 +93,14 @@ class OverloadGovernor:
     def __post_init__(self) -> None:
         self.window_runs = self.window_start_runs
 
-    def observe_start(self, rank: int, lag_ms: int) -> None:
-        """A run of priority ``rank`` (0 high, 1 normal, 2 low) started ``lag_ms`` after its time."""
+    def observe_start(self, rank: int, lag_ms: int, *, judged: bool = True) -> None:
+        """A run of priority ``rank`` (0 high, 1 normal, 2 low) started ``lag_ms`` after its
+        time. ``judged=False`` (a quiet period: the lag is an outage's): it counts towards
+        the start rate only."""
+        if rank:
+            self._started += 1
+        if not judged:
+            return
         lags = self._lags.setdefault(rank, [])
         self._seen += 1
         if len(lags) < self.lags_kept_max:
@@ -101,10 +120,21 @@ class OverloadGovernor:
         """The last period deferred due jobs: the window binds."""
         return self.last_deferred > 0
 
+    @property
+    def pipeline_runs(self) -> float:
+        """The allowance for runs triggered ahead: the highest normal/low start rate of the
+        last lookahead times the lookahead."""
+        return max(self._rates, default=0.0) * self.lookahead_ms / 1000
+
+    @property
+    def room_runs(self) -> float:
+        """Normal/low runs that may be in flight: the window plus the pipeline allowance."""
+        return self.window_runs + self.pipeline_runs
+
     def budget(self, inflight_runs: int) -> TickBudget:
-        """This tick's budget: what the window has left over the runs in flight."""
+        """This tick's budget: what the room has left over the runs in flight."""
         self._inflight_peak = max(self._inflight_peak, inflight_runs)
-        return TickBudget(left=max(0, int(self.window_runs) - inflight_runs))
+        return TickBudget(left=max(0, int(self.room_runs) - inflight_runs))
 
     def after_tick(self, budget: TickBudget, inflight_runs: int, now_ms: int, *, hold: bool = False) -> None:
         """What the tick did; once per period, move the window (``hold``: keep it where it
@@ -112,12 +142,17 @@ class OverloadGovernor:
         self._inflight_peak = max(self._inflight_peak, inflight_runs)
         self._deferred += budget.deferred
         if self._period_start_ms is None:
-            self._period_start_ms = now_ms
+            self._period_start_ms, self._started = now_ms, 0  # (starts before it fall in no period)
         if now_ms - self._period_start_ms < self.period_ms:
             return
-        lag, peak, deferred = self.period_lag_ms(), self._inflight_peak, self._deferred
+        lag, deferred = self.period_lag_ms(), self._deferred
+        peak = max(0.0, self._inflight_peak - self.pipeline_runs)  # in flight beyond the allowance
         self.last_lag_ms, self.last_deferred = lag, deferred
+        self._rates.append(self._started * 1000 / max(1, now_ms - self._period_start_ms))
+        while len(self._rates) > max(1, -(-self.lookahead_ms // self.period_ms)):
+            self._rates.popleft()
         self._period_start_ms, self._lags, self._inflight_peak, self._deferred = now_ms, {}, inflight_runs, 0
+        self._started = 0
         if hold:
             return
         if lag > self.target_lag_ms:

@@ -91,7 +91,8 @@ class ProcessorMetrics:
                                    "offsets, on this processor's partitions (the history projector's on the run "
                                    "ledger)", ["group", "topic"], registry=r)
         self.overload_window = Gauge("gnomon_overload_window_runs", "Normal/low runs this processor lets be in "
-                                     "flight (triggered, not started): its overload window (core.overload)",
+                                     "flight (triggered, not started): its overload window plus the allowance for runs triggered "
+                                     "ahead (core.overload)",
                                      registry=r)
         self.overload_in_flight = Gauge("gnomon_overload_in_flight_runs", "Normal/low runs in flight (triggered, "
                                         "not started) on this processor's partitions", registry=r)

@@ -118,7 +118,7 @@ class Processor:
         self.tasks: dict[int, PartitionTask] = {}
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
         self.inputs = [self.topo.job_commands, self.topo.run_events]
-        self.overload = OverloadGovernor()  # normal/low runs in flight (core.overload)
+        self.overload = OverloadGovernor(lookahead_ms=cfg.sched.lookahead_ms)  # normal/low runs in flight (core.overload)
         self.overload_quiet_until_ms = 0  # start lags are not an overload's until then (``_tick_budget``)
         self._last_budget_ms: int | None = None
         self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
@@ -444,7 +444,7 @@ class Processor:
                                                       and budget.deferred > 0)
             for task in self.tasks.values():
                 task.overloaded = overloaded
-            self.metrics.overloaded(self.overload.window_runs, in_flight, self.overload.last_deferred,
+            self.metrics.overloaded(self.overload.room_runs, in_flight, self.overload.last_deferred,
                                     self.overload.last_lag_ms)
             # waiting runs take free slots across all partitions, in the weighted mix
             outputs.extend(assign_waiting(list(self.tasks.values()), now, self._pickers))
@@ -471,9 +471,8 @@ class Processor:
         self._last_budget_ms = now
         quiet = now < self.overload_quiet_until_ms
         for task in self.tasks.values():
-            if not quiet:
-                for rank, lag_ms in task.start_lags:
-                    self.overload.observe_start(rank, lag_ms)
+            for rank, lag_ms in task.start_lags:
+                self.overload.observe_start(rank, lag_ms, judged=not quiet)
             task.start_lags.clear()
         if self.cfg.overload_budget_per_tick is not None:
             return TickBudget(left=self.cfg.overload_budget_per_tick)
