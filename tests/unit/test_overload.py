@@ -147,7 +147,7 @@ def test_status_says_a_processor_is_overloaded_and_by_how_much() -> None:
                          overload_deferred=40, overload_lag_s=0.9)
     lines = render(Status(processors=[calm, busy], partitions_total=4))
     flagged = [line for line in lines if "OVERLOADED" in line]
-    assert len(flagged) == 1 and "window 1200" in flagged[0] and "40 due normal/low jobs deferred" in flagged[0]
+    assert len(flagged) == 1 and "room 1200" in flagged[0] and "40 due normal/low jobs deferred" in flagged[0]
 
 
 def test_the_ui_banner_names_an_overload_and_is_silent_otherwise() -> None:

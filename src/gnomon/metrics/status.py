@@ -189,7 +189,7 @@ def render(st: Status) -> list[str]:
         out.append(f"  {p.instance_id:<20} partitions {parts:<24} standbys {p.standbys:<4} {p.url}")
         if p.overload_deferred:
             out.append(f"    OVERLOADED: {p.overload_deferred} due normal/low jobs deferred in the last 2 s; "
-                       f"{p.overload_in_flight} normal/low runs in flight, window {p.overload_window:.0f}; urgent "
+                       f"{p.overload_in_flight} normal/low runs in flight, room {p.overload_window:.0f}; urgent "
                        f"start lag p90 {p.overload_lag_s:.2f} s (high runs first; slots later than their "
                        "lateMaxS are recorded skipped, reason overload)")
     if not st.processors:
