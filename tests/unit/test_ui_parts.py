@@ -128,3 +128,38 @@ def test_the_jobs_list_and_page_of_a_one_time_job_answer_200() -> None:
     page = client.post("/ui/login", data={"token": "tok", "next": "/ui/jobs"}, follow_redirects=True)
     assert page.status_code == 200 and "once at 2026-05-01T09:00:00Z" in page.text, page.text[-500:]
     assert client.get("/ui/jobs/job_1").status_code == 200
+
+
+def test_a_staged_run_is_shown_as_staged_not_as_running() -> None:
+    """A run granted ahead of its slot has not started: its badge says ``staged`` (it said
+    "running (staged)", issue 23)."""
+    from fastapi.testclient import TestClient
+
+    from gnomon.api.app import CommandSink, create_app
+    from gnomon.api.auth import Authenticator
+    from gnomon.core import jobs as J
+    from gnomon.core import runs as R
+    from gnomon.core.clock import FakeClock
+    from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+    from gnomon.history.memory import InMemoryHistoryStore
+    from gnomon.testing import ListProducer
+    from gnomon.topology import load_topology
+
+    now = iso_to_ms("2026-05-01T08:00:00Z")
+    history, topo = InMemoryHistoryStore(), load_topology()
+    spec = JobSpec(name="every-minute", schedule=Schedule(cron="* * * * *"), target=Target(TargetType.HANDLER, handler="h"))
+    history.put_job(J.JobState("job_1", "acme", spec, J.JobStatus.ACTIVE, now + 60_000, 1, now, now))
+    for slot, started in ((now, now + 5), (now + 60_000, None)):
+        history.put_run(R.RunState(
+            run_id=f"job_1@{slot}", job_id="job_1", tenant="acme", spec=spec, slot_ms=slot, not_before_ms=slot,
+            manual=False, status=R.RunStatus.RUNNING, created_at_ms=now - 30_000, updated_at_ms=now, attempt=1,
+            token=1, worker_id="w1", lease_until_ms=slot + 30_000, deadline_ms=slot + 90_000,
+            started_at_ms=started, attempt_started_at_ms=started))
+    app = create_app(history=history, commands=CommandSink(ListProducer(), topo.job_commands),
+                     auth=Authenticator({"tok": "acme"}), topology=topo, clock=FakeClock(now + 10))
+    client = TestClient(app, base_url="http://127.0.0.1:8787")
+    client.post("/ui/login", data={"token": "tok", "next": "/ui/jobs"})
+    page = client.get("/ui/jobs/job_1")
+    assert page.status_code == 200
+    assert '<span class="badge staged"' in page.text and '<span class="badge running">running</span>' in page.text
+    assert "(staged)" not in page.text
