@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from tests.unit.test_worker_staging import RecordingProducer, wait_for
+
 from gnomon import codec
 from gnomon.core.clock import FakeClock
 from gnomon.core.messages import Grant
@@ -20,37 +22,12 @@ from gnomon.worker import Worker
 from gnomon.worker.executors import Dispatcher, HandlerExecutor
 from gnomon.worker.pool import AttemptPool
 
-
-class RecordingProducer:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-        self.lock = threading.Lock()
-
-    def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Any = None) -> None:
-        with self.lock:
-            self.sent.append(codec.decode(value or b""))
-
-    def poll(self, _timeout: float) -> int:
-        return 0
-
-    def done(self) -> list[CompleteAttempt]:
-        with self.lock:
-            return [v for v in self.sent if isinstance(v, CompleteAttempt)]
-
-
 SPEC = JobSpec(name="j", schedule=Schedule(run_at_ms=0), target=Target(TargetType.HANDLER, handler="h"), timeout_s=10)
 
 
 def grant(run_id: str, slot: int) -> bytes:
     return codec.encode(Grant("w1", run_id, "j", "t", 1, 1, slot + 600_000, slot + 600_000, SPEC, slot,
                               slot - 1_000, slot))
-
-
-def wait_for(pred: Any, timeout_s: float = 5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def make(handler: Any, concurrency: int = 1) -> tuple[Worker, FakeClock, RecordingProducer, Dispatcher]:
@@ -79,7 +56,7 @@ def test_the_handler_runs_on_the_attempt_thread_not_one_of_its_own() -> None:
     wait_for(lambda: not w._done.empty())
     step(w)
     assert seen == ["attempt-1"]  # the pool's thread (before: "handler-j@1")
-    (done,) = prod.done()
+    (done,) = prod.of(CompleteAttempt)
     assert done.outcome.value == "succeeded"
 
 
@@ -98,13 +75,13 @@ def test_a_handler_that_heeds_the_stop_at_its_deadline_times_out() -> None:
     assert att.ctx.deadline_ms == slot + 10_000
     clock.set(slot + 9_999)
     step(w)
-    assert not att.ctx.stop.is_set() and prod.done() == []
+    assert not att.ctx.stop.is_set() and prod.of(CompleteAttempt) == []
     clock.set(slot + 10_000)
     step(w)
     assert att.ctx.stop_reason == "timeout"
     wait_for(lambda: not w._done.empty())
     step(w)
-    (done,) = prod.done()
+    (done,) = prod.of(CompleteAttempt)
     assert done.outcome.value == "timed_out" and done.error == "handler still running after 10s"
 
 
@@ -125,10 +102,10 @@ def test_a_handler_that_ignores_the_stop_is_given_up_and_its_thread_replaced() -
     wait_for(lambda: ran == ["j@1"])
     clock.set(slot + 10_000 + 1_999)
     step(w)
-    assert prod.done() == [] and "j@1" in w._running  # within its grace
+    assert prod.of(CompleteAttempt) == [] and "j@1" in w._running  # within its grace
     clock.set(slot + 10_000 + 2_000)
     step(w)
-    (done,) = prod.done()
+    (done,) = prod.of(CompleteAttempt)
     assert done.outcome.value == "timed_out" and done.run_id == "j@1" and not w._running
     # the slot is free again and a new thread serves it while the stuck one still hangs
     w._on_inbox(grant("j@2", slot + 20_000), ex)
@@ -136,12 +113,12 @@ def test_a_handler_that_ignores_the_stop_is_given_up_and_its_thread_replaced() -
     w._fire_due(ex)
     wait_for(lambda: not w._done.empty())
     step(w)
-    assert [d.run_id for d in prod.done()] == ["j@1", "j@2"]
-    assert [d.outcome.value for d in prod.done()] == ["timed_out", "succeeded"]
+    assert [d.run_id for d in prod.of(CompleteAttempt)] == ["j@1", "j@2"]
+    assert [d.outcome.value for d in prod.of(CompleteAttempt)] == ["timed_out", "succeeded"]
     release.set()  # the stuck handler returns late: nothing more is reported
     time.sleep(0.05)
     step(w)
-    assert len(prod.done()) == 2
+    assert len(prod.of(CompleteAttempt)) == 2
 
 
 def test_a_given_up_pool_thread_leaves_and_the_pool_makes_another() -> None:
