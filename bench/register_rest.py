@@ -3,10 +3,11 @@
 
     .venv/bin/python bench/register_rest.py [--jobs 10000] [--clients 32] [--batch 1000]
 
-Starts Kafka + Cassandra if needed (gnomon infra up) and one API process of its own on
-port 18799 (tenant ``bench-rest``), then registers N jobs each way (cron jobs whose first
-slot is next new year, so nothing runs) and prints jobs/s as the API answered them
-(201: Kafka acknowledged every command). ``--clients`` concurrent HTTP clients send the
+Starts Kafka + Cassandra if needed (gnomon infra up), one processor (the decider: every
+create waits for its answer; ``--no-processor`` when one runs already) and one API
+process of its own on port 18799 (tenant ``bench-rest``), then registers N jobs each way
+(cron jobs whose first slot is next new year, so nothing runs) and prints jobs/s as the
+API answered them (201: the processor accepted each). ``--clients`` concurrent HTTP clients send the
 single creates; the batches go ``--batch-clients`` at a time. The jobs are deleted after
 (over Kafka, ``gnomon.events``). Prints a progress line every 5 s.
 """
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32, help="concurrent clients of the single creates")
     ap.add_argument("--batch", type=int, default=1000, help="jobs per batch call (at most 1000)")
     ap.add_argument("--batch-clients", type=int, default=4, help="batch calls in flight")
+    ap.add_argument("--no-processor", action="store_true", help="a processor runs already (gnomon dev)")
     args = ap.parse_args()
     settings = load()
     subprocess.run([sys.executable, "-m", "gnomon.infra", "up"], check=True)
@@ -114,10 +116,17 @@ def main() -> None:
         api = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "api", "--port", str(PORT),
                                 "--no-access-log"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)
+    proc = None
+    if not args.no_processor:
+        with open(logs / "register-rest-processor.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "processor", "--instance-id",
+                                     "bench-rest"], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
     ids: list[str] = []
     try:
         wait_healthy(url)
+        time.sleep(5)  # the processor's group settles (assignment, restore)
 
         async def run() -> None:
             limits = httpx.Limits(max_connections=max(args.clients, args.batch_clients))
@@ -143,6 +152,10 @@ def main() -> None:
             for job_id in ids:
                 events.delete(job_id)
         print(f"deleted {len(ids)} jobs")
+        if proc is not None:
+            time.sleep(3)  # the deletes are applied
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
 
 
 if __name__ == "__main__":

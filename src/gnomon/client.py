@@ -7,11 +7,18 @@
 
 Input is validated locally with the same rules as the API (``parse_job_spec``) before
 anything is sent, so mistakes fail fast with the same field names.
+
+Every job write returns once the scheduler accepted it, or raises ``ApiError`` with its
+refusal. When the API answers 202 (the scheduler's answer did not come within the API's
+bound) the client polls the answer's Location for up to ``answer_wait_s`` and then
+raises ``ApiPending``: the command is written and will be applied or refused; its
+``command_id`` says where to look (``GET /v1/commands/{id}``).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +27,7 @@ import httpx
 from gnomon.config import Settings, load
 from gnomon.core.clock import SystemClock, iso_to_ms
 from gnomon.core.errors import GnomonError, ValidationError
+from gnomon.core.model import manual_run_id
 from gnomon.core.validation import parse_job_spec, validate_idempotency_key
 from gnomon.tokens import dev_token
 
@@ -42,6 +50,19 @@ class ApiUnavailable(GnomonError):
     pass
 
 
+class ApiPending(ApiError):
+    """A write the scheduler has not answered yet (written: it will be decided)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.command_id = answer.get("commandId")
+        super().__init__(202, {"detail": f"written, not answered yet (GET /v1/commands/{self.command_id} for the "
+                               "answer)", "outcome": "pending", **answer})
+
+
+ANSWER_WAIT_S_DEFAULT = 30.0
+ANSWER_POLL_S = 0.25
+
+
 def default_token(settings: Settings) -> str:
     token = os.environ.get("GNOMON_TOKEN")
     if token:
@@ -50,7 +71,9 @@ def default_token(settings: Settings) -> str:
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0,
+                 answer_wait_s: float = ANSWER_WAIT_S_DEFAULT) -> None:
+        self.answer_wait_s = answer_wait_s
         settings = load()
         self.url = (url or settings.api_url).rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
@@ -67,7 +90,27 @@ class Client:
             except ValueError:
                 body = {"detail": resp.text[:200]}
             raise ApiError(resp.status_code, body if isinstance(body, dict) else {"detail": str(body)[:200]})
+        if resp.status_code == 202 and resp.headers.get("location", "").startswith("/v1/commands/"):
+            return self._answer_of(resp.headers["location"], resp.json(), method, path)
         return resp.json() if resp.content else None
+
+    def _answer_of(self, location: str, pending: dict[str, Any], method: str, path: str) -> Any:
+        """Poll the scheduler's answer to a write answered 202: the write's own answer
+        once accepted (a create reads the job), ``ApiError`` if refused, ``ApiPending``
+        if none came within ``answer_wait_s``."""
+        deadline = time.monotonic() + self.answer_wait_s
+        while True:
+            answer = self._call("GET", location)
+            if answer.get("status") == "accepted":
+                if method == "POST" and path == "/v1/jobs":
+                    return self._call("GET", f"/v1/jobs/{quote(answer['jobId'])}")
+                return {"id": answer.get("jobId"), "version": answer.get("version")}
+            if answer.get("status") == "refused":
+                problem = answer.get("problem") or {}
+                raise ApiError(int(problem.get("status", 409)), problem)
+            if time.monotonic() >= deadline:
+                raise ApiPending(pending)
+            time.sleep(ANSWER_POLL_S)
 
     # jobs
     def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
@@ -119,7 +162,7 @@ class Client:
     def trigger(self, job_id: str, idempotency_key: str) -> str:
         validate_idempotency_key(idempotency_key)
         out = self._call("POST", f"/v1/jobs/{quote(job_id)}:trigger", json={"idempotencyKey": idempotency_key})
-        return str(out["runId"])
+        return str(out.get("runId") or manual_run_id(job_id, idempotency_key))
 
     def backfill(self, job_id: str, from_iso: str, to_iso: str) -> dict[str, Any]:
         """Run the slots of the job's schedule in [from_iso, to_iso] (ISO-8601 instants) that

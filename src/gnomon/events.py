@@ -50,6 +50,7 @@ from gnomon.core.model import JobSpec, idempotent_job_id
 from gnomon.core.replies import CommandResult
 from gnomon.core.validation import (
     DEFAULT_POOLS,
+    check_patch,
     parse_job_spec,
     reject_control_chars,
     validate_idempotency_key,
@@ -148,13 +149,11 @@ class JobEvents:
     def patch(self, job_id: str, changes: Mapping[str, Any], *, expected_version: int | None = None) -> None:
         """Change some fields (the REST PATCH body); the processor merges them into the
         job's current definition and, with ``expected_version``, refuses a stale edit."""
-        from gnomon.core.validation import apply_patch
-
         if not isinstance(changes, Mapping) or not changes:
             raise ValidationError("patch", "must be a non-empty JSON object")
         # validated against a template spec for the field names and values; the merge
         # itself happens in the processor on the job's current definition
-        apply_patch(_TEMPLATE, dict(changes), self.clock.now_ms(), pools=self.pools)
+        check_patch(dict(changes), self.clock.now_ms(), pools=self.pools)
         if expected_version is not None and (not isinstance(expected_version, int) or expected_version < 1):
             raise ValidationError("expected_version", "must be a version number (1 or more)")
         self._send(J.PatchJob(self._job_id(job_id), self.tenant, J.canonical_patch(dict(changes)),
@@ -314,11 +313,3 @@ class JobEvents:
             tps.append(TopicPartition(self.topo.command_results, p, high))
         self._consumer.assign(tps)
 
-
-def _template() -> JobSpec:
-    from gnomon.core.model import Schedule, Target, TargetType
-
-    return JobSpec(name="template", schedule=Schedule(cron="0 0 1 1 *"), target=Target(TargetType.HANDLER, handler="h"))
-
-
-_TEMPLATE = _template()

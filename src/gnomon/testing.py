@@ -16,6 +16,7 @@ can run a history checker over it. Any scenario replays exactly from its seed.
 from __future__ import annotations
 
 import random
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +29,12 @@ from gnomon.adapters.kv import MemoryKV
 from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
-from gnomon.core.clock import FakeClock
+from gnomon.core.clock import FakeClock, SystemClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import DispatchRun, Grant, Stop
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.quota import QuotaBook
+from gnomon.core.replies import CommandResult
 from gnomon.core.tenants import TenantBook
 from gnomon.core.workers import WorkerAdvert, WorkerDirectory
 from gnomon.streams.task import Output, PartitionTask
@@ -102,8 +104,90 @@ class ListProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, Any]] = []
 
-    def send(self, topic: str, key: str, value: bytes | None, **_: Any) -> None:
+    def send(self, topic: str, key: str, value: bytes | None, **_: Any) -> tuple[int, int] | None:
+        """None: a list does not say where a record went (``DecidingProducer`` does)."""
         self.sent.append((topic, key, None if value is None else codec.decode(value, topic=topic)))
+        return None
+
+
+class _KeptAnswers:
+    """``api.answers.CommandAnswers``' reading side over a dict (answers are there at once)."""
+
+    def __init__(self, results: dict[tuple[int, int], CommandResult]) -> None:
+        self._results = results
+
+    def get(self, pos: tuple[int, int]) -> CommandResult | None:
+        return self._results.get(pos)
+
+    def wait(self, pos: tuple[int, int], timeout_s: float) -> CommandResult | None:
+        return self._results.get(pos)
+
+
+class DecidingProducer(ListProducer):
+    """Kafka in a list with the processors' decisions in process, for API tests: a
+    command written to the job-commands topic is applied at once by its partition's
+    real ``PartitionTask`` (the decider: state machine, admission, its answer), whose
+    answer ``answers`` returns; the jobs and runs it wrote go to ``history`` when one is
+    given (a projector with no lag). ``send`` returns where the command went, as Kafka's
+    acknowledgement does. ``hold()``: answers stop coming (a processor away)."""
+
+    def __init__(self, history: Any = None, *, tenants: TenantBook | None = None, clock: Any = None,
+                 topology: Topology | None = None) -> None:
+        super().__init__()
+        self.history = history
+        self.clock = clock or SystemClock()  # the processors' time: give the API's clock
+        self.topo = topology or load_topology()
+        self.partitions = partitions = self.topo.partitions
+        self.quota = QuotaBook(tenants or TenantBook(), partitions)
+        self.tasks = {p: PartitionTask(p, FloorKV(MemoryKV()), self.topo, J.SchedulerConfig(), R.RunConfig(),
+                                       quota=self.quota) for p in range(partitions)}
+        for task in self.tasks.values():
+            task.load_counts()
+        self.results: dict[tuple[int, int], CommandResult] = {}
+        self.answers = _KeptAnswers(self.results)
+        self._next = dict.fromkeys(range(partitions), 0)
+        self.held: list[tuple[int, int, Any]] = []  # (partition, offset, command) not decided yet
+        self._lock = threading.RLock()  # an app served by uvicorn sends from its thread pool
+
+    def hold(self) -> None:
+        self.held_on = True
+
+    def release(self) -> None:
+        """Decide what was held, in order."""
+        self.held_on = False
+        held, self.held = self.held, []
+        for p, off, cmd in held:
+            self._decide(p, off, cmd)
+
+    held_on = False
+
+    def send(self, topic: str, key: str, value: bytes | None, **kw: Any) -> tuple[int, int] | None:
+        with self._lock:
+            super().send(topic, key, value, **kw)
+            if topic != self.topo.job_commands or value is None:
+                return None
+            p = partition_for(key, self.partitions)
+            off = self._next[p]
+            self._next[p] += 1
+            cmd = codec.decode(value, topic=topic)
+            if self.held_on:
+                self.held.append((p, off, cmd))
+            else:
+                self._decide(p, off, cmd)
+            return p, off
+
+    def _decide(self, p: int, off: int, cmd: Any) -> None:
+        for o in self.tasks[p].handle_command(cmd, self.clock.now_ms(), p, off):
+            if isinstance(o.value, CommandResult):
+                self.results[(p, off)] = o.value
+            elif self.history is not None and isinstance(o.value, J.JobState):
+                self.history.put_job(o.value)
+            elif self.history is not None and isinstance(o.value, R.RunState):
+                self.history.put_run(o.value)
+
+    def job(self, job_id: str) -> J.JobState | None:
+        """The processor's state of a job."""
+        return self.tasks[partition_for(job_id, self.partitions)].job(job_id)
 
 
 @dataclass

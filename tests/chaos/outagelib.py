@@ -48,8 +48,8 @@ def own_cluster(state_dir: Path, nodes: int, port: int) -> Iterator[Settings]:
                         credentials_path=load().credentials_dir)  # the processes' credentials work there
     (state_dir / "lib").mkdir(parents=True, exist_ok=True)
     link = state_dir / "lib" / "kafka"
-    if not link.exists():
-        link.symlink_to(fetch.lib_dir(load().state_dir, "kafka"))
+    if not link.exists():  # the shared stack's jars (fetched first on a fresh checkout)
+        link.symlink_to(fetch.fetch(load().state_dir, "kafka", "Kafka"))
     old = os.environ.get("GNOMON_KAFKA_BOOTSTRAP")
     bootstrap = ",".join(n.address for n in kafka.nodes(settings, nodes))
     os.environ["GNOMON_KAFKA_BOOTSTRAP"] = bootstrap

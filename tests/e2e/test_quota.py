@@ -138,3 +138,34 @@ def _exists(client: Client, job_id: str) -> bool:
         return True
     except ApiError:
         return False
+
+
+def test_one_decider_every_job_write_answers_the_processors_decision(stack: Stack, limits: httpx.Client) -> None:
+    """The API writes the command and returns the processor's answer (issue 23): a 201 is
+    an acceptance, a refusal is the processor's own problem, and a GET right after a 201
+    finds the job (the API keeps what it answered; Cassandra may not have it yet)."""
+    job = {"name": "e2e-decider", "schedule": "0 0 1 1 *", "target": {"type": "command", "argv": ["true"]}}
+    with httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {OTHER_TOKEN}"}, timeout=15) as c:
+        created = c.post("/v1/jobs", json=job)
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        got = c.get(f"/v1/jobs/{job_id}")
+        assert got.status_code == 200 and got.json()["version"] == 1, got.text
+        paused = c.post(f"/v1/jobs/{job_id}:pause")  # decided by the processor, not by history
+        assert paused.status_code == 200 and paused.json()["version"] == 2, paused.text
+        assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"
+        missing = c.post("/v1/jobs/job_0000000000000000:pause")
+        assert missing.status_code == 404 and missing.headers["content-type"].startswith("application/problem+json")
+        # the processor's limit: the tenant's jobs now (this one at least), read from gnomon.tenants
+        assert limits.put("/v1/tenants/other", json={"jobsMax": 1}).status_code == 200
+        deadline = time.monotonic() + 30
+        while True:  # until the processor has read the new limit
+            refused = c.post("/v1/jobs", json={**job, "name": "e2e-decider-2"})
+            if refused.status_code != 201 or time.monotonic() > deadline:
+                break
+            assert c.delete(f"/v1/jobs/{refused.json()['id']}").status_code == 200
+            time.sleep(0.5)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["limit"] == "jobs_max" and refused.headers["content-type"].startswith(
+            "application/problem+json")
+        assert c.delete(f"/v1/jobs/{job_id}").status_code == 200

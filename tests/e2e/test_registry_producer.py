@@ -122,7 +122,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "bad-run-at": ("invalid", "runAt"),  # a one-time job 30 days before its command
     "bad-patch": ("invalid", "body"),  # patch_json "[1, 2]": not an object
     "bad-trigger-key": ("invalid", "idempotencyKey"),  # "not a key!"
-    "missing-job": ("refused", None),  # a PauseJob for a job never registered
+    "missing-job": ("refused", "jobId"),  # a PauseJob for a job never registered: the field is the job id
     "bad-at": ("invalid", "at_ms"),  # made an hour ahead of the processor's clock
     "bad-job-id": ("invalid", "job_id"),  # an '@' in the job id
     "ok-late": ("accepted", None),

@@ -1,7 +1,8 @@
 """Fixtures of the API security tests (test_openapi_contract, test_generated_client,
 test_tenant_isolation, test_api_hardening): the real app over an in-memory history
-store, a producer that records commands and applies job commands to that store (a
-projector in miniature, so a created job is visible), and uvicorn on a random port.
+store, a producer that records commands and has the partitions' real deciders answer
+job commands and project what they wrote into that store (``gnomon.testing``'s
+``DecidingProducer``), and uvicorn on a random port.
 All fixture names start with ``gnomon_api`` so they do not collide with other tests here."""
 
 from __future__ import annotations
@@ -14,54 +15,21 @@ from typing import Any
 
 import pytest
 
-from gnomon import codec
 from gnomon.api.alerts import AlertService
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator
-from gnomon.core import jobs as J
-from gnomon.core.errors import GnomonError
 from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
 
 SERVER_START_TIMEOUT_S = 10.0
-
-
-class ApplyingProducer:
-    """Records every (topic, key, command) and applies job commands to history, as the
-    processor + projector would (a refused command changes nothing, as there)."""
-
-    def __init__(self, history: InMemoryHistoryStore, job_topic: str) -> None:
-        self.history = history
-        self.job_topic = job_topic
-        self.sent: list[tuple[str, str, Any]] = []
-        self._lock = threading.Lock()
-
-    def send(self, topic: str, key: str, value: bytes | None) -> None:
-        command = None if value is None else codec.decode(value, topic=topic)  # None: a tombstone (alerts)
-        with self._lock:
-            self.sent.append((topic, key, command))
-            if topic == self.job_topic and isinstance(command, J.JOB_COMMANDS):  # not cancel/replay of a run
-                self._apply(command)
-
-    def _apply(self, command: Any) -> None:
-        state = self.history.get_job(command.job_id)
-        try:
-            events = J.decide(state, command)
-        except GnomonError:
-            return
-        for event in events:
-            state = J.evolve(state, event)
-        if state is not None:
-            self.history.put_job(state)
-        elif events:  # deleted: gnomon.jobs gets a tombstone, the projector forgets the job
-            self.history.forget_job(command.job_id)
 
 
 @dataclass
 class GnomonApi:
     app: Any
     history: InMemoryHistoryStore
-    producer: ApplyingProducer
+    producer: DecidingProducer
     tokens: dict[str, str] = field(default_factory=dict)  # tenant -> token
 
     def auth(self, tenant: str) -> dict[str, str]:
@@ -73,11 +41,12 @@ def gnomon_api() -> GnomonApi:
     """The app for tenants ``acme`` and ``other``."""
     topo = load_topology()
     history = InMemoryHistoryStore()
-    producer = ApplyingProducer(history, topo.job_commands)
+    producer = DecidingProducer(history, topology=topo)
     tokens = {"acme": "tok-acme-0123456789", "other": "tok-other-0123456789"}
     app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
                      auth=Authenticator({token: tenant for tenant, token in tokens.items()}), topology=topo,
-                     alerts=AlertService(writer=producer, topic=topo.alert_configs, allowed=()))
+                     alerts=AlertService(writer=producer, topic=topo.alert_configs, allowed=()),
+                     answers=producer.answers)
     return GnomonApi(app, history, producer, tokens)
 
 

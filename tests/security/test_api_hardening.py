@@ -19,7 +19,7 @@ from gnomon.api.body import BODY_MAX_BYTES, JSON_DEPTH_MAX, json_depth
 from gnomon.config import Settings
 from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.history.memory import InMemoryHistoryStore
-from gnomon.testing import ListProducer
+from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
 
 JOB = {"name": "n", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
@@ -171,7 +171,9 @@ def test_a_retried_create_answers_the_same_job(gnomon_api: Any, client: TestClie
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"] == idempotent_job_id("acme", "create-1")
     assert again.headers["location"] == f"/v1/jobs/{first.json()['id']}"
-    assert len(_register_commands(gnomon_api)) == 1  # the retry sent nothing
+    # the retry is the processor's to judge: the same definition is the same job, unchanged
+    assert len(_register_commands(gnomon_api)) == 2
+    assert gnomon_api.producer.job(first.json()["id"]).version == 1
     assert len(client.get("/v1/jobs").json()["items"]) == 1
 
 
@@ -179,27 +181,31 @@ def test_same_key_other_body_is_409(gnomon_api: Any, client: TestClient) -> None
     assert client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}).status_code == 201
     body = _problem(client.post("/v1/jobs", json={**JOB, "name": "other"}, headers={"Idempotency-Key": "k"}), 409)
     assert "different definition" in body["detail"]
-    assert len(_register_commands(gnomon_api)) == 1
+    job_id = _register_commands(gnomon_api)[0].job_id
+    assert gnomon_api.producer.job(job_id).spec.name == JOB["name"]  # refused by the processor: unchanged
 
 
 def test_same_key_after_delete_registers_the_job_again(gnomon_api: Any, client: TestClient) -> None:
     """History forgets a deleted job and the processor re-registers a deleted id
     (core.jobs.decide), so a key is free again once its job is deleted."""
     job_id = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}).json()["id"]
-    assert client.delete(f"/v1/jobs/{job_id}").status_code == 202
+    assert client.delete(f"/v1/jobs/{job_id}").status_code == 200
     again = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"})
     assert (again.status_code, again.json()["id"]) == (201, job_id)
     assert client.get(f"/v1/jobs/{job_id}").status_code == 200
 
 
-def test_same_key_of_a_job_history_still_shows_deleted_is_409(gnomon_api: Any, client: TestClient) -> None:
+def test_a_retry_is_judged_by_the_processor_not_by_a_lagging_history(gnomon_api: Any, client: TestClient) -> None:
     from dataclasses import replace
 
     from gnomon.core.jobs import JobStatus
 
     job_id = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}).json()["id"]
+    # history shows something stale (here: deleted); the processor has the job as it is
     gnomon_api.history.put_job(replace(gnomon_api.history.get_job(job_id), status=JobStatus.DELETED))
-    _problem(client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}), 409)
+    again = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"})
+    assert again.status_code == 200 and again.json()["id"] == job_id
+    _problem(client.post("/v1/jobs", json={**JOB, "name": "x"}, headers={"Idempotency-Key": "k"}), 409)
 
 
 def test_keys_are_per_tenant(gnomon_api: Any, client: TestClient) -> None:
@@ -208,21 +214,23 @@ def test_keys_are_per_tenant(gnomon_api: Any, client: TestClient) -> None:
     assert theirs.status_code == 201 and theirs.json()["id"] != mine
 
 
-def _app(producer: Any, history: Any = None, **sink: Any) -> TestClient:
+def _app(producer: Any, history: Any = None, answers: Any = None, **sink: Any) -> TestClient:
     topo = load_topology()
     app = create_app(history=history or InMemoryHistoryStore(),
                      commands=CommandSink(producer, topo.job_commands, **sink),
-                     auth=Authenticator({"tok": "acme"}), topology=topo)
+                     auth=Authenticator({"tok": "acme"}), topology=topo, answers=answers)
     return TestClient(app, raise_server_exceptions=False, headers={"Authorization": "Bearer tok"})
 
 
 def test_a_quick_retry_before_history_catches_up_gets_the_same_id() -> None:
-    producer = ListProducer()
-    client = _app(producer)  # nothing reaches history: the projector is "behind"
-    ids = {client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}).json()["id"] for _ in range(2)}
+    producer = DecidingProducer(None)  # nothing reaches history: the projector is "behind"
+    client = _app(producer, answers=producer.answers)
+    answers = [client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"}) for _ in range(2)]
+    assert [a.status_code for a in answers] == [201, 200]
+    ids = {a.json()["id"] for a in answers}
     assert ids == {idempotent_job_id("acme", "k")}
     # Both RegisterJob commands carry the same id and spec: the processor applies the
-    # first and ignores the second (core.jobs.decide: a replayed registration is a no-op).
+    # first and answers the second "already registered" (core.jobs.decide: a no-op).
     assert {(key, cmd.spec) for _, key, cmd in producer.sent} == {(ids.pop(), producer.sent[0][2].spec)}
 
 
@@ -249,16 +257,23 @@ def test_a_failed_send_waits_out_the_delivery_timeout_and_says_the_outcome_is_un
     assert retried.headers["retry-after"]
 
 
-def test_a_history_outage_on_a_command_says_nothing_was_written() -> None:
+def test_a_history_outage_does_not_stop_job_writes_and_reads_say_503() -> None:
     class DownHistory(InMemoryHistoryStore):
         def get_job(self, job_id: str) -> Any:
             raise HistoryStoreError("cassandra is down")
 
-    producer = ListProducer()
-    client = _app(producer, DownHistory())
-    body = _problem(client.post("/v1/jobs/job_x:pause"), 503)
-    assert body["outcome"] == "not-written" and producer.sent == []
+        def get_run(self, run_id: str) -> Any:
+            raise HistoryStoreError("cassandra is down")
+
+    producer = DecidingProducer(None)
+    client = _app(producer, DownHistory(), answers=producer.answers)
+    job_id = client.post("/v1/jobs", json=JOB).json()["id"]  # the processor decides; history is not read
+    assert client.post(f"/v1/jobs/{job_id}:pause").status_code == 200
+    assert _problem(client.post("/v1/jobs/job_x:pause"), 404)["title"] == "Not found"
     assert "outcome" not in _problem(client.get("/v1/jobs/job_x"), 503)
+    # a cancel still reads the run from history first: 503, nothing written
+    body = _problem(client.post(f"/v1/runs/{job_id}@manual:k:cancel"), 503)
+    assert body["outcome"] == "not-written"
 
 
 # ---- tokens ----------------------------------------------------------------------------------

@@ -118,4 +118,5 @@ def test_generated_client_round_trips(gnomon_api: Any, gnomon_api_server: str, t
     assert created["payload"] == {"k": [1, None]} and created["tenant"] == "acme"
     assert out["bad"] == [422, "schedule"] and out["missing"] == 404
     registered = [cmd for _, _, cmd in gnomon_api.producer.sent]
-    assert [c.job_id for c in registered] == [job_id]
+    assert [c.job_id for c in registered] == [job_id, job_id]  # the retry is answered "already registered"
+    assert gnomon_api.producer.job(job_id).version == 1

@@ -1,6 +1,7 @@
 """Tenant isolation, for every route of the app: tenant ``other`` using tenant ``acme``'s
-job and run ids gets the same 404 problem as for ids that do not exist, and no command
-is produced; ``other``'s listings never show ``acme``'s items. The matrix is checked
+job and run ids gets the same 404 problem as for ids that do not exist, and nothing of
+acme's changes (a job write reaches the processor, which refuses it); ``other``'s
+listings never show ``acme``'s items, nor its commands' answers. The matrix is checked
 against ``app.routes``, so a new endpoint fails this test until it is added here."""
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
 }
 # Tenant-wide listings and the create: checked by the tests below.
 LISTINGS = {("GET", "/v1/jobs"), ("GET", "/v1/dead-letters"), ("POST", "/v1/jobs"), ("POST", "/v1/jobs:batch")}
+# The answer to a write that timed out (202), by its command id: another tenant's is "pending".
+ANSWERS = {("GET", "/v1/commands/{command_id}")}
 # Tenants' limits: the admin role only (a tenant token gets 403 and nothing is written) ...
 ADMIN_ONLY = {("GET", "/v1/tenants"), ("GET", "/v1/tenants/{tenant}"), ("PUT", "/v1/tenants/{tenant}"),
               ("DELETE", "/v1/tenants/{tenant}")}
@@ -73,7 +76,7 @@ def world(gnomon_api: Any) -> dict[str, Any]:
 
 def test_every_route_is_in_the_matrix(gnomon_api: Any) -> None:
     routes = _app_routes(gnomon_api.app) - PUBLIC_ROUTES
-    covered = set(BY_ID) | LISTINGS | ADMIN_ONLY | OWN | UI
+    covered = set(BY_ID) | LISTINGS | ADMIN_ONLY | OWN | UI | ANSWERS
     assert routes - covered == set(), "new route(s): add them to BY_ID or LISTINGS (or UI)"
     assert covered - routes == set(), "the matrix lists routes the app no longer has"
 
@@ -85,11 +88,15 @@ def test_other_tenant_gets_404_and_nothing_is_produced(gnomon_api: Any, world: d
     body, which = BY_ID[(method, path)]
     url = path.replace("{job_id}", ids["job"]).replace("{run_id}", ids[which])
     kwargs = {} if body is None else {"json": body}
+    job_before, answers_before = gnomon_api.producer.job(ids["job"]), len(gnomon_api.producer.results)
     theirs = client.request(method, url, headers=gnomon_api.auth("other"), **kwargs)
     assert theirs.status_code == 404, theirs.text
     assert theirs.headers["content-type"] == "application/problem+json"
     assert "acme" not in theirs.text and "secret" not in theirs.text
-    assert gnomon_api.producer.sent == []
+    # a job write reached the processor, which refused it; nothing else is written
+    assert gnomon_api.producer.job(ids["job"]) == job_before
+    assert not any(r.accepted for r in list(gnomon_api.producer.results.values())[answers_before:])
+    assert all(t == "gnomon.job-commands" for t, _, _ in gnomon_api.producer.sent)
     # ... exactly as for an id that does not exist, so ids cannot be probed
     missing = url.replace(ids["job"], "job_ffffffffffffffff")
     nobody = client.request(method, missing, headers=gnomon_api.auth("other"), **kwargs)
@@ -98,6 +105,16 @@ def test_other_tenant_gets_404_and_nothing_is_produced(gnomon_api: Any, world: d
     # and the owner does reach it (the ids are real)
     mine = client.request(method, url, headers=gnomon_api.auth("acme"), **kwargs)
     assert mine.status_code in (200, 202), mine.text
+
+
+def test_another_tenants_command_answer_is_only_ever_pending(gnomon_api: Any, world: dict[str, Any]) -> None:
+    client, ids = world["client"], world["ids"]
+    (position,) = [p for p, r in gnomon_api.producer.results.items() if r.job_id == ids["job"]]
+    url = f"/v1/commands/{position[0]}-{position[1]}"
+    assert client.get(url, headers=gnomon_api.auth("acme")).json()["status"] == "accepted"
+    theirs = client.get(url, headers=gnomon_api.auth("other"))
+    assert theirs.json() == {"commandId": f"{position[0]}-{position[1]}", "status": "pending"}
+    assert "acme" not in theirs.text and ids["job"] not in theirs.text
 
 
 def test_listings_never_show_another_tenants_items(gnomon_api: Any, world: dict[str, Any]) -> None:

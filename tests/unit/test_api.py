@@ -22,7 +22,7 @@ from gnomon.core.model import job_id_of
 from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
-from gnomon.testing import ListProducer
+from gnomon.testing import DecidingProducer, ListProducer
 from gnomon.topology import load_topology
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
@@ -30,11 +30,15 @@ AUTH = {"Authorization": "Bearer tok-a"}
 
 
 @pytest.fixture
-def env() -> tuple[TestClient, ListProducer, InMemoryHistoryStore]:
-    producer, history = ListProducer(), InMemoryHistoryStore()
+def env() -> tuple[TestClient, DecidingProducer, InMemoryHistoryStore]:
+    """The API over the processor's own decisions (``DecidingProducer``) with a history
+    that projects them at once."""
+    history, clock = InMemoryHistoryStore(), FakeClock(NOW)
+    producer = DecidingProducer(history, clock=clock)
     topo = load_topology()
     app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
-                     auth=Authenticator({"tok-a": "acme", "tok-b": "other"}), topology=topo, clock=FakeClock(NOW))
+                     auth=Authenticator({"tok-a": "acme", "tok-b": "other"}), topology=topo, clock=clock,
+                     answers=producer.answers)
     return TestClient(app), producer, history
 
 
@@ -105,11 +109,13 @@ def test_trigger_is_idempotent_by_key(env: Any) -> None:
 def test_pause_resume_patch_delete_produce_commands(env: Any) -> None:
     client, producer, _ = env
     job_id = _registered(env)
-    assert client.post(f"/v1/jobs/{job_id}:pause", headers=AUTH).status_code == 202
-    assert client.post(f"/v1/jobs/{job_id}:resume", headers=AUTH).status_code == 202
-    assert client.patch(f"/v1/jobs/{job_id}", json={"priority": "high"}, headers=AUTH).status_code == 202
+    assert client.post(f"/v1/jobs/{job_id}:pause", headers=AUTH).status_code == 200
+    assert producer.job(job_id).status is J.JobStatus.PAUSED
+    assert client.post(f"/v1/jobs/{job_id}:resume", headers=AUTH).status_code == 200
+    assert client.patch(f"/v1/jobs/{job_id}", json={"priority": "high"}, headers=AUTH).status_code == 200
     assert client.patch(f"/v1/jobs/{job_id}", json={"priority": "x"}, headers=AUTH).json()["field"] == "priority"
-    assert client.delete(f"/v1/jobs/{job_id}", headers=AUTH).status_code == 202
+    assert client.delete(f"/v1/jobs/{job_id}", headers=AUTH).status_code == 200
+    assert producer.job(job_id) is None  # the processor keeps no deleted job
     kinds = [type(c).__name__ for _, _, c in producer.sent]
     assert kinds == ["RegisterJob", "PauseJob", "ResumeJob", "PatchJob", "DeleteJob"]
 
@@ -119,7 +125,8 @@ def test_patch_with_if_match(env: Any) -> None:
     job_id = _registered(env)
     version = client.get(f"/v1/jobs/{job_id}", headers=AUTH).json()["version"]
     ok = client.patch(f"/v1/jobs/{job_id}", json={"priority": "high"}, headers={**AUTH, "If-Match": f'"{version}"'})
-    assert ok.status_code == 202 and ok.headers["ETag"] == f'"{version + 1}"'
+    assert ok.status_code == 200 and ok.headers["ETag"] == f'"{version + 1}"'
+    assert ok.json()["priority"] == "high" and ok.json()["version"] == version + 1
     cmd = producer.sent[-1][2]
     assert type(cmd).__name__ == "PatchJob" and cmd.expected_version == version
     assert cmd.patch_json == '{"priority":"high"}'
@@ -128,7 +135,9 @@ def test_patch_with_if_match(env: Any) -> None:
     assert stale.headers["content-type"] == "application/problem+json"
     bad = client.patch(f"/v1/jobs/{job_id}", json={"priority": "low"}, headers={**AUTH, "If-Match": "abc"})
     assert bad.status_code == 422 and bad.json()["field"] == "If-Match"
-    assert [type(c).__name__ for _, _, c in producer.sent].count("PatchJob") == 1
+    # the stale edit was the processor's to refuse: written, refused, nothing changed
+    assert [type(c).__name__ for _, _, c in producer.sent].count("PatchJob") == 2
+    assert producer.job(job_id).spec.priority.value == "high" and producer.job(job_id).version == version + 1
 
 
 def test_other_tenant_gets_404(env: Any) -> None:
@@ -369,3 +378,140 @@ def test_503_outcome_reaches_the_sdk(sdk: Any) -> None:
     with pytest.raises(ApiError) as info:
         c.create_job(body(), idempotency_key="k")
     assert (info.value.status, info.value.outcome) == (503, "unknown")
+
+
+# ---- one decider: every job write answers the processor's decision (issue 23) ----------
+
+
+def decider_env(*, api_limits: Any = None, processor_limits: Any = None,
+                history: InMemoryHistoryStore | None = None) -> tuple[TestClient, DecidingProducer]:
+    """The API whose view of tenant limits (``api_limits``) may differ from the
+    processor's (``processor_limits``); ``history`` None: a history the projector has
+    not reached (empty)."""
+    from gnomon.api.tenants import TenantService
+    from gnomon.core.tenants import TenantBook, TenantLimits
+    from gnomon.core.usage import UsageBook
+
+    def book(limits: Any) -> TenantBook:
+        b = TenantBook()
+        if limits is not None:
+            b.apply("acme", TenantLimits("acme", **limits))
+        return b
+
+    clock = FakeClock(NOW)
+    producer = DecidingProducer(None, clock=clock, tenants=book(processor_limits))
+    topo = load_topology()
+    app = create_app(history=history or InMemoryHistoryStore(), commands=CommandSink(producer, topo.job_commands),
+                     auth=Authenticator({"tok-a": "acme", "tok-b": "other"}), topology=topo, clock=clock,
+                     tenants=TenantService(book(api_limits), UsageBook(), topic=topo.tenants),
+                     answers=producer.answers)
+    return TestClient(app), producer
+
+
+def test_a_create_the_processor_refuses_answers_its_problem_not_201() -> None:
+    # the API's view says 10 jobs; the processor's (the one that decides) says 1
+    client, producer = decider_env(api_limits={"jobs_max": 10}, processor_limits={"jobs_max": 1})
+    assert client.post("/v1/jobs", json=body(), headers=AUTH).status_code == 201
+    refused = client.post("/v1/jobs", json=body(name="second"), headers=AUTH)
+    assert refused.status_code == 422, refused.text
+    problem = refused.json()
+    assert problem["limit"] == "jobs_max" and not problem["detail"].startswith("jobs_max:")
+    assert refused.headers["content-type"] == "application/problem+json"
+    second = producer.sent[-1][1]
+    assert producer.job(second) is None  # nothing registered
+    assert client.get(f"/v1/jobs/{second}", headers=AUTH).status_code == 404
+
+
+def test_get_right_after_201_finds_the_job_before_history_has_it() -> None:
+    client, producer = decider_env()  # history stays empty: a projector far behind
+    job = client.post("/v1/jobs", json=body(), headers=AUTH).json()
+    got = client.get(f"/v1/jobs/{job['id']}", headers=AUTH)
+    assert got.status_code == 200 and got.json() == job
+    assert client.get(f"/v1/jobs/{job['id']}", headers={"Authorization": "Bearer tok-b"}).status_code == 404
+    listed = client.get(f"/v1/jobs/{job['id']}/runs", headers=AUTH)
+    assert listed.status_code == 200 and listed.json()["items"] == []
+    # the writes that follow are decided by the processor, which has the job
+    paused = client.post(f"/v1/jobs/{job['id']}:pause", headers=AUTH)
+    assert paused.status_code == 200 and paused.json() == {"id": job["id"], "accepted": "pause", "version": 2}
+    assert client.get(f"/v1/jobs/{job['id']}", headers=AUTH).json()["status"] == "paused"
+    patched = client.patch(f"/v1/jobs/{job['id']}", json={"name": "renamed"}, headers={**AUTH, "If-Match": '"2"'})
+    assert patched.status_code == 200 and patched.json()["name"] == "renamed" and patched.json()["version"] == 3
+    assert producer.job(job["id"]).spec.name == "renamed"
+
+
+def test_writes_on_a_job_the_tenant_cannot_see_are_404_alike() -> None:
+    client, producer = decider_env()
+    job_id = client.post("/v1/jobs", json=body(), headers=AUTH).json()["id"]
+    other = {"Authorization": "Bearer tok-b"}
+    answers = [client.post(f"/v1/jobs/{job_id}:pause", headers=other),
+               client.post("/v1/jobs/job_missing:pause", headers=AUTH),
+               client.patch(f"/v1/jobs/{job_id}", json={"name": "x"}, headers=other),
+               client.delete(f"/v1/jobs/{job_id}", headers=other),
+               client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k"}, headers=other)]
+    assert [a.status_code for a in answers] == [404] * 5, [a.text for a in answers]
+    assert answers[0].json()["detail"] == f"no job {job_id!r}"  # nothing about who owns it
+    assert producer.job(job_id).status is J.JobStatus.ACTIVE
+
+
+def test_a_retried_create_is_200_and_another_body_with_the_key_is_409() -> None:
+    client, producer = decider_env()
+    first = client.post("/v1/jobs", json=body(), headers={**AUTH, "Idempotency-Key": "k1"})
+    again = client.post("/v1/jobs", json=body(), headers={**AUTH, "Idempotency-Key": "k1"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"] and again.headers["Location"] == f"/v1/jobs/{first.json()['id']}"
+    other = client.post("/v1/jobs", json=body(name="other"), headers={**AUTH, "Idempotency-Key": "k1"})
+    assert other.status_code == 409 and "Idempotency-Key" in other.json()["detail"]
+    assert producer.job(first.json()["id"]).spec.name == "n"
+
+
+def test_no_answer_in_time_is_202_with_a_location_that_answers_later() -> None:
+    client, producer = decider_env(processor_limits={"jobs_max": 1})
+    producer.hold()  # the processor is away: commands are written, not decided
+    first = client.post("/v1/jobs", json=body(), headers=AUTH)
+    second = client.post("/v1/jobs", json=body(name="second"), headers=AUTH)
+    assert first.status_code == second.status_code == 202, first.text
+    pending = first.json()
+    assert pending["status"] == "pending" and pending["command"] == "RegisterJob"
+    where = first.headers["Location"]
+    assert where == f"/v1/commands/{pending['commandId']}"
+    assert client.get(where, headers=AUTH).json() == {"commandId": pending["commandId"], "status": "pending"}
+    producer.release()
+    accepted = client.get(where, headers=AUTH).json()
+    assert accepted["status"] == "accepted" and accepted["version"] == 1 and accepted["jobId"] == pending["jobId"]
+    refused = client.get(second.headers["Location"], headers=AUTH).json()
+    assert refused["status"] == "refused" and refused["problem"]["status"] == 422
+    assert refused["problem"]["limit"] == "jobs_max"
+    # another tenant learns nothing of it
+    assert client.get(where, headers={"Authorization": "Bearer tok-b"}).json()["status"] == "pending"
+    assert client.get("/v1/commands/x-1", headers=AUTH).json()["field"] == "commandId"
+
+
+def test_the_sdk_waits_out_a_202_for_the_schedulers_answer(sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gnomon.client as client_mod
+    from gnomon.client import ApiPending
+
+    c, producer, _ = sdk
+    producer.hold()  # no answer in the API's bound: 202, then the SDK polls the Location
+    polls: list[float] = []
+
+    def poll_sleep(s: float) -> None:
+        polls.append(s)
+        if len(polls) == 2:
+            producer.release()  # the processor is back
+
+    monkeypatch.setattr(client_mod.time, "sleep", poll_sleep)
+    job = c.create_job(body(), idempotency_key="late-1")
+    assert job["id"] == producer.sent[0][1] and job["version"] == 1 and len(polls) == 2
+    producer.hold()
+    c.answer_wait_s = 0.0
+    with pytest.raises(ApiPending) as pending:
+        c.pause(job["id"])
+    assert pending.value.status == 202 and pending.value.command_id
+    producer.release()
+    assert c._call("GET", f"/v1/commands/{pending.value.command_id}")["status"] == "accepted"
+    producer.hold()
+    c.answer_wait_s = 30.0
+    polls.clear()
+    with pytest.raises(ApiError) as refused:  # refused once answered: the problem, not a 2xx
+        c.create_job(body(name="other"), idempotency_key="late-1")
+    assert refused.value.status == 409

@@ -18,7 +18,7 @@ from gnomon.core.model import idempotent_job_id
 from gnomon.core.tenants import TenantLimits
 from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
-from gnomon.testing import ListProducer
+from gnomon.testing import DecidingProducer, ListProducer
 from gnomon.topology import load_topology
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
@@ -27,23 +27,29 @@ JOB = {"name": "n", "schedule": "0 * * * *", "target": {"type": "command", "argv
 POOLS = frozenset(load_topology().pools)
 
 
-class BatchProducer(ListProducer):
-    """A ListProducer with ``send_many``; ``refuse``: keys whose write Kafka refuses."""
+class BatchProducer(DecidingProducer):
+    """The processors' decisions (``DecidingProducer``) with ``send_many``; ``refuse``:
+    keys whose write Kafka refuses."""
 
-    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
-        super().__init__()
+    def __init__(self, refuse: frozenset[str] = frozenset(), tenants: Any = None) -> None:
+        super().__init__(clock=FakeClock(NOW), tenants=tenants)
         self.refuse = refuse
         self.flushes = 0
 
-    def send_many(self, topic: str, items: list[tuple[str, bytes]], timeout_s: float = 15.0) -> list[str | None]:
+    def send_many(self, topic: str, items: list[tuple[str, bytes]], timeout_s: float = 15.0,
+                  positions: list[tuple[int, int] | None] | None = None) -> list[str | None]:
         self.flushes += 1
         out: list[str | None] = []
+        where: list[tuple[int, int] | None] = []
         for key, value in items:
             if key in self.refuse:
                 out.append("Kafka refused the write: broker says no")
+                where.append(None)
             else:
-                self.send(topic, key, value)
+                where.append(self.send(topic, key, value))
                 out.append(None)
+        if positions is not None:
+            positions[:] = where
         return out
 
 
@@ -51,7 +57,8 @@ def _app(producer: Any, history: InMemoryHistoryStore | None = None) -> TestClie
     topo = load_topology()
     app = create_app(history=history or InMemoryHistoryStore(), commands=CommandSink(producer, topo.job_commands),
                      auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(NOW),
-                     tenants=TenantService(writer=producer, topic=topo.tenants))
+                     tenants=TenantService(writer=producer, topic=topo.tenants),
+                     answers=getattr(producer, "answers", None))
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -70,7 +77,7 @@ def test_a_batch_registers_every_valid_item_with_one_flush_and_refuses_the_bad_o
     body = r.json()
     assert [x["status"] for x in body["results"]] == [201, 201, 422, 201, 201]
     assert [x["index"] for x in body["results"]] == [0, 1, 2, 3, 4]
-    assert (body["created"], body["existing"], body["refused"]) == (4, 0, 1)
+    assert (body["created"], body["existing"], body["pending"], body["refused"]) == (4, 0, 0, 1)
     assert body["results"][2]["problem"]["field"] == "jobs[2].schedule"
     assert body["results"][4]["job"]["id"] == idempotent_job_id("acme", "bulk-1")
     sent = _sent(producer)
@@ -155,3 +162,20 @@ def test_the_client_sends_a_batch_with_keys_and_reads_one_result_per_job() -> No
     answer = client.create_jobs([dict(JOB, name="a"), dict(JOB, name="b")], idempotency_keys=["ka", None])
     assert [r["status"] for r in answer["results"]] == [201, 201]
     assert answer["results"][0]["job"]["id"] == idempotent_job_id("acme", "ka")
+
+
+def test_items_the_processor_refuses_answer_its_problem_and_unanswered_ones_202() -> None:
+    from gnomon.core.tenants import TenantBook
+
+    book = TenantBook()  # the processor's view: acme may have one job (the API's: the defaults)
+    book.apply("acme", TenantLimits("acme", jobs_max=1))
+    producer = BatchProducer(tenants=book)
+    items = [dict(JOB, name="a"), dict(JOB, name="b")]
+    body = _app(producer).post("/v1/jobs:batch", json={"jobs": items}, headers=AUTH).json()
+    assert [x["status"] for x in body["results"]] == [201, 422], body
+    assert body["results"][1]["problem"]["limit"] == "jobs_max"
+    assert body["results"][1]["problem"]["field"].startswith("jobs[1]")
+    producer.hold()
+    body = _app(producer).post("/v1/jobs:batch", json={"jobs": [dict(JOB, name="c")]}, headers=AUTH).json()
+    assert body["results"][0]["status"] == 202 and body["pending"] == 1
+    assert body["results"][0]["pending"]["commandId"] is not None

@@ -92,8 +92,8 @@ def watched() -> tuple[TestClient, LoopWatchingProducer, InMemoryHistoryStore]:
 def test_every_command_is_sent_off_the_event_loop(watched: Any) -> None:
     client, producer, history = watched
     resp = client.post("/v1/jobs", json=JOB, headers=AUTH)
-    assert resp.status_code == 201, resp.text
-    job_id = resp.json()["id"]
+    assert resp.status_code == 202, resp.text  # no decider wired here: written, answer pending
+    job_id = resp.json()["jobId"]
     history.put_job(J.evolve(None, J.decide(None, producer.sent[-1][2])[0]))
     spec = parse_job_spec({"name": "n", "runAt": "2026-11-29T08:00:05Z", "target": JOB["target"]}, NOW)
     slot = iso_to_ms("2026-11-29T08:00:05Z")

@@ -1,5 +1,7 @@
-"""Tenant endpoints and admission pre-checks of the API, in-process (no Kafka): admin
-role, PUT validation, 422/429 problems naming the limit, the trigger window, tokens."""
+"""Tenant endpoints of the API and the admission answers it relays, in-process (no
+Kafka): admin role, PUT validation, the processor's 422/429 problems naming the limit
+(``DecidingProducer``: the partitions' real deciders, sharing the API's book of limits
+as they would after reading gnomon.tenants), the trigger window, tokens."""
 
 from __future__ import annotations
 
@@ -25,12 +27,11 @@ from gnomon.api.tenants import TenantPoller, TenantService, TriggerWindow
 from gnomon.config import Settings
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock, iso_to_ms
-from gnomon.core.jobs import JobState, JobStatus
 from gnomon.core.tenants import DEFAULTS_KEY, TenantBook, TenantLimits
 from gnomon.core.usage import TenantUsage, UsageBook
 from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
-from gnomon.testing import ListProducer
+from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
@@ -43,7 +44,7 @@ TENANTS = "gnomon.tenants"
 @dataclass
 class Env:
     client: TestClient
-    producer: ListProducer
+    producer: DecidingProducer
     history: InMemoryHistoryStore
     book: TenantBook
     usage: UsageBook
@@ -62,16 +63,19 @@ class Env:
 
 @pytest.fixture
 def env() -> Env:
-    producer, history, clock = ListProducer(), InMemoryHistoryStore(), FakeClock(NOW)
+    history, clock = InMemoryHistoryStore(), FakeClock(NOW)
     book, usage = TenantBook(), UsageBook()
+    producer = DecidingProducer(history, tenants=book, clock=clock)
     topo = load_topology()
     service = TenantService(book, usage, writer=producer, topic=topo.tenants)
     auth = Authenticator({"tok-a": "acme", "tok-b": "other", "tok-admin": Principal("ops", admin=True)})
-    app = create_app(history=history, commands=CommandSink(producer, topo.job_commands), auth=auth,
-                     topology=topo, clock=clock, tenants=service)
+    sink = CommandSink(producer, topo.job_commands)
+    app = create_app(history=history, commands=sink, auth=auth, topology=topo, clock=clock, tenants=service,
+                     answers=producer.answers)
     spec = parse_job_spec({"name": "n", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}},
                           NOW)
-    history.put_job(JobState(JOB_ID, "acme", spec, JobStatus.ACTIVE, NOW + 3_600_000, 1, NOW, NOW))
+    sink.send(JOB_ID, J.RegisterJob(JOB_ID, "acme", spec, NOW))
+    producer.sent.clear()
     return Env(TestClient(app), producer, history, book, usage, clock)
 
 
@@ -187,75 +191,61 @@ def test_without_a_writer_changes_are_503(env: Env) -> None:
     assert client.get("/v1/tenants/acme", headers=ADMIN).json()["limits"]["jobsMax"] == TenantLimits("x").jobs_max
 
 
-# ---- admission pre-checks --------------------------------------------------------------------
+# ---- admission: the processor's answers, relayed -------------------------------------------
 
 
-def trigger(env: Env, key: str) -> Any:
-    return env.client.post(f"/v1/jobs/{JOB_ID}:trigger", json={"idempotencyKey": key}, headers=ACME)
+def trigger(env: Env, key: str, job_id: str = JOB_ID, headers: dict[str, str] = ACME) -> Any:
+    return env.client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": key}, headers=headers)
 
 
 def test_triggers_over_the_rate_are_429_with_retry_after(env: Env) -> None:
     env.limits("acme", triggers_per_min_max=3)
     for i in range(3):
-        assert trigger(env, f"k{i}").status_code == 202
+        assert trigger(env, f"k{i}").status_code == 200
         env.clock.advance(10_000)  # triggers at +0, +10 s, +20 s; now +30 s
     problem = problem_of(trigger(env, "k3"), 429)
     assert problem["limit"] == "triggers_per_min_max" and "3" in problem["detail"]
     resp = trigger(env, "k3")
     assert resp.headers["Retry-After"] == "30"  # the first leaves the window at +60 s
-    assert len(env.commands()) == 3
     env.clock.advance(30_000)
-    assert trigger(env, "k3").status_code == 202
+    assert trigger(env, "k3").status_code == 200
     assert trigger(env, "k4").status_code == 429  # +10 s and +20 s still count, and the new one
-    assert trigger(env, "other-job", ).status_code == 429
+    assert trigger(env, "k0").status_code == 200  # the same key again is the same run: nothing new
 
 
 def test_trigger_window_is_per_tenant(env: Env) -> None:
     env.limits("acme", triggers_per_min_max=1)
-    assert trigger(env, "k1").status_code == 202
+    assert trigger(env, "k1").status_code == 200
     assert trigger(env, "k2").status_code == 429
-    spec = env.history.get_job(JOB_ID).spec  # type: ignore[union-attr]
-    env.history.put_job(JobState("job_00000000000000bb", "other", spec, JobStatus.ACTIVE, NOW, 1, NOW, NOW))
-    resp = env.client.post("/v1/jobs/job_00000000000000bb:trigger", json={"idempotencyKey": "k"},
-                           headers={"Authorization": "Bearer tok-b"})
-    assert resp.status_code == 202
-
-
-def test_the_processors_trigger_count_counts_too(env: Env) -> None:
-    env.limits("acme", triggers_per_min_max=5)
-    env.use("acme", 2, triggers_last_min=5)  # other API instances' triggers
-    problem = problem_of(trigger(env, "k"), 429)
-    assert problem["limit"] == "triggers_per_min_max" and int(trigger(env, "k").headers["Retry-After"]) >= 1
+    other = {"Authorization": "Bearer tok-b"}
+    job = env.client.post("/v1/jobs", json=job_body(), headers=other).json()
+    assert trigger(env, "k", job["id"], other).status_code == 200
 
 
 def test_trigger_over_backlog_is_429(env: Env) -> None:
-    env.limits("acme", backlog_max=4)
-    env.use("acme", 0, backlog=3)
-    env.use("acme", 1, backlog=1)
+    env.limits("acme", backlog_max=1)
+    one_time = job_body(schedule=None, runAt="2099-01-01T00:00:00Z")
+    assert env.client.post("/v1/jobs", json=one_time, headers=ACME).status_code == 201  # backlog 1
     problem = problem_of(trigger(env, "k"), 429)
     assert problem["limit"] == "backlog_max" and int(trigger(env, "k").headers["Retry-After"]) >= 1
-    assert env.commands() == []
 
 
 def test_one_time_job_over_backlog_is_429(env: Env) -> None:
     env.limits("acme", backlog_max=2)
-    env.use("acme", backlog=2)
     one_time = job_body(schedule=None, runAt="2099-01-01T00:00:00Z")
+    assert [env.client.post("/v1/jobs", json=one_time, headers=ACME).status_code for _ in range(2)] == [201, 201]
     problem = problem_of(env.client.post("/v1/jobs", json=one_time, headers=ACME), 429)
     assert problem["limit"] == "backlog_max" and "Retry-After" in env.client.post(
         "/v1/jobs", json=one_time, headers=ACME).headers
     assert env.client.post("/v1/jobs", json=job_body(), headers=ACME).status_code == 201  # a cron job is fine
-    assert [type(c) for c in env.commands()] == [J.RegisterJob]
 
 
 def test_jobs_over_jobs_max_is_422_naming_the_limit(env: Env) -> None:
-    env.limits("acme", jobs_max=2)
-    env.use("acme", 0, jobs=1)
+    env.limits("acme", jobs_max=2)  # the fixture's job is one
     assert env.client.post("/v1/jobs", json=job_body(), headers=ACME).status_code == 201
-    env.use("acme", 3, jobs=1)
     problem = problem_of(env.client.post("/v1/jobs", json=job_body(), headers=ACME), 422)
     assert problem["limit"] == "jobs_max" and "Retry-After" not in problem
-    assert len(env.commands()) == 1
+    assert sum(1 for c in env.commands() if isinstance(c, J.RegisterJob)) == 2  # both written; one refused
 
 
 def test_schedule_under_interval_min_is_422_on_create_and_patch(env: Env) -> None:
@@ -265,16 +255,15 @@ def test_schedule_under_interval_min_is_422_on_create_and_patch(env: Env) -> Non
     problem = problem_of(env.client.patch(f"/v1/jobs/{JOB_ID}", json={"schedule": "*/10 * * * *"},
                                           headers=ACME), 422)
     assert (problem["limit"], problem["field"]) == ("interval_min_s", "schedule")
-    assert env.commands() == []
+    assert env.producer.job(JOB_ID).spec.schedule.cron == "0 * * * *"  # type: ignore[union-attr]
     # a patch that leaves the schedule alone is not checked against it
     env.limits("acme", interval_min_s=86_400)
-    assert env.client.patch(f"/v1/jobs/{JOB_ID}", json={"priority": "high"}, headers=ACME).status_code == 202
-    assert env.client.patch(f"/v1/jobs/{JOB_ID}", json={"schedule": "0 0 * * *"}, headers=ACME).status_code == 202
+    assert env.client.patch(f"/v1/jobs/{JOB_ID}", json={"priority": "high"}, headers=ACME).status_code == 200
+    assert env.client.patch(f"/v1/jobs/{JOB_ID}", json={"schedule": "0 0 * * *"}, headers=ACME).status_code == 200
 
 
 def test_limits_change_without_a_restart(env: Env) -> None:
     env.limits("acme", jobs_max=1)
-    env.use("acme", jobs=1)
     problem_of(env.client.post("/v1/jobs", json=job_body(), headers=ACME), 422)
     assert env.client.put("/v1/tenants/acme", json={"jobsMax": 2}, headers=ADMIN).status_code == 200
     assert env.client.post("/v1/jobs", json=job_body(), headers=ACME).status_code == 201

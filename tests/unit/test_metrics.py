@@ -27,7 +27,7 @@ from gnomon.metrics.status import Sample, Scrape, parse, render, summarize
 from gnomon.metrics.window import WindowedHistogram, quantile
 from gnomon.metrics.worker import WorkerMetrics
 from gnomon.sim import SimCluster, SimFaults
-from gnomon.testing import ListProducer
+from gnomon.testing import DecidingProducer, ListProducer
 from gnomon.topology import load_topology
 
 INF = float("inf")
@@ -132,8 +132,10 @@ def test_status_screen_from_scraped_samples() -> None:
 
 def test_api_counts_requests_by_route_template_and_status() -> None:
     topo = load_topology()
-    app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(ListProducer(), topo.job_commands),
-                     auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(1_800_000_000_000))
+    producer = DecidingProducer(clock=FakeClock(1_800_000_000_000))
+    app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(producer, topo.job_commands),
+                     auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(1_800_000_000_000),
+                     answers=producer.answers)
     client = TestClient(app)
     auth = {"Authorization": "Bearer tok-a"}
     body = {"name": "n", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}

@@ -199,35 +199,40 @@ class _Overloaded:
         return self.text
 
 
-def test_the_api_answers_new_one_off_work_429_while_a_processor_is_overloaded() -> None:
+def test_the_api_relays_the_overloaded_processors_429_for_new_one_off_work() -> None:
     from fastapi.testclient import TestClient
 
     from gnomon.api.app import CommandSink, create_app
     from gnomon.api.auth import Authenticator
     from gnomon.core.clock import FakeClock
     from gnomon.history.memory import InMemoryHistoryStore
-    from gnomon.testing import ListProducer
+    from gnomon.testing import DecidingProducer
 
-    producer, history, probe = ListProducer(), InMemoryHistoryStore(), _Overloaded("overloaded")
+    clock = FakeClock(T0)
+    producer, history = DecidingProducer(InMemoryHistoryStore(), clock=clock), InMemoryHistoryStore()
+    for task in producer.tasks.values():
+        task.overloaded = True
     topo = load_topology()
     app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
-                     auth=Authenticator({"tok": "acme"}), topology=topo, clock=FakeClock(T0),
-                     overload=probe)  # type: ignore[arg-type]
+                     auth=Authenticator({"tok": "acme"}), topology=topo, clock=clock, answers=producer.answers)
     client, auth = TestClient(app), {"Authorization": "Bearer tok"}
     target = {"type": "command", "argv": ["true"]}
     once = client.post("/v1/jobs", json={"name": "n", "runAt": "2026-01-01T01:00:00Z", "target": target},
                        headers=auth)
-    assert once.status_code == 429 and once.headers["Retry-After"] == "30"
+    assert once.status_code == 429 and once.headers["Retry-After"] == "30", once.text
     assert once.json()["limit"] == "overload" and once.headers["content-type"].startswith("application/problem+json")
     cron = client.post("/v1/jobs", json={"name": "n", "schedule": "0 * * * *", "target": target}, headers=auth)
     assert cron.status_code == 201  # recurring work is still registered: its slots follow the order
     job_id = cron.json()["id"]
-    history.put_job(J.JobState(job_id, "acme", producer.sent[-1][2].spec, J.JobStatus.ACTIVE, T0, 1, T0, T0))
     trig = client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=auth)
     assert trig.status_code == 429 and trig.json()["limit"] == "overload"
-    assert len(producer.sent) == 1  # nothing sent for the refused work
-    probe.text = None
-    assert client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=auth).status_code == 202
+    from gnomon.adapters.kafka import partition_for
+
+    owner = producer.tasks[partition_for(job_id, producer.partitions)]
+    assert owner.job(job_id) is not None and owner.run(f"{job_id}@manual:k1") is None  # nothing triggered
+    for task in producer.tasks.values():
+        task.overloaded = False
+    assert client.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "k1"}, headers=auth).status_code == 200
 
 
 def test_the_processor_refuses_new_one_off_work_while_overloaded() -> None:

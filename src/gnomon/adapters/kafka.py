@@ -180,12 +180,16 @@ class SyncProducer:
     def __init__(self, bootstrap: str, *, role: str | None = None, **extra: Any) -> None:
         self._p = Producer(producer_config(bootstrap, role=role, **{"linger.ms": 0, **extra}))
 
-    def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0) -> None:
+    def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0) -> tuple[int, int]:
+        """Where Kafka put the record: (partition, offset)."""
         errors: list[KafkaError] = []
+        written: list[tuple[int, int]] = []
 
-        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
                 errors.append(err)
+            else:
+                written.append((int(msg.partition()), int(msg.offset())))
 
         try:
             self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
@@ -196,15 +200,24 @@ class SyncProducer:
             raise EventLogError(f"Kafka did not acknowledge the write to {topic} within {timeout_s}s")
         if errors:
             raise EventLogError(f"Kafka refused the write to {topic}: {errors[0].str()}")
+        if not written:
+            raise EventLogError(f"Kafka did not report where it wrote to {topic}")
+        return written[0]
 
-    def send_many(self, topic: str, items: Sequence[tuple[str, bytes]], timeout_s: float = 15.0) -> list[str | None]:
+    def send_many(self, topic: str, items: Sequence[tuple[str, bytes]], timeout_s: float = 15.0,
+                  positions: list[tuple[int, int] | None] | None = None) -> list[str | None]:
         """Produce every ``(key, value)``, then wait once for Kafka's acknowledgements
-        (acks=all). One entry per item: None, or why it is not known to be written."""
+        (acks=all). One entry per item: None, or why it is not known to be written.
+        ``positions``: filled with where each written item went (partition, offset)."""
         errors: list[str | None] = ["not acknowledged"] * len(items)
+        if positions is not None:
+            positions[:] = [None] * len(items)
 
         def on_delivery_of(i: int) -> Callable[[KafkaError | None, Any], None]:
-            def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            def on_delivery(err: KafkaError | None, msg: Any) -> None:
                 errors[i] = None if err is None else f"Kafka refused the write to {topic}: {err.str()}"
+                if err is None and positions is not None:
+                    positions[i] = (int(msg.partition()), int(msg.offset()))
             return on_delivery
 
         deadline = time.monotonic() + timeout_s

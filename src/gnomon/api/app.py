@@ -24,9 +24,11 @@ ownership check still runs on every request (on the kept job).
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Security
@@ -38,17 +40,20 @@ from gnomon import codec
 from gnomon.api import problems, schemas
 from gnomon.api.alerts import AlertService
 from gnomon.api.alerts import install as install_alert_routes
+from gnomon.api.answers import ANSWER_TIMEOUT_S_DEFAULT, AnswerSource, Position, refusal
 from gnomon.api.auth import Authenticator
 from gnomon.api.backfill import add_backfill_route
 from gnomon.api.batch import add_batch_route
 from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import finish, problem_responses, request_body
-from gnomon.api.problems import CommandOutcomeUnknown
+from gnomon.api.problems import CommandOutcomeUnknown, Pending
+from gnomon.api.recent import RecentJobs
 from gnomon.api.tenants import TenantService, limit_responses
 from gnomon.api.tenants import install as install_tenant_routes
 from gnomon.api.views import RunViews, job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import Conflict, EventLogError, LimitExceeded, NotFound, ValidationError
+from gnomon.core.command_checks import check_job_id
+from gnomon.core.errors import Conflict, EventLogError, NotFound, ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
     JobState,
@@ -62,9 +67,14 @@ from gnomon.core.jobs import (
     first_slot_after,
 )
 from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id
-from gnomon.core.overload import OVERLOAD_RETRY_AFTER_S
+from gnomon.core.replies import ALREADY_REGISTERED, CommandResult
 from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatus
-from gnomon.core.validation import apply_patch, parse_job_spec, validate_idempotency_key
+from gnomon.core.validation import (
+    apply_patch,
+    check_patch,
+    parse_job_spec,
+    validate_idempotency_key,
+)
 from gnomon.metrics import api as api_metrics
 from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
@@ -83,6 +93,10 @@ _EXAMPLE_JOB = {"name": "nightly-report", "schedule": "0 2 * * *", "timezone": "
                 "target": {"type": "http", "url": "https://example.com/hooks/report"},
                 "payload": {"report": "daily"}, "retry": {"max": 3, "backoffS": 5}}
 _LOCATION = {"Location": {"description": "/v1/jobs/{id}", "schema": {"type": "string"}}}
+ANSWER_PENDING: dict[int | str, dict[str, Any]] = {202: {
+    "model": schemas.CommandPending, "description": "written, but the processor's answer did not come in time: "
+    "poll the Location (GET /v1/commands/{id}) for it",
+    "headers": {"Location": {"description": "/v1/commands/{id}", "schema": {"type": "string"}}}}}
 
 
 _bearer = HTTPBearer(auto_error=False, scheme_name="bearerAuth", description="an API token")
@@ -127,14 +141,18 @@ class CommandSink:
     def topic(self) -> str:
         return self._topic
 
-    def send(self, job_id: str, command: Any) -> None:
+    def send(self, job_id: str, command: Any) -> Position | None:
+        """Write ``command`` keyed by ``job_id``; where Kafka put it (partition, offset),
+        or None from a producer that does not say (a test's list)."""
         value = codec.encode(command, self._topic)
         started = self._monotonic()
         try:
             if self.delivery_timeout_s is None:
-                self._producer.send(self._topic, job_id, value)
+                written = self._producer.send(self._topic, job_id, value)
             else:
-                self._producer.send(self._topic, job_id, value, timeout_s=self.delivery_timeout_s + FLUSH_MARGIN_S)
+                written = self._producer.send(self._topic, job_id, value,
+                                              timeout_s=self.delivery_timeout_s + FLUSH_MARGIN_S)
+            return written if isinstance(written, tuple) else None
         except EventLogError as exc:
             if self.delivery_timeout_s is not None:
                 left_s = self.delivery_timeout_s - (self._monotonic() - started)
@@ -142,24 +160,33 @@ class CommandSink:
                     self._sleep(left_s)
             raise CommandOutcomeUnknown(str(exc)) from exc
 
-    def send_many(self, items: Sequence[tuple[str, Any]]) -> list[CommandOutcomeUnknown | None]:
+    def send_many(self, items: Sequence[tuple[str, Any]],
+                  positions: list[Position | None] | None = None) -> list[CommandOutcomeUnknown | None]:
         """Send ``(job id, command)`` pairs with one wait for Kafka's acknowledgements;
-        one entry per item: None (acknowledged) or why its outcome is unknown. A producer
-        without ``send_many`` (the tests' lists) gets one ``send`` per item."""
+        one entry per item: None (acknowledged) or why its outcome is unknown.
+        ``positions``: filled with where each item went (None: not written, or a producer
+        that does not say). A producer without ``send_many`` (the tests' lists) gets one
+        ``send`` per item."""
         values = [(job_id, codec.encode(command, self._topic)) for job_id, command in items]
+        where: list[Position | None] = [None] * len(values)
         send_many = getattr(self._producer, "send_many", None)
         if send_many is None:
             out: list[CommandOutcomeUnknown | None] = []
-            for job_id, value in values:
+            for i, (job_id, value) in enumerate(values):
                 try:
-                    self._producer.send(self._topic, job_id, value)
+                    written = self._producer.send(self._topic, job_id, value)
+                    where[i] = written if isinstance(written, tuple) else None
                     out.append(None)
                 except EventLogError as exc:
                     out.append(CommandOutcomeUnknown(str(exc)))
+            if positions is not None:
+                positions[:] = where
             return out
         started = self._monotonic()
         timeout_s = 15.0 if self.delivery_timeout_s is None else self.delivery_timeout_s + FLUSH_MARGIN_S
-        errors: list[str | None] = send_many(self._topic, values, timeout_s=timeout_s)
+        errors: list[str | None] = send_many(self._topic, values, timeout_s=timeout_s, positions=where)
+        if positions is not None:
+            positions[:] = where
         if any(errors) and self.delivery_timeout_s is not None:
             left_s = self.delivery_timeout_s - (self._monotonic() - started)
             if left_s > 0:
@@ -258,6 +285,8 @@ def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
     clock: Clock | None = None, tenants: TenantService | None = None, runs_cache_s: float = 0.0,
     alerts: AlertService | None = None, overload: OverloadProbe | None = None,
+    answers: AnswerSource | None = None, answer_timeout_s: float = ANSWER_TIMEOUT_S_DEFAULT,
+    recent: RecentJobs | None = None,
 ) -> FastAPI:
     """``commands`` produces to ``topology.job_commands``. ``tenants``: limits, usage and
     the admin endpoints (api/tenants.py); default: built-in limits, no usage, read-only.
@@ -265,8 +294,13 @@ def create_app(
     ``runs_cache_s``: ``GET /v1/jobs/{id}/runs`` may answer from a read (of the job and of
     the page) that began at most this long ago (``ReadCache``; 0: every request reads).
     ``overload``: whether a processor is overloaded (its /metrics; default: this host's
-    processors, ``gnomon.ui.overload``): new one-off work is then answered 429."""
+    processors, ``gnomon.ui.overload``; the UI's banner).
+    ``answers``: the processor's answers (``api.answers``): every job write waits for its
+    command's answer up to ``answer_timeout_s`` and returns it; None (no decider wired):
+    a write answers 202 "pending" once Kafka has the command. ``recent``: the states
+    of accepted writes, for read-your-writes (``api.recent``)."""
     clock = clock or SystemClock()
+    recent = recent or RecentJobs()
     tenants = tenants or TenantService(topic=topology.tenants)
     run_sink = commands
     pools = frozenset(topology.pools)
@@ -297,13 +331,39 @@ def create_app(
     runs_cache = ReadCache(runs_cache_s)
     app.state.reads, app.state.run_views, app.state.runs_cache = reads, run_views, runs_cache
     add_batch_route(app, reads=reads, commands=commands, tenants=tenants, clock=clock, pools=pools,
+                    answers=answers, answer_timeout_s=answer_timeout_s, recent=recent,
                     responses={200: {"model": schemas.JobBatchAck, "description": "one result per item, in order"},
                                **problem_responses(401, 413, 422, 503)},
                     openapi_extra=request_body(schemas.JobBatchInput, example={"jobs": [
                         {**_EXAMPLE_JOB, "idempotencyKey": "nightly-close-eu"}]}))  # POST /v1/jobs:batch
 
     def owned_job(tenant: str, job_id: str) -> JobState:
-        return owned(history.get_job(job_id), tenant, job_id)
+        return owned(recent.newest(job_id, history.get_job(job_id)), tenant, job_id)
+
+    def decided(job_id: str, command: Any) -> CommandResult:
+        """Write ``command``, then wait for the processor's answer (``api.answers``):
+        the accepted result, or the refusal raised as the API's own error. ``Pending``
+        (a 202 with a Location to poll) when no answer came within the bound, or when
+        no decider is wired."""
+        pos = commands.send(job_id, command)
+        if answers is None or pos is None:
+            raise Pending(None, job_id, type(command).__name__)
+        res = answers.wait(pos, answer_timeout_s)
+        if res is None:
+            raise Pending(pos, job_id, type(command).__name__)
+        if not res.accepted:
+            raise refusal(res)
+        return res
+
+    def remember(job_id: str, res: CommandResult, change: Callable[[JobState], JobState]) -> JobState | None:
+        """The state this accepted write made, from the one kept of this API's own last
+        write (None when none is kept: history will show it)."""
+        base = recent.get(job_id)
+        if base is None or res.job_version is None:
+            return None
+        state = replace(change(base), version=res.job_version, updated_at_ms=res.at_ms)
+        recent.put(state)
+        return state
 
     def limit_of(limit: int) -> int:
         if not 1 <= limit <= PAGE_MAX:
@@ -313,42 +373,29 @@ def create_app(
     def created(view: dict[str, Any], status: int) -> JSONResponse:
         return JSONResponse(view, status_code=status, headers={"Location": f"/v1/jobs/{view['id']}"})
 
-    def refuse_one_off_if_overloaded(overloaded: str | None) -> None:
-        """The processors' answer while they defer due jobs (docs/semantics.md): new
-        one-off work would only queue behind what is already late."""
-        if overloaded is not None:
-            raise LimitExceeded("overload", "the scheduler is overloaded: new one-off work (one-time jobs, "
-                                "manual triggers) is refused for now; retry later",
-                                retry_after_s=OVERLOAD_RETRY_AFTER_S)
-
-    def register(tenant: str, data: Any, key: str | None, overloaded: str | None = None) -> JSONResponse:
+    def register(tenant: str, data: Any, key: str | None) -> JSONResponse:
+        """Validated here (a fast 422); accepted or refused by the processor, which also
+        checks the tenant's limits and, with ``key``, whether the job exists: the same
+        definition again is the same job (200), another one is 409."""
         now = clock.now_ms()
-        if key is None:
-            job_id = "job_" + secrets.token_hex(8)
-        else:
-            job_id = idempotent_job_id(tenant, key)
-            existing = history.get_job(job_id)
-            if existing is not None:
-                return created(job_view(same_job(existing, tenant, data, key, now)), 200)
+        job_id = "job_" + secrets.token_hex(8) if key is None else idempotent_job_id(tenant, key)
         spec = parse_job_spec(data, now, pools=pools)
-        if spec.schedule.is_one_time:
-            refuse_one_off_if_overloaded(overloaded)
-        tenants.check_registration(tenant, spec, now)  # jobs_max, interval_min_s, backlog_max
-        commands.send(job_id, RegisterJob(job_id, tenant, spec, now))
-        return created(job_view(JobState(job_id, tenant, spec, JobStatus.ACTIVE,
-                                         first_slot_after(spec, now - 1), 1, now, now)), 201)
-
-    def same_job(existing: JobState, tenant: str, data: Any, key: str, now: int) -> JobState:
-        """``existing`` if a create with ``key`` and body ``data`` is a retry of it, else Conflict.
-        A retry after runAt passed still matches: "in the past" is not checked here."""
-        if existing.tenant != tenant or existing.status is JobStatus.DELETED:
-            raise Conflict(f"{IDEMPOTENCY_HEADER} {key!r} was already used for a job that no longer exists; "
-                           "use a new key")
-        spec = parse_job_spec(data, now, pools=pools, run_at_must_be_future=False)
-        if spec != existing.spec:
-            raise Conflict(f"{IDEMPOTENCY_HEADER} {key!r} was already used for job {existing.job_id} with a "
-                           "different definition; use a new key for a new job")
-        return existing
+        try:
+            res = decided(job_id, RegisterJob(job_id, tenant, spec, now))
+        except Conflict as exc:
+            if key is None:
+                raise
+            raise Conflict(f"{IDEMPOTENCY_HEADER} {key!r} was already used for job {job_id} with a different "
+                           "definition; use a new key for a new job") from exc
+        if res.reason == ALREADY_REGISTERED:
+            existing = recent.newest(job_id, history.get_job(job_id))
+            if existing is not None:
+                return created(job_view(existing), 200)
+        state = JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slot_after(spec, now - 1),
+                         res.job_version or 1, now, now)
+        if res.reason != ALREADY_REGISTERED:
+            recent.put(state)
+        return created(job_view(state), 200 if res.reason == ALREADY_REGISTERED else 201)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
@@ -366,7 +413,25 @@ def create_app(
     async def create_job(request: Request, tenant: Tenant, idempotency_key: IdempotencyKey = None) -> JSONResponse:
         key = None if idempotency_key is None else validate_idempotency_key(idempotency_key, IDEMPOTENCY_HEADER)
         data = await body_of(request)
-        return await run_in_threadpool(register, tenant, data, key, overload.current())
+        return await run_in_threadpool(register, tenant, data, key)
+
+    @app.get("/v1/commands/{command_id}", summary="The scheduler's answer to a write answered 202",
+             response_model=None,
+             description="A write whose answer did not come in time answers 202 with a Location here. This "
+             "answers the processor's decision once this API process has read it: accepted (with the job's "
+             "version) or refused (with the problem the write would have answered); pending until then. "
+             "Answers are kept 10 minutes.",
+             responses={200: {"model": schemas.CommandAnswer}, **problem_responses(401, 422)})
+    def command_answer(command_id: str, tenant: Tenant) -> JSONResponse:
+        pos = parse_command_id(command_id)
+        res = None if answers is None else answers.get(pos)
+        if res is None or res.tenant != tenant:  # another tenant's answer is not shown
+            return JSONResponse({"commandId": command_id, "status": "pending"})
+        body: dict[str, Any] = {"commandId": command_id, "jobId": res.job_id, "command": res.command}
+        if res.accepted:
+            return JSONResponse({**body, "status": "accepted", "version": res.job_version})
+        refused = problems.problem_for(refusal(res))
+        return JSONResponse({**body, "status": "refused", "problem": json.loads(bytes(refused.body))})
 
     @app.get("/v1/jobs", summary="List this tenant's jobs", response_model=None,
              responses={200: {"model": schemas.JobPage}, **problem_responses(401, 422, 503)})
@@ -374,45 +439,46 @@ def create_app(
         page = history.list_jobs(tenant, limit_of(limit), cursor)
         return {"items": [job_view(j) for j in page.items], "cursor": page.cursor}
 
-    def job_action(job_id: str, tenant: str, command: Any, accepted: str) -> dict[str, Any]:
-        owned_job(tenant, job_id)
-        commands.send(job_id, command)
-        return {"id": job_id, "accepted": accepted}
+    def job_action(job_id: str, tenant: str, command: Any, accepted: str, status: JobStatus) -> JSONResponse:
+        check_job_id(job_id, "jobId")  # a fast 422 for an id no job can have
+        res = decided(job_id, command)
+        remember(job_id, res, lambda s: replace(s, status=status))
+        return JSONResponse({"id": job_id, "accepted": accepted, "version": res.job_version})
 
-    job_ack = {202: {"model": schemas.JobAck}, **problem_responses(401, 404, 422, 503)}
+    job_ack = {200: {"model": schemas.JobAck, "description": "the processor accepted it"},
+               **ANSWER_PENDING, **problem_responses(401, 404, 409, 422, 503)}
 
-    @app.post("/v1/jobs/{job_id}:pause", status_code=202, summary="Pause a job", response_model=None,
+    @app.post("/v1/jobs/{job_id}:pause", status_code=200, summary="Pause a job", response_model=None,
               responses=job_ack)
-    def pause_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
-        return job_action(job_id, tenant, PauseJob(job_id, tenant, clock.now_ms()), "pause")
+    def pause_job(job_id: str, tenant: Tenant) -> JSONResponse:
+        return job_action(job_id, tenant, PauseJob(job_id, tenant, clock.now_ms()), "pause", JobStatus.PAUSED)
 
-    @app.post("/v1/jobs/{job_id}:resume", status_code=202, summary="Resume a paused job at its next slot",
+    @app.post("/v1/jobs/{job_id}:resume", status_code=200, summary="Resume a paused job at its next slot",
               response_model=None, responses=job_ack)
-    def resume_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
-        return job_action(job_id, tenant, ResumeJob(job_id, tenant, clock.now_ms()), "resume")
+    def resume_job(job_id: str, tenant: Tenant) -> JSONResponse:
+        return job_action(job_id, tenant, ResumeJob(job_id, tenant, clock.now_ms()), "resume", JobStatus.ACTIVE)
 
-    def trigger(job_id: str, tenant: str, body: Any, overloaded: str | None = None) -> dict[str, Any]:
+    def trigger(job_id: str, tenant: str, body: Any) -> JSONResponse:
+        """The processor checks the job, the tenant's trigger rate and backlog, and
+        refuses new one-off work while it is overloaded (429)."""
         if not isinstance(body, dict):
             raise ValidationError("body", "must be a JSON object")
         for name in body:
             if name != "idempotencyKey":
                 raise ValidationError(name, "unknown field; allowed: idempotencyKey")
         key = validate_idempotency_key(body.get("idempotencyKey"))
-        owned_job(tenant, job_id)
-        refuse_one_off_if_overloaded(overloaded)
-        now = clock.now_ms()
-        tenants.admit_trigger(tenant, now)  # triggers_per_min_max, backlog_max
-        commands.send(job_id, TriggerJob(job_id, tenant, key, now))
-        return {"runId": manual_run_id(job_id, key)}
+        check_job_id(job_id, "jobId")
+        decided(job_id, TriggerJob(job_id, tenant, key, clock.now_ms()))
+        return JSONResponse({"runId": manual_run_id(job_id, key)})
 
-    @app.post("/v1/jobs/{job_id}:trigger", status_code=202, summary="Run a job now (idempotent per key)",
+    @app.post("/v1/jobs/{job_id}:trigger", status_code=200, summary="Run a job now (idempotent per key)",
               response_model=None,
-              responses={202: {"model": schemas.TriggerAck}, **problem_responses(401, 404, 413, 422, 503),
-                         **limit_responses()},
+              responses={200: {"model": schemas.TriggerAck, "description": "the processor accepted it"},
+                         **ANSWER_PENDING, **problem_responses(401, 404, 413, 422, 503), **limit_responses()},
               openapi_extra=request_body(schemas.TriggerBody, example={"idempotencyKey": "deploy-42"}))
-    async def trigger_job(job_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+    async def trigger_job(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
         body = await body_of(request)
-        return await run_in_threadpool(trigger, job_id, tenant, body, overload.current())
+        return await run_in_threadpool(trigger, job_id, tenant, body)
 
     @app.get("/v1/jobs/{job_id}", summary="Get a job", response_model=None,
              responses={200: {"model": schemas.Job}, **problem_responses(401, 404, 422, 503)})
@@ -420,32 +486,34 @@ def create_app(
         return job_view(owned_job(tenant, job_id))
 
     def update(job_id: str, tenant: str, patch: Any, if_match: str | None) -> JSONResponse:
-        """Checked here against history (which may lag) for an early answer; the processor
-        merges the patch into the job's current spec and checks the expected version
-        again, so two quick edits of different fields both survive."""
-        state = owned_job(tenant, job_id)
+        """Field names and values are checked here (a fast 422); the processor merges the
+        patch into the job's current definition and checks ``If-Match`` against the
+        job's version, so two quick edits of different fields both survive."""
         expected = version_of(if_match)
-        if expected is not None and state.version > expected:
-            return problems.problem(412, "precondition-failed", "Precondition Failed",
-                                    f"job {job_id!r} is at version {state.version}, not {expected}; "
-                                    "GET it and apply your change again", field="If-Match",
-                                    currentVersion=state.version)
+        check_job_id(job_id, "jobId")
         now = clock.now_ms()
-        spec = apply_patch(state.spec, patch, now, pools=pools)  # an early 422; the processor checks again
-        if spec.schedule != state.spec.schedule:
-            tenants.check_schedule(tenant, spec, now)  # interval_min_s
-        commands.send(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
-        version = (expected if expected is not None else state.version) + 1
-        view = job_view(JobState(job_id, tenant, spec, state.status, state.next_run_at_ms, version,
-                                 state.created_at_ms, now))
-        return JSONResponse(view, status_code=202, headers={"ETag": f'"{version}"'})
+        check_patch(patch, now, pools=pools)
+        try:
+            res = decided(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
+        except Conflict as exc:
+            return problems.problem(412, "precondition-failed", "Precondition Failed",
+                                    f"{exc}; GET the job and apply your change again", field="If-Match")
+        state = remember(job_id, res, lambda s: replace(s, spec=apply_patch(s.spec, patch, now, pools=pools)))
+        if state is None:
+            read = history.get_job(job_id)
+            state = read if read is not None and read.version == res.job_version else None
+        etag = {"ETag": f'"{res.job_version}"'}
+        if state is None:  # history does not show this version yet
+            return JSONResponse({"id": job_id, "version": res.job_version, "accepted": "patch"}, headers=etag)
+        return JSONResponse(job_view(state), headers=etag)
 
-    @app.patch("/v1/jobs/{job_id}", status_code=202, summary="Update fields of a job", response_model=None,
+    @app.patch("/v1/jobs/{job_id}", status_code=200, summary="Update fields of a job", response_model=None,
                description="Send `If-Match: \"<version>\"` (the job's `version`) to refuse the edit if somebody "
-               "changed the job since you read it: 412 when the API already sees a newer version; otherwise "
-               "the processor checks it when it applies the edit (a stale one is refused there, with nothing "
-               "changed). The merge happens in the processor, on the current definition.",
-               responses={202: {"model": schemas.Job, "headers": {"ETag": {
+               "changed the job since you read it: the processor checks it when it applies the edit and a stale "
+               "one is refused (412) with nothing changed. The merge happens in the processor, on the current "
+               "definition. The answer is the job as the edit left it (or, when this API process has not seen "
+               "that version yet, its id and version).",
+               responses={**ANSWER_PENDING, 200: {"model": schemas.Job, "headers": {"ETag": {
                    "description": "the version this edit produces", "schema": {"type": "string"}}}},
                    **problem_responses(401, 404, 412, 413, 422, 503)},
                openapi_extra=request_body(schemas.JobPatch, example={"priority": "high"}))
@@ -454,10 +522,10 @@ def create_app(
         patch = await body_of(request)
         return await run_in_threadpool(update, job_id, tenant, patch, if_match)
 
-    @app.delete("/v1/jobs/{job_id}", status_code=202, summary="Delete a job", response_model=None,
+    @app.delete("/v1/jobs/{job_id}", status_code=200, summary="Delete a job", response_model=None,
                 responses=job_ack)
-    def delete_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
-        return job_action(job_id, tenant, DeleteJob(job_id, tenant, clock.now_ms()), "delete")
+    def delete_job(job_id: str, tenant: Tenant) -> JSONResponse:
+        return job_action(job_id, tenant, DeleteJob(job_id, tenant, clock.now_ms()), "delete", JobStatus.DELETED)
 
     @app.get("/v1/jobs/{job_id}/runs", summary="Runs of a job, newest first", response_model=None,
              responses={200: {"model": schemas.RunPage}, **problem_responses(401, 404, 422, 503)})
@@ -473,7 +541,8 @@ def create_app(
         listing = None if bad is not None else asyncio.ensure_future(runs_cache.get(
             ("runs", job_id, status, limit, cursor), lambda: reads.list_runs(job_id, status, limit, cursor)))
         try:
-            owned(await runs_cache.get(("job", job_id), lambda: reads.get_job(job_id)), tenant, job_id)
+            read = await runs_cache.get(("job", job_id), lambda: reads.get_job(job_id))
+            owned(recent.newest(job_id, read), tenant, job_id)
             if bad is not None:
                 raise bad
             assert listing is not None
@@ -552,6 +621,14 @@ def owned(state: JobState | None, tenant: str, job_id: str) -> JobState:
     if state is None or state.tenant != tenant or state.status is JobStatus.DELETED:
         raise NotFound(f"no job {job_id!r}")
     return state
+
+
+def parse_command_id(command_id: str) -> Position:
+    """``"3-1234"`` -> (3, 1234): a command's partition and offset."""
+    part, _, off = command_id.partition("-")
+    if not (part.isdigit() and off.isdigit() and len(part) <= 6 and len(off) <= 19):
+        raise ValidationError("commandId", "must be <partition>-<offset>, as in the Location of a 202")
+    return int(part), int(off)
 
 
 def version_of(if_match: str | None) -> int | None:

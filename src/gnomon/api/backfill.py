@@ -60,7 +60,7 @@ class BackfillAck(BaseModel):
 
 
 class _Sink(Protocol):
-    def send(self, job_id: str, command: Any) -> None: ...
+    def send(self, job_id: str, command: Any) -> object: ...
 
 
 def parse_range(body: Any, now_ms: int) -> tuple[int, int]:

@@ -6,16 +6,22 @@ judged one by one with the same core rules, limits and idempotency as the single
 a bad item is refused with its own problem (``field`` prefixed ``jobs[i].``) and does not
 stop the others. The accepted ones are produced together and Kafka acknowledges them
 with one flush, which is where the speed comes from (docs/benchmarks.md, "Bulk
-registration"). The answer is 200 with one result per item, in order.
+registration"); then each waits for its processor's answer (``api.answers``), all
+within one bound: 201 only for what the processor accepted, its problem for what it
+refused, 202 with the command's id for what it has not answered yet. The answer is 200
+with one result per item, in order.
 
 ``plan_batch`` is the pure part: items, the existing jobs of their keys, the tenant's
-limits and usage, the time -> what to send and what to answer.
+limits and usage, the time -> what to send and what to answer. It still answers early,
+from history and usage, a keyed item whose job history already shows and an item over a
+limit the API already sees (a lagging view: the processor decides the rest).
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +30,17 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from gnomon.api.answers import ANSWER_TIMEOUT_S_DEFAULT, AnswerSource, refusal
 from gnomon.api.backfill import Tenant
 from gnomon.api.body import parse_json, read_bounded
 from gnomon.api.problems import OUTCOME_UNKNOWN, PROBLEM_BASE
+from gnomon.api.recent import RecentJobs
 from gnomon.api.views import job_view
 from gnomon.core import admission
-from gnomon.core.errors import Conflict, LimitExceeded, ValidationError
+from gnomon.core.errors import Conflict, LimitExceeded, NotFound, ValidationError
 from gnomon.core.jobs import JobState, JobStatus, RegisterJob, first_slot_after
 from gnomon.core.model import idempotent_job_id
+from gnomon.core.replies import ALREADY_REGISTERED, CommandResult
 from gnomon.core.tenants import TenantLimits
 from gnomon.core.validation import parse_job_spec, validate_idempotency_key
 
@@ -43,12 +52,14 @@ READS_IN_FLIGHT_MAX = 64  # concurrent history reads of keyed items
 
 @dataclass(frozen=True)
 class Send:
-    """A new job: ``command`` is to be produced, then the item answers 201 ``view``."""
+    """A new job: ``command`` is to be produced, then the item answers 201 ``view``
+    (``state``) if the processor accepts it."""
 
     index: int
     job_id: str
     command: RegisterJob
     view: dict[str, Any]
+    state: JobState
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,8 @@ def _refusal(index: int, exc: Exception) -> Answer:
         status = 422 if exc.retry_after_s is None else 429
         return Answer(index, status, item_problem(status, "limit-exceeded", "Tenant limit exceeded",
                                                   exc.message, **extra))
+    if isinstance(exc, NotFound):
+        return Answer(index, 404, item_problem(404, "not-found", "Not found", str(exc), field=prefix))
     if isinstance(exc, Conflict):
         return Answer(index, 409, item_problem(409, "conflict", "Conflict", str(exc), field=f"{prefix}.{KEY_MEMBER}"))
     raise exc
@@ -131,7 +144,7 @@ def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozens
         if spec.schedule not in first_slots:
             first_slots[spec.schedule] = first_slot_after(spec, now_ms - 1)
         state = JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slots[spec.schedule], 1, now_ms, now_ms)
-        send = Send(index, job_id, RegisterJob(job_id, tenant, spec, now_ms), job_view(state))
+        send = Send(index, job_id, RegisterJob(job_id, tenant, spec, now_ms), job_view(state), state)
         planned[job_id] = send
         out.append(send)
     return out
@@ -155,9 +168,13 @@ def _retry_of(index: int, before: JobState | None, planned: Send | None, tenant:
 
 def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, clock: Any,
                     pools: frozenset[str], responses: dict[int | str, dict[str, Any]],
-                    openapi_extra: dict[str, Any]) -> None:
+                    openapi_extra: dict[str, Any], answers: AnswerSource | None = None,
+                    answer_timeout_s: float = ANSWER_TIMEOUT_S_DEFAULT, recent: RecentJobs | None = None) -> None:
     """Mount ``POST /v1/jobs:batch``. ``reads``: ``AsyncReads`` (``get_job``);
-    ``commands``: a ``CommandSink`` (``send_many``); ``tenants``: the ``TenantService``."""
+    ``commands``: a ``CommandSink`` (``send_many``); ``tenants``: the ``TenantService``;
+    ``answers``: the processor's answers (each written item waits for its own, all
+    within one ``answer_timeout_s``; 202 for those that did not come, as for a single
+    write); ``recent``: where accepted jobs are kept for read-your-writes."""
 
     async def existing_jobs(job_ids: Sequence[str]) -> dict[str, JobState | None]:
         gate = asyncio.Semaphore(READS_IN_FLIGHT_MAX)
@@ -172,8 +189,17 @@ def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, cl
 
     def send(decisions: list[Send | Answer]) -> list[dict[str, Any]]:
         sends = [d for d in decisions if isinstance(d, Send)]
-        errors = commands.send_many([(s.job_id, s.command) for s in sends]) if sends else []
+        positions: list[tuple[int, int] | None] = []
+        errors = commands.send_many([(s.job_id, s.command) for s in sends], positions=positions) if sends else []
         failed = {s.index: err for s, err in zip(sends, errors, strict=True) if err is not None}
+        where = {s.index: pos for s, pos in zip(sends, positions, strict=True)}
+        decided: dict[int, CommandResult] = {}
+        if answers is not None:  # the processor decides each one; one deadline for all
+            deadline = time.monotonic() + answer_timeout_s
+            for s, pos in zip(sends, positions, strict=True):
+                res = None if pos is None else answers.wait(pos, max(0.0, deadline - time.monotonic()))
+                if res is not None:
+                    decided[s.index] = res
         results: list[dict[str, Any]] = []
         for d in decisions:
             if isinstance(d, Answer):
@@ -185,7 +211,18 @@ def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, cl
                     f"{failed[d.index]}. The job may or may not have been registered: send it again with an "
                     f"{KEY_MEMBER} so that a retry cannot register it twice.", outcome=OUTCOME_UNKNOWN,
                     field=f"jobs[{d.index}]")})
+            elif (res := decided.get(d.index)) is None:  # written; no answer in time (or no decider)
+                pos = where.get(d.index)
+                results.append({"index": d.index, "status": 202, "pending": {
+                    "jobId": d.job_id, "commandId": None if pos is None else f"{pos[0]}-{pos[1]}"}})
+            elif not res.accepted:
+                a = _refusal(d.index, refusal(res))
+                results.append({"index": a.index, "status": a.status, "problem": a.body})
+            elif res.reason == ALREADY_REGISTERED:
+                results.append({"index": d.index, "status": 200, "job": d.view})
             else:
+                if recent is not None:
+                    recent.put(d.state)
                 results.append({"index": d.index, "status": 201, "job": d.view})
         return results
 
@@ -219,6 +256,7 @@ def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, cl
         created = sum(1 for r in results if r["status"] == 201)
         return JSONResponse({"results": results, "created": created,
                              "existing": sum(1 for r in results if r["status"] == 200),
+                             "pending": sum(1 for r in results if r["status"] == 202),
                              "refused": sum(1 for r in results if r["status"] >= 400)})
 
 

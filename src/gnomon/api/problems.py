@@ -59,6 +59,31 @@ class CommandOutcomeUnknown(EventLogError):
     know whether it took effect, and must retry with the same idempotency key."""
 
 
+class Pending(Exception):
+    """A command is written but its processor's answer did not come within the API's
+    bound (``api.answers``): answered 202 with a Location to poll (``position`` None:
+    no decider is wired, nothing to poll)."""
+
+    def __init__(self, position: tuple[int, int] | None, job_id: str, command: str) -> None:
+        super().__init__(f"{command} for {job_id} written; the processor's answer has not come yet")
+        self.position = position
+        self.job_id = job_id
+        self.command = command
+
+    @property
+    def command_id(self) -> str | None:
+        return None if self.position is None else f"{self.position[0]}-{self.position[1]}"
+
+
+def pending_answer(exc: Pending) -> JSONResponse:
+    body: dict[str, Any] = {"status": "pending", "jobId": exc.job_id, "command": exc.command,
+                            "commandId": exc.command_id,
+                            "detail": "the command is written (it will be applied) but the scheduler has not "
+                            "answered yet" + ("; poll the Location for its answer" if exc.command_id else "")}
+    headers = {} if exc.command_id is None else {"Location": f"/v1/commands/{exc.command_id}"}
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
 def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
     body.update(extra)
@@ -82,6 +107,18 @@ def limit_problem(exc: LimitExceeded) -> JSONResponse:
     resp = problem(429, "limit-exceeded", "Tenant limit exceeded", exc.message, **extra)
     resp.headers["Retry-After"] = str(max(1, int(exc.retry_after_s)))
     return resp
+
+
+def problem_for(exc: Exception) -> JSONResponse:
+    """The problem the API answers for a refusal (``api.answers.refusal``)."""
+    if isinstance(exc, ValidationError):
+        return problem(422, "validation", "Invalid request", exc.message, field=exc.field,
+                       errors=[{"field": exc.field, "message": exc.message}])
+    if isinstance(exc, LimitExceeded):
+        return limit_problem(exc)
+    if isinstance(exc, NotFound):
+        return problem(404, "not-found", "Not found", str(exc))
+    return problem(409, "conflict", "Conflict", str(exc))
 
 
 def _field_of(loc: Any) -> str:
@@ -110,6 +147,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TooLarge)
     async def _too_large(_: Request, exc: TooLarge) -> JSONResponse:
         return problem(413, "too-large", "Request body too large", exc.detail, field=exc.field)
+
+    @app.exception_handler(Pending)
+    async def _pending(_: Request, exc: Pending) -> JSONResponse:
+        return pending_answer(exc)
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:

@@ -260,6 +260,25 @@ class LogPage(_Closed):
 class JobAck(_Closed):
     id: str
     accepted: Literal["pause", "resume", "delete"]
+    version: int | None = Field(None, description="the job's version after it")
+
+
+class CommandPending(_Closed):
+    status: Literal["pending"]
+    jobId: str
+    command: str = Field(description="RegisterJob, PatchJob, PauseJob, ...")
+    commandId: str | None = Field(description="partition-offset of the command; GET /v1/commands/{commandId}")
+    detail: str
+
+
+class CommandAnswer(_Closed):
+    commandId: str
+    status: Literal["pending", "accepted", "refused"]
+    jobId: str | None = None
+    command: str | None = None
+    version: int | None = Field(None, description="the job's version after it (accepted)")
+    problem: dict[str, Any] | None = Field(None, description="why it was refused: the problem the write "
+                                           "would have answered")
 
 
 class RunAck(_Closed):
@@ -349,11 +368,18 @@ class Problem(BaseModel):
         "idempotency key); not-written = nothing was sent")
 
 
+class BatchPending(_Closed):
+    jobId: str
+    commandId: str | None = Field(description="GET /v1/commands/{commandId} for the answer")
+
+
 class JobBatchResult(_Closed):
     index: int = Field(description="the item's place in jobs, from 0")
-    status: Literal[200, 201, 409, 422, 429, 503] = Field(
-        description="201 registered; 200 already registered with this key and definition; else refused")
+    status: Literal[200, 201, 202, 404, 409, 422, 429, 503] = Field(
+        description="201 registered; 200 already registered with this key and definition; 202 written but "
+        "the scheduler's answer did not come in time (poll pending.commandId); else refused")
     job: Job | SkipJsonSchema[None] = Omittable(description="with 200 and 201")
+    pending: BatchPending | SkipJsonSchema[None] = Omittable(description="with 202")
     problem: Problem | SkipJsonSchema[None] = Omittable(description="with the other statuses; its field starts "
                                                        "with jobs[index]")
 
@@ -362,6 +388,7 @@ class JobBatchAck(_Closed):
     results: list[JobBatchResult]
     created: int
     existing: int
+    pending: int
     refused: int
 
 

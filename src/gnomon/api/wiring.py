@@ -5,6 +5,9 @@ command sinks are told about it: a send that fails is answered 503 only after th
 when the producer has given up on the message, so a client retrying at once (with the
 same idempotency key) never races a send the producer is still retrying.
 
+Every job write waits for the processor's answer (``api.answers``): a reader of the
+command-results topic starts at its end before the app is returned.
+
 Tenant limits and usage (gnomon.tenants, gnomon.tenant-usage) are read to the end before
 the API serves (``TenantFeed.load``), then polled on a daemon thread (``TenantPoller``).
 
@@ -25,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from gnomon.adapters.kafka import SyncProducer
+from gnomon.api.answers import CommandAnswers
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.auth import Authenticator, load_principals
 from gnomon.api.tenants import TenantPoller, TenantService
@@ -33,7 +37,7 @@ from gnomon.core.clock import SystemClock
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.tenants import TenantBook
 from gnomon.core.usage import UsageBook
-from gnomon.topology import load_topology
+from gnomon.topology import Topology, load_topology
 
 DELIVERY_TIMEOUT_ENV = "GNOMON_API_DELIVERY_TIMEOUT_MS"
 DELIVERY_TIMEOUT_MS_DEFAULT = 10_000  # how long a client may wait for an answer while Kafka is away
@@ -43,6 +47,9 @@ WORKERS_ENV = "GNOMON_API_WORKERS"
 RUNS_CACHE_ENV = "GNOMON_API_RUNS_CACHE_MS"
 RUNS_CACHE_MS_DEFAULT = 1000  # the status page's runs are at most this much older than history
 APP_FACTORY = "gnomon.api.wiring:app_from_env"  # for uvicorn(..., factory=True)
+ANSWER_TIMEOUT_ENV = "GNOMON_API_ANSWER_TIMEOUT_MS"
+ANSWER_TIMEOUT_MS_DEFAULT = 5000
+ANSWERS_GROUP = "gnomon-api-answers"  # librdkafka wants one; assigned partitions, nothing committed
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +156,31 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     alert_feed.load(TENANTS_LOAD_TIMEOUT_S)
     alerts = AlertService(alert_feed.book, writer=producer, topic=topo.alert_configs, feed=alert_feed)
     AlertPoller(alerts).start()
-    return create_app(history=history, commands=sink, auth=auth,
-                      topology=topo, clock=clock, tenants=tenants, runs_cache_s=cache_s, alerts=alerts)
+    answers = command_answers(settings, topo, role)
+    return create_app(history=history, commands=sink, auth=auth, topology=topo, clock=clock, tenants=tenants,
+                      runs_cache_s=cache_s, alerts=alerts, answers=answers, answer_timeout_s=answer_timeout_ms() / 1000)
+
+
+def answer_timeout_ms() -> int:
+    """``$GNOMON_API_ANSWER_TIMEOUT_MS`` (100-60000), default 5000: how long a write
+    waits for the processor's answer before it answers 202 (``api.answers``)."""
+    raw = os.environ.get(ANSWER_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return ANSWER_TIMEOUT_MS_DEFAULT
+    if not raw.isdigit() or not 100 <= int(raw) <= 60_000:
+        raise SystemExit(f"gnomon: {ANSWER_TIMEOUT_ENV}={raw!r} must be milliseconds between 100 and 60000")
+    return int(raw)
+
+
+def command_answers(settings: Settings, topo: Topology, role: str) -> CommandAnswers:
+    """The reader of the processor's answers, from the command-results topic's current
+    end (before the API takes its first write)."""
+    from gnomon.eventlog.kafka import KafkaEventLog
+
+    reader = KafkaEventLog(settings.kafka_bootstrap, role=role).reader(
+        ANSWERS_GROUP, client_id="gnomon-api-answers", config={"enable.partition.eof": False,
+                                                             "fetch.wait.max.ms": 10})
+    return CommandAnswers(reader, topo.command_results, topo.partitions).start(TENANTS_LOAD_TIMEOUT_S)
 
 
 def _connect_early(history: object) -> None:

@@ -7,6 +7,7 @@
     ├── NotFound             no such job / run
     ├── Conflict             the request contradicts current state (e.g. tenant mismatch)
     ├── TransitionError      a lifecycle transition that the state machine forbids
+    │   └── JobNotFound      ... on a job the sender cannot see (also a NotFound)
     ├── InternalError        a bug of gnomon's own (e.g. codec.EncodeError): API -> 500
     └── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)
         ├── EventLogError    Kafka produce/consume/transaction failures
@@ -42,6 +43,14 @@ class Conflict(GnomonError):
 
 class TransitionError(GnomonError):
     pass
+
+
+class JobNotFound(TransitionError, NotFound):
+    """A job command for a job the sender cannot see (missing, deleted, another
+    tenant's): the processor's refusal names ``field`` ``jobId`` (``core.replies``) and
+    the API answers 404 for all three alike."""
+
+    field = "jobId"
 
 
 class InternalError(GnomonError):

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 from cronsim import CronSim
 
 from gnomon.core.cron import CronSchedule
-from gnomon.core.errors import Conflict, TransitionError, ValidationError
+from gnomon.core.errors import Conflict, JobNotFound, TransitionError, ValidationError
 from gnomon.core.model import CatchUp, JobSpec, jitter_offset_ms, manual_run_id, slot_run_id
 from gnomon.core.records import replace
 from gnomon.core.validation import DEFAULT_POOLS, apply_patch
@@ -304,10 +304,10 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
         nxt = first_slot_after(cmd.spec, now - 1)
         return [JobRegistered(cmd.job_id, cmd.tenant, cmd.spec, nxt, now)]
     if state is None or state.status is JobStatus.DELETED:
-        raise TransitionError(f"job {cmd.job_id} does not exist")
+        raise JobNotFound(f"job {cmd.job_id} does not exist")
     if state.tenant != cmd.tenant:
-        raise TransitionError(f"{type(cmd).__name__} refused: job {cmd.job_id} belongs to another tenant "
-                              f"(not {cmd.tenant!r})")
+        raise JobNotFound(f"{type(cmd).__name__} refused: job {cmd.job_id} belongs to another tenant "
+                          f"(not {cmd.tenant!r})")
     if isinstance(cmd, UpdateJob):
         _check(state, state.status)
         return [_updated(state, cmd.spec, now)]

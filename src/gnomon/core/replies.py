@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from gnomon.core.errors import Conflict, GnomonError, LimitExceeded, ValidationError
+from gnomon.core.errors import Conflict, GnomonError, JobNotFound, LimitExceeded, ValidationError
 
 REASON_MAX_CHARS = 2048
 
@@ -26,7 +26,8 @@ class ResultCode(StrEnum):
     INVALID = "invalid"  # a field's value is refused (the API's 422); ``field`` names it
     LIMIT = "limit"  # a tenant limit (the API's 429 or 422); ``limit`` names it
     CONFLICT = "conflict"  # an expected version did not match (the API's 409/412)
-    REFUSED = "refused"  # the job's state does not allow it: missing, deleted, another tenant's (409/404)
+    REFUSED = "refused"  # the job's state does not allow it (409); field "jobId": the job is missing,
+    # deleted or another tenant's (404)
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,19 @@ class CommandResult:
         return self.code is ResultCode.ACCEPTED
 
 
+ALREADY_REGISTERED = "already registered"  # an accepted RegisterJob that changed nothing (a retry)
+
+
 def result_for(cmd: Any, partition: int, offset: int, now_ms: int, *, error: GnomonError | None = None,
-               job_version: int | None = None) -> CommandResult:
+               job_version: int | None = None, note: str | None = None) -> CommandResult:
     """The result of job command ``cmd`` read at ``partition``/``offset``: accepted
-    (``error`` None; ``job_version``: the job's version after it) or refused by ``error``."""
+    (``error`` None; ``job_version``: the job's version after it; ``note``: the accepted
+    result's reason, e.g. ``ALREADY_REGISTERED``) or refused by ``error``."""
     job_id = getattr(cmd, "job_id", None) or str(getattr(cmd, "run_id", "")).partition("@")[0]
     accepted = CommandResult(str(job_id), str(getattr(cmd, "tenant", "")), type(cmd).__name__, partition, offset,
                              ResultCode.ACCEPTED, now_ms)
     if error is None:
-        return replace(accepted, job_version=job_version)
+        return replace(accepted, job_version=job_version, reason=note)
     reason = str(error)[:REASON_MAX_CHARS]
     if isinstance(error, LimitExceeded):
         return replace(accepted, code=ResultCode.LIMIT, field=error.field, reason=reason, limit=error.limit,
@@ -66,4 +71,6 @@ def result_for(cmd: Any, partition: int, offset: int, now_ms: int, *, error: Gno
         return replace(accepted, code=ResultCode.INVALID, field=error.field, reason=reason)
     if isinstance(error, Conflict):
         return replace(accepted, code=ResultCode.CONFLICT, reason=reason)
+    if isinstance(error, JobNotFound):
+        return replace(accepted, code=ResultCode.REFUSED, field=JobNotFound.field, reason=reason)
     return replace(accepted, code=ResultCode.REFUSED, reason=reason)

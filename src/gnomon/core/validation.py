@@ -323,9 +323,20 @@ def apply_patch(spec: JobSpec, patch: Any, now_ms: int, *, pools: frozenset[str]
     return parse_job_spec(merged, now_ms, pools=pools, run_at_must_be_future="runAt" in patch)
 
 
+def check_patch(patch: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOLS) -> None:
+    """A patch's field names and values, checked without the job it is for (merged into
+    a template definition): what a sender can be told at once. The merge itself, on the
+    job's current definition, is the processor's (``core.jobs.decide``)."""
+    apply_patch(_PATCH_TEMPLATE, patch, now_ms, pools=pools)
+
+
 def validate_idempotency_key(key: Any, field: str = "idempotencyKey") -> str:
     if isinstance(key, str):
         reject_control_chars(key, field)
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise ValidationError(field, f"must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} characters of A-Z a-z 0-9 . _ : -")
     return key
+
+
+_PATCH_TEMPLATE = JobSpec(name="template", schedule=Schedule(cron="0 0 1 1 *"),
+                          target=Target(TargetType.HANDLER, handler="h"))

@@ -63,7 +63,8 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
         ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (streams/history_mark.py)
     ),
     "api": (("gnomon-tenants", LITERAL, "READ"),  # tenant limits and usage, assigned (streams/tenant_feed.py)
-            ("gnomon-alert-configs", LITERAL, "READ")),  # alert configs, assigned (alerts/feed.py)
+            ("gnomon-alert-configs", LITERAL, "READ"),  # alert configs, assigned (alerts/feed.py)
+            ("gnomon-api-answers", LITERAL, "READ")),  # the processor's answers, assigned (api/answers.py)
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>

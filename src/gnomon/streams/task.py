@@ -70,7 +70,7 @@ from gnomon.core.messages import DispatchRun, Grant, LeaseAck, PoisonRecord, Sto
 from gnomon.core.model import OverlapPolicy
 from gnomon.core.overload import OVERLOAD_RETRY_AFTER_S, TickBudget
 from gnomon.core.priorities import WeightedPicker
-from gnomon.core.replies import CommandResult, result_for
+from gnomon.core.replies import ALREADY_REGISTERED, CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
 from gnomon.streams.savepoint import JournalKV
@@ -634,7 +634,9 @@ class PartitionTask:
             self.stats.commands_refused += 1
             return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]
         version = None if job is None else job.version
-        return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version), partition)]
+        note = ALREADY_REGISTERED if isinstance(cmd, J.RegisterJob) and not written else None
+        return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version, note=note),
+                                   partition)]
 
     def _check_owner(self, cmd: J.JobCommand | R.CancelRun | R.ReplayRun) -> None:
         """A command read on another partition than its job's would create a second copy
