@@ -189,6 +189,18 @@ class DecidingProducer(ListProducer):
         """The processor's state of a job."""
         return self.tasks[partition_for(job_id, self.partitions)].job(job_id)
 
+    def run(self, run_id: str) -> R.RunState | None:
+        """The processor's state of a run."""
+        return self.tasks[partition_for(run_id.partition("@")[0], self.partitions)].run(run_id)
+
+    def adopt_run(self, state: R.RunState) -> None:
+        """Put a run into its partition's store as a changelog restore would (a test's
+        given state); into history too, when there is one."""
+        task = self.tasks[partition_for(state.job_id, self.partitions)]
+        task.restore_run(state.run_id, codec.encode(state, self.topo.runs))
+        if self.history is not None:
+            self.history.put_run(state)
+
 
 @dataclass
 class InMemoryCluster:

@@ -65,10 +65,13 @@ def world(gnomon_api: Any) -> dict[str, Any]:
     now = SystemClock().now_ms()
     spec = gnomon_api.history.get_job(job["id"]).spec
     ids = {"job": job["id"], "run": f"{job['id']}@manual:a", "failed_run": f"{job['id']}@manual:b"}
+    running = {"lease_until_ms": now + 30_000, "deadline_ms": now + 3_600_000, "worker_id": "w1", "token": 1}
     for run_id, status in ((ids["run"], RunStatus.RUNNING), (ids["failed_run"], RunStatus.FAILED)):
-        gnomon_api.history.put_run(RunState(run_id, job["id"], "acme", spec, now, now, True, status, now, now,
-                                            attempt=1, finished_at_ms=now if status is RunStatus.FAILED else None,
-                                            error="secret error" if status is RunStatus.FAILED else None))
+        failed = status is RunStatus.FAILED
+        gnomon_api.producer.adopt_run(RunState(  # the processor's store and history
+            run_id, job["id"], "acme", spec, now, now, True, status, now, now, attempt=1,
+            finished_at_ms=now if failed else None, error="secret error" if failed else None,
+            **({} if failed else running)))
     gnomon_api.history.put_log(LogLine(ids["run"], job["id"], "acme", 1, 0, LogStream.STDOUT, "secret", now))
     gnomon_api.producer.sent.clear()
     return {"client": client, "ids": ids}
@@ -93,7 +96,7 @@ def test_other_tenant_gets_404_and_nothing_is_produced(gnomon_api: Any, world: d
     assert theirs.status_code == 404, theirs.text
     assert theirs.headers["content-type"] == "application/problem+json"
     assert "acme" not in theirs.text and "secret" not in theirs.text
-    # a job write reached the processor, which refused it; nothing else is written
+    # a job or run write reached the processor, which refused it; nothing else is written
     assert gnomon_api.producer.job(ids["job"]) == job_before
     assert not any(r.accepted for r in list(gnomon_api.producer.results.values())[answers_before:])
     assert all(t == "gnomon.job-commands" for t, _, _ in gnomon_api.producer.sent)

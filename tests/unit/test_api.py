@@ -162,11 +162,18 @@ SPEC = parse_job_spec({"name": "n", "runAt": "2026-11-29T08:00:05Z", "target": {
 
 
 def _run(history: InMemoryHistoryStore, run_id: str, status: RunStatus = RunStatus.SCHEDULED,
-         tenant: str = "acme", slot: str = "2026-11-29T08:00:05Z", **over: Any) -> RunState:
+         tenant: str = "acme", slot: str = "2026-11-29T08:00:05Z", producer: DecidingProducer | None = None,
+         **over: Any) -> RunState:
+    """A run in history and, with ``producer``, in its processor's store too."""
     slot_ms = iso_to_ms(slot)
+    if status is RunStatus.RUNNING:  # what the processor's store holds of a running attempt
+        over = {"lease_until_ms": NOW + 30_000, "deadline_ms": NOW + 3_600_000, "worker_id": "w1", "token": 1,
+                "attempt": 1, **over}
     run = RunState(run_id, job_id_of(run_id), tenant, SPEC, slot_ms, slot_ms, "@manual:" in run_id, status,
                    NOW, NOW, **over)
     history.put_run(run)
+    if producer is not None:
+        producer.adopt_run(run)
     return run
 
 
@@ -196,57 +203,69 @@ def test_get_run_by_id_with_at_and_colons(env: Any, run_id: str) -> None:
 @pytest.mark.parametrize("status", [RunStatus.SCHEDULED, RunStatus.READY, RunStatus.RUNNING, RunStatus.RETRY_WAIT])
 def test_cancel_produces_cancel_run_keyed_by_job_id(env: Any, run_id: str, status: RunStatus) -> None:
     client, producer, history = env
-    _run(history, run_id, status)
+    _run(history, run_id, status, producer=producer)
     resp = client.post(f"/v1/runs/{run_id}:cancel", headers=AUTH)
-    assert resp.status_code == 202, resp.text
+    assert resp.status_code == 200, resp.text
     assert resp.json() == {"runId": run_id, "accepted": "cancel"}
     assert producer.sent == [("gnomon.job-commands", "job_ab", CancelRun(run_id, "acme", NOW))]
+    assert producer.run(run_id).status is RunStatus.CANCELLED
+    again = client.post(f"/v1/runs/{run_id}:cancel", headers=AUTH)  # a retry: accepted, nothing changes
+    assert again.status_code == 200, again.text
 
 
 @pytest.mark.parametrize("status", [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SKIPPED])
 def test_cancel_of_a_finished_run_is_409(env: Any, status: RunStatus) -> None:
     client, producer, history = env
-    _run(history, MANUAL_ID, status)
+    before = _run(history, MANUAL_ID, status, producer=producer)
     resp = client.post(f"/v1/runs/{MANUAL_ID}:cancel", headers=AUTH)
+    if status is RunStatus.CANCELLED:  # cancelled already: a repeat is accepted
+        assert resp.status_code == 200, resp.text
+        return
     assert resp.status_code == 409 and resp.headers["content-type"] == "application/problem+json"
     assert status.value in resp.json()["detail"]
-    assert producer.sent == []
+    assert producer.run(MANUAL_ID) == before  # the processor refused it: nothing changed
 
 
 def test_replay_of_a_failed_run_produces_replay_run(env: Any) -> None:
     client, producer, history = env
-    _run(history, COLON_ID, RunStatus.FAILED, attempt=3, token=3)
+    _run(history, COLON_ID, RunStatus.FAILED, attempt=3, token=3, finished_at_ms=NOW, producer=producer)
     resp = client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH)
-    assert resp.status_code == 202, resp.text
+    assert resp.status_code == 200, resp.text
     assert resp.json() == {"runId": COLON_ID, "accepted": "replay"}
     assert producer.sent == [("gnomon.job-commands", "job_ab", ReplayRun(COLON_ID, "acme", NOW))]
+    assert producer.run(COLON_ID).replays == 1
+    assert client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH).status_code == 200  # under way: a repeat
 
 
 def test_replay_of_a_dead_letter_past_its_retention_is_409(env: Any) -> None:
     client, producer, history = env
-    _run(history, COLON_ID, RunStatus.FAILED, attempt=3, token=3, finished_at_ms=NOW - 8 * 86_400_000)
+    before = _run(history, COLON_ID, RunStatus.FAILED, attempt=3, token=3, finished_at_ms=NOW - 8 * 86_400_000,
+                  producer=producer)
     resp = client.post(f"/v1/runs/{COLON_ID}:replay", headers=AUTH)
     assert resp.status_code == 409 and "replayable" in resp.json()["detail"]
-    assert producer.sent == []
+    assert producer.run(COLON_ID) == before
 
 
 @pytest.mark.parametrize("status", [s for s in RunStatus if s is not RunStatus.FAILED])
 def test_replay_of_a_run_that_is_not_failed_is_409(env: Any, status: RunStatus) -> None:
     client, producer, history = env
-    _run(history, SCHEDULED_ID, status)
+    before = _run(history, SCHEDULED_ID, status, producer=producer)
     resp = client.post(f"/v1/runs/{SCHEDULED_ID}:replay", headers=AUTH)
     assert resp.status_code == 409 and resp.json()["type"].endswith("/conflict")
-    assert producer.sent == []
+    assert producer.run(SCHEDULED_ID) == before
 
 
 @pytest.mark.parametrize("action", ["cancel", "replay"])
 def test_run_actions_404_for_unknown_or_other_tenants_run(env: Any, action: str) -> None:
     client, producer, history = env
-    _run(history, SCHEDULED_ID, RunStatus.FAILED, tenant="other")
+    before = _run(history, SCHEDULED_ID, RunStatus.FAILED, tenant="other", producer=producer)
     for headers, run_id in ((AUTH, SCHEDULED_ID), (AUTH, "job_ab@manual:nope"), (OTHER, MANUAL_ID)):
         resp = client.post(f"/v1/runs/{run_id}:{action}", headers=headers)
         assert resp.status_code == 404, (run_id, resp.text)
         assert resp.headers["content-type"] == "application/problem+json"
+        assert resp.json()["detail"] == f"no run {run_id!r}"
+    assert producer.run(SCHEDULED_ID) == before
+    producer.sent.clear()
     assert client.get(f"/v1/runs/{SCHEDULED_ID}", headers=AUTH).status_code == 404
     assert client.post(f"/v1/runs/{SCHEDULED_ID}:{action}", headers={}).status_code == 401
     bad = client.post(f"/v1/runs/no-at-sign:{action}", headers=AUTH)
@@ -259,8 +278,8 @@ def test_cancel_and_replay_go_to_the_api_only_topic(env: Any) -> None:
     """gnomon.job-commands is writable by the API alone; the processor refuses cancel and
     replay read from gnomon.run-events (which workers write)."""
     client, producer, history = env
-    _run(history, SCHEDULED_ID)
-    assert client.post(f"/v1/runs/{SCHEDULED_ID}:cancel", headers=AUTH).status_code == 202
+    _run(history, SCHEDULED_ID, producer=producer)
+    assert client.post(f"/v1/runs/{SCHEDULED_ID}:cancel", headers=AUTH).status_code == 200
     assert [(t, type(c)) for t, _, c in producer.sent] == [("gnomon.job-commands", CancelRun)]
 
 
@@ -321,32 +340,34 @@ def sdk(env: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Client, ListProducer
 
 def test_sdk_cancel_replay_dead_letters(sdk: Any) -> None:
     c, producer, history = sdk
-    _run(history, COLON_ID)
-    _run(history, SCHEDULED_ID, RunStatus.FAILED, attempt=3)
+    _run(history, COLON_ID, producer=producer)
+    _run(history, SCHEDULED_ID, RunStatus.FAILED, attempt=3, finished_at_ms=NOW, producer=producer)
     assert c.cancel(COLON_ID) == {"runId": COLON_ID, "accepted": "cancel"}
-    assert c.replay(SCHEDULED_ID) == {"runId": SCHEDULED_ID, "accepted": "replay"}
     assert [r["id"] for r in c.dead_letters(limit=10)["items"]] == [SCHEDULED_ID]
+    assert c.replay(SCHEDULED_ID) == {"runId": SCHEDULED_ID, "accepted": "replay"}
+    assert c.dead_letters(limit=10)["items"] == []  # replayed: under way again
     assert [type(cmd) for _, _, cmd in _run_commands(producer)] == [CancelRun, ReplayRun]
     with pytest.raises(ApiError) as info:
-        c.replay(COLON_ID)
+        c.replay(COLON_ID)  # cancelled, not failed
     assert info.value.status == 409
 
 
 def test_cli_runs_cancel_replay_and_dead_letters_list(sdk: Any) -> None:
     _, producer, history = sdk
     runner = CliRunner()
-    _run(history, MANUAL_ID, RunStatus.RUNNING)
-    _run(history, SCHEDULED_ID, RunStatus.FAILED, attempt=3, error="exit status 1")
+    _run(history, MANUAL_ID, RunStatus.RUNNING, producer=producer)
+    _run(history, SCHEDULED_ID, RunStatus.FAILED, attempt=3, error="exit status 1", finished_at_ms=NOW,
+         producer=producer)
     out = runner.invoke(cli_main.app, ["runs", "cancel", MANUAL_ID])
     assert out.exit_code == 0 and MANUAL_ID in out.stdout
-    out = runner.invoke(cli_main.app, ["runs", "replay", SCHEDULED_ID, "--json"])
-    assert out.exit_code == 0 and json.loads(out.stdout) == {"runId": SCHEDULED_ID, "accepted": "replay"}
     out = runner.invoke(cli_main.app, ["dead-letters", "list", "--json"])
     assert out.exit_code == 0 and [r["id"] for r in json.loads(out.stdout)["items"]] == [SCHEDULED_ID]
     out = runner.invoke(cli_main.app, ["dead-letters", "list"])
     assert out.exit_code == 0 and "exit status 1" in out.stdout
+    out = runner.invoke(cli_main.app, ["runs", "replay", SCHEDULED_ID, "--json"])
+    assert out.exit_code == 0 and json.loads(out.stdout) == {"runId": SCHEDULED_ID, "accepted": "replay"}
     assert [type(cmd) for _, _, cmd in _run_commands(producer)] == [CancelRun, ReplayRun]
-    out = runner.invoke(cli_main.app, ["runs", "replay", MANUAL_ID])  # running, not failed: 409
+    out = runner.invoke(cli_main.app, ["runs", "replay", MANUAL_ID])  # cancelled, not failed: 409
     assert out.exit_code == 2 and "gnomon:" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = runner.invoke(cli_main.app, ["runs", "cancel", "job_zz@manual:nope"])
     assert out.exit_code == 2

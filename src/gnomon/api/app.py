@@ -68,7 +68,7 @@ from gnomon.core.jobs import (
 )
 from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id
 from gnomon.core.replies import ALREADY_REGISTERED, CommandResult
-from gnomon.core.runs import CancelRun, ReplayRun, RunConfig, RunState, RunStatus
+from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import (
     apply_patch,
     check_patch,
@@ -302,7 +302,6 @@ def create_app(
     clock = clock or SystemClock()
     recent = recent or RecentJobs()
     tenants = tenants or TenantService(topic=topology.tenants)
-    run_sink = commands
     pools = frozenset(topology.pools)
     app = FastAPI(
         title="gnomon",
@@ -568,33 +567,35 @@ def create_app(
             raise NotFound(f"no run {run_id!r}")
         return run
 
-    run_ack = {202: {"model": schemas.RunAck}, **problem_responses(401, 404, 409, 422, 503)}
+    run_ack = {200: {"model": schemas.RunAck, "description": "the processor accepted it"}, **ANSWER_PENDING,
+               **problem_responses(401, 404, 409, 422, 503)}
+
+    def run_action(run_id: str, tenant: str, command: CancelRun | ReplayRun, accepted: str) -> JSONResponse:
+        """The processor decides (``PartitionTask._check_run_action``): 404 for a run the
+        tenant cannot see, 409 for one the action cannot apply to."""
+        try:
+            job_id = job_id_of(run_id)
+        except ValueError:
+            raise ValidationError("runId", f"not a run id: {run_id!r}") from None
+        try:
+            decided(job_id, command)
+        except NotFound:
+            raise NotFound(f"no run {run_id!r}") from None
+        return JSONResponse({"runId": run_id, "accepted": accepted})
 
     # Declared before GET /v1/runs/{run_id}. A run id contains "@" and may contain ":"
     # (manual runs: job@manual:key); the path parameter matches greedily, so the action is
     # always the last ":<action>" of the path and GET /v1/runs/<id> never matches these.
-    @app.post("/v1/runs/{run_id}:cancel", status_code=202, summary="Cancel a run that has not finished",
+    @app.post("/v1/runs/{run_id}:cancel", status_code=200, summary="Cancel a run that has not finished",
               response_model=None, responses=run_ack)
-    def cancel_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
-        run = owned_run(tenant, run_id)
-        if run.status.terminal:
-            raise Conflict(f"run {run_id!r} is {run.status.value}; only a run that has not finished can be cancelled")
-        run_sink.send(job_id_of(run_id), CancelRun(run_id, tenant, clock.now_ms()))
-        return {"runId": run_id, "accepted": "cancel"}
+    def cancel_run(run_id: str, tenant: Tenant) -> JSONResponse:
+        return run_action(run_id, tenant, CancelRun(run_id, tenant, clock.now_ms()), "cancel")
 
-    @app.post("/v1/runs/{run_id}:replay", status_code=202,
+    @app.post("/v1/runs/{run_id}:replay", status_code=200,
               summary="Run a failed (dead-lettered) run again with a fresh retry budget",
               response_model=None, responses=run_ack)
-    def replay_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
-        run = owned_run(tenant, run_id)
-        if run.status is not RunStatus.FAILED:
-            raise Conflict(f"run {run_id!r} is {run.status.value}; only a failed (dead-lettered) run can be replayed")
-        window_ms = RunConfig().dead_letter_retention_ms  # the processors' default (docs/adr/0005)
-        if run.finished_at_ms is not None and clock.now_ms() - run.finished_at_ms >= window_ms:
-            raise Conflict(f"run {run_id!r} failed more than {window_ms // 86_400_000} days ago; dead letters are "
-                           "replayable for that long (history keeps it; trigger the job by hand instead)")
-        run_sink.send(job_id_of(run_id), ReplayRun(run_id, tenant, clock.now_ms()))
-        return {"runId": run_id, "accepted": "replay"}
+    def replay_run(run_id: str, tenant: Tenant) -> JSONResponse:
+        return run_action(run_id, tenant, ReplayRun(run_id, tenant, clock.now_ms()), "replay")
 
     @app.get("/v1/runs/{run_id}/logs", summary="Log lines of a run", response_model=None,
              responses={200: {"model": schemas.LogPage}, **problem_responses(401, 404, 422, 503)})

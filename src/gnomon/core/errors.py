@@ -7,7 +7,8 @@
     ├── NotFound             no such job / run
     ├── Conflict             the request contradicts current state (e.g. tenant mismatch)
     ├── TransitionError      a lifecycle transition that the state machine forbids
-    │   └── JobNotFound      ... on a job the sender cannot see (also a NotFound)
+    │   ├── JobNotFound      ... on a job the sender cannot see (also a NotFound)
+    │   └── RunNotFound      ... on a run the sender cannot see (also a NotFound)
     ├── InternalError        a bug of gnomon's own (e.g. codec.EncodeError): API -> 500
     └── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)
         ├── EventLogError    Kafka produce/consume/transaction failures
@@ -51,6 +52,13 @@ class JobNotFound(TransitionError, NotFound):
     the API answers 404 for all three alike."""
 
     field = "jobId"
+
+
+class RunNotFound(TransitionError, NotFound):
+    """A cancel or replay of a run the sender cannot see (missing, purged, another
+    tenant's): refused naming ``runId``; the API answers 404 alike."""
+
+    field = "runId"
 
 
 class InternalError(GnomonError):

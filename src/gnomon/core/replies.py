@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from gnomon.core.errors import Conflict, GnomonError, JobNotFound, LimitExceeded, ValidationError
+from gnomon.core.errors import (
+    Conflict,
+    GnomonError,
+    JobNotFound,
+    LimitExceeded,
+    RunNotFound,
+    ValidationError,
+)
 
 REASON_MAX_CHARS = 2048
 
@@ -71,6 +78,6 @@ def result_for(cmd: Any, partition: int, offset: int, now_ms: int, *, error: Gno
         return replace(accepted, code=ResultCode.INVALID, field=error.field, reason=reason)
     if isinstance(error, Conflict):
         return replace(accepted, code=ResultCode.CONFLICT, reason=reason)
-    if isinstance(error, JobNotFound):
-        return replace(accepted, code=ResultCode.REFUSED, field=JobNotFound.field, reason=reason)
+    if isinstance(error, JobNotFound | RunNotFound):
+        return replace(accepted, code=ResultCode.REFUSED, field=error.field, reason=reason)
     return replace(accepted, code=ResultCode.REFUSED, reason=reason)

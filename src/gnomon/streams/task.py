@@ -59,10 +59,12 @@ from gnomon.core import quota as Q
 from gnomon.core import runs as R
 from gnomon.core.command_checks import check_command
 from gnomon.core.errors import (
+    Conflict,
     GnomonError,
     InfraError,
     InternalError,
     LimitExceeded,
+    RunNotFound,
     TransitionError,
     ValidationError,
 )
@@ -616,6 +618,8 @@ class PartitionTask:
                 raise TransitionError(f"{type(cmd).__name__} refused: {self.topo.job_commands} carries job "
                                       "commands (and run cancel and replay) only")
             self._check_owner(cmd)
+            if isinstance(cmd, R.CancelRun | R.ReplayRun):
+                self._check_run_action(cmd, now_ms)
             out = self.savepoint(lambda: self.handle(cmd, now_ms, self.topo.job_commands))
             # the job's version after it: from the changelog record it wrote (no second
             # read of the store), else the stored job (a command that changed nothing)
@@ -637,6 +641,31 @@ class PartitionTask:
         note = ALREADY_REGISTERED if isinstance(cmd, J.RegisterJob) and not written else None
         return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version, note=note),
                                    partition)]
+
+    def _check_run_action(self, cmd: R.CancelRun | R.ReplayRun, now_ms: int) -> None:
+        """A user's cancel or replay (the API's, on the job-commands topic) is refused when
+        it can do nothing: the run is not the sender's to see (RunNotFound), a cancel of
+        a run that finished otherwise than cancelled, a replay of a run that is neither
+        failed nor already replayed and under way, or of a dead letter past its
+        replayable window (Conflict). A repeat of one that took effect is accepted
+        (nothing changes). The processor's own cancels (overlap) do not come this way."""
+        run = self.run(cmd.run_id)
+        if run is None or run.tenant != cmd.tenant:
+            raise RunNotFound(f"no run {cmd.run_id!r}")
+        if isinstance(cmd, R.CancelRun):
+            if run.status.terminal and run.status is not R.RunStatus.CANCELLED:
+                raise Conflict(f"run {cmd.run_id!r} is {run.status.value}; only a run that has not finished can be "
+                               "cancelled")
+            return
+        if run.status is R.RunStatus.FAILED:
+            window_ms = self.run_cfg.dead_letter_retention_ms
+            if run.finished_at_ms is not None and now_ms - run.finished_at_ms >= window_ms:
+                raise Conflict(f"run {cmd.run_id!r} failed more than {window_ms // 86_400_000} days ago; dead letters "
+                               "are replayable for that long (history keeps it; trigger the job by hand instead)")
+            return
+        if run.replays > 0 and not run.status.terminal:
+            return  # a replay again: it is under way
+        raise Conflict(f"run {cmd.run_id!r} is {run.status.value}; only a failed (dead-lettered) run can be replayed")
 
     def _check_owner(self, cmd: J.JobCommand | R.CancelRun | R.ReplayRun) -> None:
         """A command read on another partition than its job's would create a second copy
