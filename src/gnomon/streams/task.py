@@ -645,15 +645,16 @@ class PartitionTask:
     def _check_run_action(self, cmd: R.CancelRun | R.ReplayRun, now_ms: int) -> None:
         """A user's cancel or replay (the API's, on the job-commands topic) is refused when
         it can do nothing: the run is not the sender's to see (RunNotFound), a cancel of
-        a run that finished otherwise than cancelled, a replay of a run that is neither
-        failed nor already replayed and under way, or of a dead letter past its
-        replayable window (Conflict). A repeat of one that took effect is accepted
-        (nothing changes). The processor's own cancels (overlap) do not come this way."""
+        a run that has finished (cancelled included: the API's 409 says how it ended), a
+        replay of a run that is neither failed nor already replayed and under way, or of
+        a dead letter past its replayable window (Conflict). A replay again while the
+        first is under way is accepted (nothing changes). The processor's own cancels
+        (overlap) do not come this way."""
         run = self.run(cmd.run_id)
         if run is None or run.tenant != cmd.tenant:
             raise RunNotFound(f"no run {cmd.run_id!r}")
         if isinstance(cmd, R.CancelRun):
-            if run.status.terminal and run.status is not R.RunStatus.CANCELLED:
+            if run.status.terminal:
                 raise Conflict(f"run {cmd.run_id!r} is {run.status.value}; only a run that has not finished can be "
                                "cancelled")
             return
