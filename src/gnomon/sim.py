@@ -181,6 +181,20 @@ def _zero() -> float:
     return 0.0
 
 
+class _LogSink:
+    """The API's producer on the in-memory log: each send is written (committed) at once
+    and answers where it went, as Kafka's acknowledgement does."""
+
+    def __init__(self, log: MemoryEventLog) -> None:
+        self.log = log
+
+    def send(self, topic: str, key: str, value: bytes | None, **_: Any) -> tuple[int, int]:
+        from gnomon.adapters.kafka import partition_for
+
+        partition = partition_for(key, self.log.partitions_of(topic))
+        return partition, self.log.append(topic, key.encode(), value, partition)
+
+
 class SimCluster:
     def __init__(self, seed: int, *, processors: int = 2, workers: int = 2, partitions: int = 4,
                  faults: SimFaults | None = None, standbys: bool = True, worker_slots: int = 8,
@@ -444,6 +458,27 @@ class SimCluster:
             if r.value is not None:
                 checker.observe(codec.decode(r.value))
         return checker.check(list(self.jobs().values()), self.clock.now_ms())
+
+    # ---- the API ----------------------------------------------------------------------------
+
+    def api(self, tokens: dict[str, str] | None = None) -> Any:
+        """The REST API in process on this cluster's log (an ASGI app: drive it with
+        ``fastapi.testclient.TestClient``): its commands go to the job-commands topic and
+        its answers come from the command-results topic, both on the in-memory log, so
+        the cluster's real processors decide them under its faults. The simulation steps
+        only when the test steps it, so a write answers 202 at once; step the cluster,
+        then read the answer at its Location (``GET /v1/commands/{id}``). History is an
+        in-memory store no projector writes (reads find the API's own accepted writes)."""
+        from gnomon.api.answers import CommandAnswers
+        from gnomon.api.app import CommandSink, create_app
+        from gnomon.api.auth import Authenticator
+        from gnomon.history.memory import InMemoryHistoryStore
+
+        answers = CommandAnswers(self.log.reader("sim-api-answers"), self.topo.command_results, self.topo.partitions)
+        answers.position_at_end()
+        return create_app(history=InMemoryHistoryStore(), commands=CommandSink(_LogSink(self.log), self.topo.job_commands),
+                          auth=Authenticator(tokens or {"sim-token": TENANT}), topology=self.topo, clock=self.clock,
+                          answers=answers, answer_timeout_s=0.0)
 
     def describe(self) -> str:
         """The seed, the faults injected and the counters: for a failing scenario's message."""

@@ -134,6 +134,8 @@ class CommandAnswers:
 
     def get(self, pos: Position) -> CommandResult | None:
         """The answer to the command at ``pos`` if it came and is still kept."""
+        if self._thread is None:  # no reader thread (the simulation, tests): read what has come
+            self.read_once(0.0)
         with self._changed:
             kept = self._kept.get(pos)
         return None if kept is None else kept[1]
