@@ -401,10 +401,13 @@ def create_app(
         return {"status": "ok"}
 
     @app.post("/v1/jobs", status_code=201, summary="Register a job", response_model=None,
-              description="With an Idempotency-Key the job id is derived from the tenant and the key: a retry "
-              "with the same key and body answers the same job (200 once it is visible, 201 before) and never "
-              "registers a second one; the same key with another body is 409.",
-              responses={201: {"model": schemas.Job, "description": "registered", "headers": _LOCATION},
+              description="The answer is the scheduler's decision (docs/answers.md): 201 once the processor "
+              "accepted the job, its problem when it refused it, 202 with a Location to poll when its answer did "
+              "not come in time. With an Idempotency-Key the job id is derived from the tenant and the key: a retry "
+              "with the same key and body answers the same job (200) and never registers a second one; the same "
+              "key with another body is 409.",
+              responses={**ANSWER_PENDING,
+                         201: {"model": schemas.Job, "description": "registered", "headers": _LOCATION},
                          200: {"model": schemas.Job, "description": "already registered with this "
                                "Idempotency-Key and body", "headers": _LOCATION},
                          **problem_responses(401, 409, 413, 422, 503), **limit_responses()},
