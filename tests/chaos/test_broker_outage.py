@@ -7,9 +7,10 @@ frozen (SIGSTOP) past its session and its transaction timeout: once thawed it is
 (its assignment lost, or its commit refused), and it rejoins and works again.
 
 Outside CI (bench/broker_outage.py): the 10-minute outage, and the same outages on three
-brokers (`--nodes 3 --outage-s 30 --outage-s 120`): there the start lag p99 after the
-return was 0.96-0.98 s in one run and 16.6 s in another on a loaded machine (docs/
-benchmarks.md), too close to its 1 s bound to gate CI on until that is explained."""
+brokers (`--nodes 3 --outage-s 30 --outage-s 120`, ~7 min; a 3-broker cluster beside the
+chaos suite starves the 2-core box): on a quiet box the start lag p99 after the return
+was under 0.01 s (2026-12-03), on a box loaded by other runs 0.96-16.6 s (docs/
+benchmarks.md)."""
 
 from __future__ import annotations
 
