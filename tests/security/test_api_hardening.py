@@ -327,3 +327,19 @@ def test_dev_token_file_is_born_0600_and_stable(tmp_path: Any) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert token.startswith("gnomon-dev-") and dev_token(settings) == token
     assert [p.name for p in path.parent.iterdir()] == ["dev-token"]  # no temp file left behind
+
+
+def test_an_accepted_write_is_answered_as_accepted_while_history_is_down() -> None:
+    class DownHistory(InMemoryHistoryStore):
+        def get_job(self, job_id: str) -> Any:
+            raise HistoryStoreError("cassandra is down")
+
+    producer = DecidingProducer(None)
+    client = _app(producer, DownHistory(), answers=producer.answers)
+    first = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"})
+    again = client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"})
+    assert (first.status_code, again.status_code) == (201, 200) and again.json()["id"] == first.json()["id"]
+    patched = client.patch(f"/v1/jobs/{first.json()['id']}", json={"priority": "high"})
+    assert patched.status_code == 200 and patched.headers["ETag"] == '"2"', patched.text
+    # without If-Match, a refusal that is not about the version stays itself (not a 412)
+    assert _problem(client.patch("/v1/jobs/job_missing", json={"priority": "high"}), 404)["title"] == "Not found"

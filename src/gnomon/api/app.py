@@ -53,7 +53,7 @@ from gnomon.api.tenants import install as install_tenant_routes
 from gnomon.api.views import RunViews, job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.command_checks import check_job_id
-from gnomon.core.errors import Conflict, EventLogError, NotFound, ValidationError
+from gnomon.core.errors import Conflict, EventLogError, HistoryStoreError, NotFound, ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
     JobState,
@@ -386,8 +386,11 @@ def create_app(
                 raise
             raise Conflict(f"{IDEMPOTENCY_HEADER} {key!r} was already used for job {job_id} with a different "
                            "definition; use a new key for a new job") from exc
-        if res.reason == ALREADY_REGISTERED:
-            existing = recent.newest(job_id, history.get_job(job_id))
+        if res.reason == ALREADY_REGISTERED:  # the view of the job as it is, if it can be read
+            try:
+                existing = recent.newest(job_id, history.get_job(job_id))
+            except HistoryStoreError:
+                existing = recent.get(job_id)
             if existing is not None:
                 return created(job_view(existing), 200)
         state = JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slot_after(spec, now - 1),
@@ -498,11 +501,19 @@ def create_app(
         try:
             res = decided(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
         except Conflict as exc:
+            if expected is None:
+                raise
             return problems.problem(412, "precondition-failed", "Precondition Failed",
                                     f"{exc}; GET the job and apply your change again", field="If-Match")
-        state = remember(job_id, res, lambda s: replace(s, spec=apply_patch(s.spec, patch, now, pools=pools)))
+        try:  # the merge the processor made, on the state this process kept (if any)
+            state = remember(job_id, res, lambda s: replace(s, spec=apply_patch(s.spec, patch, now, pools=pools)))
+        except ValidationError:  # accepted there: never answer a refusal for it here
+            state = None
         if state is None:
-            read = history.get_job(job_id)
+            try:
+                read = history.get_job(job_id)
+            except HistoryStoreError:  # accepted: the answer does not depend on history
+                read = None
             state = read if read is not None and read.version == res.job_version else None
         etag = {"ETag": f'"{res.job_version}"'}
         if state is None:  # history does not show this version yet
