@@ -23,7 +23,7 @@ from gnomon.api.auth import (
     parse_principals,
     parse_tokens,
 )
-from gnomon.api.tenants import TenantPoller, TenantService, TriggerWindow
+from gnomon.api.tenants import TenantPoller, TenantService
 from gnomon.config import Settings
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock, iso_to_ms
@@ -270,16 +270,6 @@ def test_limits_change_without_a_restart(env: Env) -> None:
 
 
 # ---- pieces ----------------------------------------------------------------------------------
-
-
-def test_trigger_window_slides() -> None:
-    w = TriggerWindow(window_ms=1000)
-    assert w.count("a", 0) == 0 and w.oldest("a", 0) is None
-    w.record("a", 0)
-    w.record("a", 500)
-    assert (w.count("a", 999), w.oldest("a", 999)) == (2, 0)
-    assert (w.count("a", 1000), w.oldest("a", 1000)) == (1, 500)
-    assert w.count("a", 1500) == 0 and w._by_tenant == {}  # emptied tenants are dropped
 
 
 def test_poller_polls_the_feed() -> None:

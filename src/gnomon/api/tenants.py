@@ -1,14 +1,12 @@
-"""Tenants in the API: admin endpoints for limits, a tenant's own view, admission pre-checks.
+"""Tenants in the API: admin endpoints for limits, a tenant's own view.
 
 ``TenantService`` holds the API's copy of ``gnomon.tenants`` (a ``TenantBook``) and of
 ``gnomon.tenant-usage`` (a ``UsageBook``), both filled by a ``TenantFeed``
 (``streams/tenant_feed.py``; ``poll`` from a background thread, see ``TenantPoller``),
-and writes limit records for the admin endpoints. The job handlers call its ``check_*``
-methods before sending a command (``core.admission`` with the tenant's limits, the
-processors' usage counts and, for manual triggers, a sliding window of the triggers this
-API instance accepted): a refusal is a ``LimitExceeded``, answered 429 with Retry-After
-or 422 (``problems.limit_problem``). The processor applies the same rules again; these
-checks only give the client an early, precise answer, from counts that may lag by a poll.
+and writes limit records for the admin endpoints. Admission (``core.admission``) is the
+processors': a job write answers their ``LimitExceeded`` refusal (429 with Retry-After or
+422, ``problems.limit_problem``; docs/answers.md). Only the batch still answers an item
+over a limit early, from ``limits_and_totals`` (counts that may lag by a poll).
 
 Routes (``install``):
 
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -39,10 +36,8 @@ from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import problem_responses, request_body
 from gnomon.api.polling import POLL_INTERVAL_S, FeedPoller
 from gnomon.api.problems import Forbidden
-from gnomon.core import admission
 from gnomon.core.clock import Clock, SystemClock, ms_to_iso
 from gnomon.core.errors import EventLogError, ValidationError
-from gnomon.core.model import JobSpec
 from gnomon.core.tenants import (
     DEFAULTS_KEY,
     LIMIT_BOUNDS,
@@ -53,7 +48,7 @@ from gnomon.core.tenants import (
 from gnomon.core.usage import UsageBook
 from gnomon.topology import load_topology
 
-__all__ = ["LIMIT_FIELDS", "TenantPoller", "TenantService", "TriggerWindow", "install", "limit_responses"]
+__all__ = ["LIMIT_FIELDS", "TenantPoller", "TenantService", "install", "limit_responses"]
 
 log = logging.getLogger("gnomon.api")
 
@@ -67,46 +62,13 @@ LIMIT_FIELDS: dict[str, str] = {
 }
 _API_NAME = {snake: camel for camel, snake in LIMIT_FIELDS.items()}
 assert set(LIMIT_FIELDS.values()) == set(LIMIT_BOUNDS), "LIMIT_FIELDS must cover core.tenants.LIMIT_BOUNDS"
-TRIGGER_WINDOW_MS = 60_000
-
-
-class TriggerWindow:
-    """Each tenant's manual triggers accepted by this API instance in the last minute.
-    A tenant's entries never exceed its ``triggers_per_min_max`` (a trigger is recorded
-    only once admitted), and tenants come from tokens, so memory is bounded."""
-
-    def __init__(self, window_ms: int = TRIGGER_WINDOW_MS) -> None:
-        self.window_ms = window_ms
-        self._by_tenant: dict[str, deque[int]] = {}
-
-    def _recent(self, tenant: str, now_ms: int) -> deque[int]:
-        times = self._by_tenant.get(tenant)
-        if times is None:
-            return deque()
-        while times and times[0] <= now_ms - self.window_ms:
-            times.popleft()
-        if not times:
-            del self._by_tenant[tenant]
-        return times
-
-    def count(self, tenant: str, now_ms: int) -> int:
-        return len(self._recent(tenant, now_ms))
-
-    def oldest(self, tenant: str, now_ms: int) -> int | None:
-        times = self._recent(tenant, now_ms)
-        return times[0] if times else None
-
-    def record(self, tenant: str, now_ms: int) -> None:
-        self._by_tenant.setdefault(tenant, deque()).append(now_ms)
-
-
 class TenantService:
-    """The API's tenants: books, the limit writer, admission pre-checks. Thread-safe (one
-    lock around the books and the window; handlers run in the thread pool)."""
+    """The API's tenants: books, the limit writer, the limits and usage the batch's early
+    answers read (admission itself is the processors'). Thread-safe (one lock around
+    the books; handlers run in the thread pool)."""
 
     def __init__(self, book: TenantBook | None = None, usage: UsageBook | None = None, *,
-                 writer: Any = None, topic: str | None = None, feed: Any = None,
-                 window: TriggerWindow | None = None) -> None:
+                 writer: Any = None, topic: str | None = None, feed: Any = None) -> None:
         """``writer``: ``send(topic, key, value_or_None)`` acknowledged by Kafka (a
         ``SyncProducer``); None: limits cannot be changed (503). ``topic``: where limits
         are written (default: the topology's tenants topic). ``feed``: a
@@ -116,7 +78,6 @@ class TenantService:
         self.writer = writer
         self.topic = topic if topic is not None else load_topology().tenants
         self.feed = feed
-        self.window = window or TriggerWindow()
         self.lock = threading.Lock()
 
     def poll(self) -> int:
@@ -190,33 +151,12 @@ class TenantService:
             raise EventLogError(f"this API instance cannot write {self.topic}")
         self.writer.send(self.topic, tenant, value)
 
-    # ---- admission pre-checks (core.admission) -----------------------------------------
+    # ---- the batch's early answers (api.batch; admission itself is the processors') -------
 
     def limits_and_totals(self, tenant: str, now_ms: int) -> tuple[TenantLimits, dict[str, int]]:
         """The tenant's limits and its usage (``UsageBook.totals``), read together."""
         with self.lock:
             return self.book.limits(tenant), self.usage.totals(tenant, now_ms)
-
-    def check_registration(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
-        limits, totals = self.limits_and_totals(tenant, now_ms)
-        admission.check_registration(limits, spec, jobs=totals["jobs"], backlog=totals["backlog"], now_ms=now_ms)
-
-    def check_schedule(self, tenant: str, spec: JobSpec, now_ms: int) -> None:
-        admission.check_schedule(self.limits(tenant), spec, now_ms)
-
-    def admit_trigger(self, tenant: str, now_ms: int) -> None:
-        """Check a manual trigger and, if admitted, count it in the window at once (so two
-        concurrent requests cannot both take the last one). The count is the larger of
-        this instance's window and the processors' ``triggers_last_min`` (which includes
-        every API instance's triggers, a poll late). A trigger whose send then fails stays
-        counted: it may have been written."""
-        with self.lock:
-            limits, totals = self.book.limits(tenant), self.usage.totals(tenant, now_ms)
-            local = self.window.count(tenant, now_ms)
-            admission.check_trigger(limits, backlog=totals["backlog"],
-                                    triggers_last_min=max(local, totals["triggers_last_min"]),
-                                    oldest_trigger_ms=self.window.oldest(tenant, now_ms), now_ms=now_ms)
-            self.window.record(tenant, now_ms)
 
 
 def limits_json(limits: TenantLimits) -> dict[str, int]:
