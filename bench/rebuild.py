@@ -44,7 +44,7 @@ from gnomon.core.model import JobSpec, Schedule, Target, TargetType, slot_run_id
 from gnomon.core.workers import WorkerDirectory
 from gnomon.eventlog.kafka import read_partition_to_end
 from gnomon.infra.kafka import admin
-from gnomon.streams.task import PartitionTask
+from gnomon.processor.task import PartitionTask
 from gnomon.topology import load_topology
 
 T0 = 1_803_859_200_000  # 2027-03-01T00:00:00Z: the first finished run's slot

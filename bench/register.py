@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 from gnomon.adapters.kafka import consumer_config
 from gnomon.config import load
 from gnomon.events import JobEvents
-from gnomon.streams.runtime import GROUP_ID
+from gnomon.processor.runtime import GROUP_ID
 from gnomon.topology import load_topology
 
 REPO = Path(__file__).resolve().parent.parent

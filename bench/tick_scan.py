@@ -20,7 +20,7 @@ from pathlib import Path
 from gnomon.adapters.kv import RocksKV
 from gnomon.core import jobs as J
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
-from gnomon.streams.task import PartitionTask
+from gnomon.processor.task import PartitionTask
 from gnomon.topology import load_topology
 
 T0 = 1_803_859_200_000  # 2027-03-01T00:00:00Z; idle jobs next fire 2028-01-01

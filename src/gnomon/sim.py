@@ -51,8 +51,8 @@ from gnomon.core import runs as R
 from gnomon.core.clock import Clock, FakeClock
 from gnomon.core.model import Target
 from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, PlainFaults
-from gnomon.streams.runtime import Processor, ProcessorConfig
-from gnomon.streams.stores import MemoryStores
+from gnomon.processor.runtime import Processor, ProcessorConfig
+from gnomon.processor.stores import MemoryStores
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.attempt import AttemptContext, AttemptResult, encode_output
 from gnomon.worker.executors import Handler
@@ -471,8 +471,8 @@ class SimCluster:
         in-memory store no projector writes (reads find the API's own accepted writes)."""
         from gnomon.api.answers import CommandAnswers
         from gnomon.api.app import CommandSink, create_app
-        from gnomon.api.auth import Authenticator
         from gnomon.history.memory import InMemoryHistoryStore
+        from gnomon.web.auth import Authenticator
 
         answers = CommandAnswers(self.log.reader("sim-api-answers"), self.topo.command_results, self.topo.partitions)
         answers.position_at_end()

@@ -1,6 +1,6 @@
 """A small client of the tenant endpoints (``/v1/tenants``, ``/v1/tenant``).
 
-The admin endpoints need a token with the admin role (``gnomon.api.auth``): the token is
+The admin endpoints need a token with the admin role (``gnomon.web.auth``): the token is
 the one given, else ``$GNOMON_ADMIN_TOKEN``, else the dev admin token of the state dir
 (``gnomon api --dev`` / ``gnomon dev`` create it), else ``$GNOMON_TOKEN`` (which the API
 refuses with 403 unless it is an admin token).

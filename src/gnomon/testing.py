@@ -37,8 +37,9 @@ from gnomon.core.quota import QuotaBook
 from gnomon.core.replies import CommandResult
 from gnomon.core.tenants import TenantBook
 from gnomon.core.workers import WorkerAdvert, WorkerDirectory
-from gnomon.streams.task import Output, PartitionTask
-from gnomon.streams.waiting import assign_waiting
+from gnomon.processor.output import Output
+from gnomon.processor.task import PartitionTask
+from gnomon.processor.waiting import assign_waiting
 from gnomon.topology import Topology, load_topology
 
 # What a fake worker does with an attempt it was granted.

@@ -1,7 +1,7 @@
 """API tokens on the client side: their hash and the dev tokens of a state dir.
 
 No server dependency (the SDK, the CLI and a worker-only install use it); the API's
-token table and authenticator (``gnomon.api.auth``) build on it.
+token table and authenticator (``gnomon.web.auth``) build on it.
 
 In dev mode (``gnomon api --dev``, ``gnomon dev``) the API creates a dev token once in
 the state dir (``<state dir>/dev-token``, mode 0600, tenant ``dev``) and a dev admin

@@ -12,7 +12,7 @@ history shows as ``startedAt``).
 
 Ahead of the backlog in every tier's queue wait 300 runs of a tenant that no worker
 serves (its pool is down, say). They must not take their tier's picks: before the fix
-in ``streams/waiting.py`` they did (70.2/16.1/13.7 over the first 1,000, and 939 runs
+in ``processor/waiting.py`` they did (70.2/16.1/13.7 over the first 1,000, and 939 runs
 not started two minutes on, with 100 slots free). They are deleted at the end.
 
 The processor and the worker have ids of their own, so the test neither shares nor

@@ -24,7 +24,7 @@ from harness import Stack, wait_for
 
 from gnomon.client import ApiError, Client
 from gnomon.core.clock import ms_to_iso
-from gnomon.worker.http_target import verify_signature
+from gnomon.outbound.http import verify_signature
 
 pytestmark = pytest.mark.integration
 

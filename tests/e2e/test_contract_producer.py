@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from harness import Stack, wait_for
 
+from gnomon import credentials
 from gnomon.codec import default_codec
 from gnomon.config import REPO_ROOT, load
 from gnomon.events import JobEvents
-from gnomon.infra import credentials, fetch, registry
+from gnomon.infra import fetch, registry
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration

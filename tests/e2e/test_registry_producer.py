@@ -33,14 +33,14 @@ import pytest
 from confluent_kafka import Consumer
 from harness import Stack, end_offsets, wait_for
 
-from gnomon import codec
+from gnomon import codec, credentials
 from gnomon.adapters.kafka import consumer_config
 from gnomon.client import ApiError
 from gnomon.codec import default_codec
 from gnomon.config import load
 from gnomon.core.messages import PoisonRecord
 from gnomon.events import JobEvents
-from gnomon.infra import credentials, registry
+from gnomon.infra import registry
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration

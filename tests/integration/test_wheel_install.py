@@ -292,7 +292,7 @@ def test_server_extra_installs_processor_and_api(server_install: Install, tmp_pa
     bin_ = server_install.wait()
     assert "--instance-id" in _run([str(bin_ / "gnomon"), "processor", "--help"], tmp_path, COLUMNS="200").stdout
     _run([str(bin_ / "python"), "-c", textwrap.dedent(f"""\
-        import gnomon.api.app, gnomon.streams.runtime, gnomon.history.projector
+        import gnomon.api.app, gnomon.processor.runtime, gnomon.history.projector
         from gnomon.history.migrate import DEFAULT_CQL_DIR, load_migrations
         assert str(DEFAULT_CQL_DIR).startswith({str(server_install.venv)!r}), DEFAULT_CQL_DIR
         assert load_migrations()

@@ -17,10 +17,10 @@ import pytest
 
 from gnomon.api.alerts import AlertService
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator
 
 SERVER_START_TIMEOUT_S = 10.0
 

@@ -14,13 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gnomon.api.app import CommandSink, create_app, idempotent_job_id
-from gnomon.api.auth import Authenticator, dev_token, hash_token, load_tokens, parse_tokens
-from gnomon.api.body import BODY_MAX_BYTES, JSON_DEPTH_MAX, json_depth
 from gnomon.config import Settings
 from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator, dev_token, hash_token, load_tokens, parse_tokens
+from gnomon.web.body import BODY_MAX_BYTES, JSON_DEPTH_MAX, json_depth
 
 JOB = {"name": "n", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
 PROBLEM = "application/problem+json"

@@ -22,19 +22,13 @@ import pytest
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import Outcome
+from gnomon.outbound.http import HttpPolicy, redact_text, redact_url, url_secrets, verify_signature
+from gnomon.outbound.netguard import refusal
+from gnomon.outbound.secrets import SecretStore
 from gnomon.worker.attempt import AttemptContext, AttemptResult
 from gnomon.worker.executors import Dispatcher
-from gnomon.worker.http_target import (
-    HttpExecutor,
-    HttpPolicy,
-    redact_text,
-    redact_url,
-    url_secrets,
-    verify_signature,
-)
-from gnomon.worker.netguard import refusal
+from gnomon.worker.http_target import HttpExecutor
 from gnomon.worker.policy import PoolPolicy
-from gnomon.worker.secrets import SecretStore
 
 BIG_BODY_BYTES = 10 * 1024 * 1024
 CHUNK = b"x" * 65536

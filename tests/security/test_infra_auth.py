@@ -13,11 +13,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from gnomon import codec
+from gnomon import codec, credentials
 from gnomon.adapters.kafka import consumer_config, producer_config, security_config
 from gnomon.config import Settings, load
 from gnomon.core.jobs import PauseJob
-from gnomon.infra import cassandra, credentials, kafka, manager
+from gnomon.infra import cassandra, kafka, manager
 from gnomon.infra.errors import InfraError
 from gnomon.topology import load_topology
 

@@ -60,9 +60,9 @@ def gnomon_api_schema(gnomon_api: Any) -> Any:
 def _operations() -> list[tuple[str, str]]:
     """(path, METHOD) of every documented operation, read from a throwaway app."""
     from gnomon.api.app import CommandSink, create_app
-    from gnomon.api.auth import Authenticator
     from gnomon.history.memory import InMemoryHistoryStore
     from gnomon.topology import load_topology
+    from gnomon.web.auth import Authenticator
 
     topo = load_topology()
     app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(None, topo.job_commands),

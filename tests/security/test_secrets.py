@@ -9,9 +9,9 @@ import pytest
 
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import Outcome
+from gnomon.outbound.secrets import SecretError, SecretStore, env_name
 from gnomon.worker.attempt import AttemptContext
 from gnomon.worker.command import SandboxedCommandExecutor
-from gnomon.worker.secrets import SecretError, SecretStore, env_name
 
 
 def store(tmp_path: Path, tenant: str, name: str, value: str, mode: int = 0o600) -> SecretStore:
@@ -69,7 +69,7 @@ def test_env_names() -> None:
 
 
 def test_each_line_of_a_multi_line_secret_is_redacted() -> None:
-    from gnomon.worker.secrets import redactor
+    from gnomon.outbound.secrets import redactor
 
     pem = "-----BEGIN KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf\n-----END KEY-----"
     redact = redactor([pem])

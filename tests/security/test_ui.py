@@ -140,7 +140,7 @@ def test_the_cookie_is_not_a_credential_for_the_json_api(gnomon_api: Any, world:
 
 
 def test_a_revoked_token_signs_the_session_out(gnomon_api: Any, world: dict[str, Any]) -> None:
-    from gnomon.api.auth import Authenticator
+    from gnomon.web.auth import Authenticator
 
     gnomon_api.app.state.auth = Authenticator({gnomon_api.tokens["other"]: "other"})  # acme's token revoked
     r = world["acme"].client.get("/ui/jobs")

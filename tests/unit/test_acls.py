@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gnomon import credentials
 from gnomon.adapters import kafka as ka
 from gnomon.config import Settings, load
-from gnomon.infra import acls, credentials
+from gnomon.infra import acls
 from gnomon.infra import kafka as infra_kafka
 from gnomon.infra.topics import topic_specs
 from gnomon.topology import load_topology

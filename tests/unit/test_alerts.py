@@ -23,7 +23,6 @@ from gnomon.alerts.sender import AlertDeliveryError, AlertSender
 from gnomon.alerts.service import OffsetTracker
 from gnomon.api.alerts import AlertService, parse_alert_body
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.core.alerts import (
     ALL_KINDS,
     AlertBook,
@@ -40,10 +39,11 @@ from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.outbound.http import HttpPolicy, verify_signature
+from gnomon.outbound.secrets import SecretStore
 from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
-from gnomon.worker.http_target import HttpPolicy, verify_signature
-from gnomon.worker.secrets import SecretStore
+from gnomon.web.auth import Authenticator
 
 NOW = iso_to_ms("2026-12-01T10:00:00Z")
 SLOT = NOW - 60_000

@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.cli import jobs as cli_jobs
 from gnomon.cli import main as cli_main
 from gnomon.client import ApiError, Client
@@ -24,6 +23,7 @@ from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import DecidingProducer, ListProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
 AUTH = {"Authorization": "Bearer tok-a"}

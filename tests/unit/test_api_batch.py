@@ -8,7 +8,6 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.api.batch import BATCH_ITEMS_MAX, Answer, Send, plan_batch
 from gnomon.api.tenants import TenantService
 from gnomon.core import jobs as J
@@ -20,6 +19,7 @@ from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import DecidingProducer, ListProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
 AUTH = {"Authorization": "Bearer tok-a"}

@@ -10,7 +10,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator, Principal
 from gnomon.api.tenants import TenantService
 from gnomon.codec import EncodeError
 from gnomon.core import jobs as J
@@ -22,6 +21,7 @@ from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator, Principal
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
 AUTH = {"Authorization": "Bearer tok-a"}

@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gnomon.api.app import AsyncReads, CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.api.views import RunViews, page_json, run_view
 from gnomon.codec import encode
 from gnomon.core.clock import FakeClock
@@ -29,6 +28,7 @@ from gnomon.history import _paging as P
 from gnomon.history.cassandra import CassandraHistoryStore, DecodeCache, _prepare, execute_on_loop
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator
 
 T0 = 1_790_000_000_000
 SPEC = JobSpec(name="n", schedule=Schedule(cron="* * * * * *", tz="UTC"),

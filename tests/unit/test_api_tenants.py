@@ -13,16 +13,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import (
-    Authenticator,
-    Principal,
-    dev_admin_token,
-    dev_token,
-    hash_token,
-    load_principals,
-    parse_principals,
-    parse_tokens,
-)
 from gnomon.api.tenants import TenantPoller, TenantService
 from gnomon.config import Settings
 from gnomon.core import jobs as J
@@ -33,6 +23,16 @@ from gnomon.core.validation import parse_job_spec
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import (
+    Authenticator,
+    Principal,
+    dev_admin_token,
+    dev_token,
+    hash_token,
+    load_principals,
+    parse_principals,
+    parse_tokens,
+)
 
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
 ADMIN = {"Authorization": "Bearer tok-admin"}

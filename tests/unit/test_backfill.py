@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.api.backfill import add_backfill_route, plan_backfill
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
@@ -32,6 +31,7 @@ from gnomon.core.runs import RunStatus
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster, ListProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator
 
 MIN = 60_000
 T0 = iso_to_ms("2026-11-30T00:00:00Z")

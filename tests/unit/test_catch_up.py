@@ -8,7 +8,7 @@ from gnomon.checker import HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.model import CatchUp, JobSpec, Schedule, Target, TargetType
-from gnomon.streams.task import PartitionTask
+from gnomon.processor.task import PartitionTask
 from gnomon.topology import load_topology
 
 T0 = 1_803_859_200_000  # 2027-03-01T00:00:00Z

@@ -95,8 +95,8 @@ def test_errors_are_printed_literally(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_token_hash_reads_stdin_and_prints_an_entry() -> None:
-    from gnomon.api.auth import hash_token, parse_tokens
     from gnomon.cli.jobs import token_app
+    from gnomon.web.auth import hash_token, parse_tokens
 
     res = runner.invoke(token_app, ["--tenant", "acme"], input="s3cret\n")
     assert res.exit_code == 0, res.output

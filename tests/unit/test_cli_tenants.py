@@ -10,7 +10,6 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator, Principal
 from gnomon.api.tenants import TenantService
 from gnomon.cli import main as cli_main
 from gnomon.cli import tenants as cli_tenants
@@ -22,6 +21,7 @@ from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.tenants_client import ADMIN_TOKEN_ENV, TenantsClient, admin_token
 from gnomon.testing import ListProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator, Principal
 
 TENANTS = "gnomon.tenants"
 

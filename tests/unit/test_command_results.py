@@ -8,7 +8,8 @@ from gnomon.core import jobs as J
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType, slot_run_id
 from gnomon.core.replies import CommandResult, ResultCode
 from gnomon.core.tenants import TenantBook, TenantLimits
-from gnomon.streams.task import Output, PartitionTask
+from gnomon.processor.output import Output
+from gnomon.processor.task import PartitionTask
 from gnomon.testing import InMemoryCluster, partition_for
 
 SPEC = JobSpec(name="x", schedule=Schedule(cron="0 * * * *"), target=Target(TargetType.COMMAND, argv=("true",)))

@@ -13,8 +13,8 @@ from gnomon.core import jobs as J
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.core.replies import CommandResult, ResultCode
+from gnomon.processor.task import PartitionTask
 from gnomon.sim import HANDLER, TENANT, SimCluster
-from gnomon.streams.task import PartitionTask
 from gnomon.testing import partition_for
 
 GOOD = JobSpec(name="good", schedule=Schedule(cron="*/5 * * * * *"), target=Target(TargetType.HANDLER, handler=HANDLER))
@@ -196,7 +196,7 @@ def test_a_job_whose_tick_breaks_is_poisoned_once_and_the_others_keep_running(
 def test_deaths_after_a_record_was_applied_are_not_counted_against_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Review finding: the marker named the last record begun until the next one, so
     processes killed in their commit (or a tick) three times blamed a healthy record."""
-    from gnomon.streams.runtime import Processor
+    from gnomon.processor.runtime import Processor
 
     original = Processor._commit
     kills = []

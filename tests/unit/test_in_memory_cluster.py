@@ -10,7 +10,7 @@ from gnomon.core import runs as R
 from gnomon.core.errors import ValidationError
 from gnomon.core.model import CatchUp, JobSpec, Priority, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.runs import RunStatus
-from gnomon.streams.task import PartitionTask
+from gnomon.processor.task import PartitionTask
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
 from gnomon.topology import Topology
 

@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator
 from gnomon.core import runs as R
 from gnomon.core.clock import FakeClock
 from gnomon.history.memory import InMemoryHistoryStore
@@ -29,6 +28,7 @@ from gnomon.metrics.worker import WorkerMetrics
 from gnomon.sim import SimCluster, SimFaults
 from gnomon.testing import DecidingProducer, ListProducer
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator
 
 INF = float("inf")
 

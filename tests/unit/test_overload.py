@@ -13,7 +13,7 @@ from gnomon.adapters.kv import MemoryKV
 from gnomon.core import jobs as J
 from gnomon.core.model import JobSpec, Priority, Schedule, Target, TargetType
 from gnomon.core.overload import OverloadGovernor, TickBudget
-from gnomon.streams.task import PartitionTask
+from gnomon.processor.task import PartitionTask
 from gnomon.topology import load_topology
 
 T0 = 1_767_225_600_000
@@ -203,10 +203,10 @@ def test_the_api_relays_the_overloaded_processors_429_for_new_one_off_work() -> 
     from fastapi.testclient import TestClient
 
     from gnomon.api.app import CommandSink, create_app
-    from gnomon.api.auth import Authenticator
     from gnomon.core.clock import FakeClock
     from gnomon.history.memory import InMemoryHistoryStore
     from gnomon.testing import DecidingProducer
+    from gnomon.web.auth import Authenticator
 
     clock = FakeClock(T0)
     producer, history = DecidingProducer(InMemoryHistoryStore(), clock=clock), InMemoryHistoryStore()

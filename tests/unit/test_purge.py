@@ -15,8 +15,8 @@ from gnomon.core.clock import FakeClock
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType, slot_run_id
 from gnomon.core.runs import RunStatus
 from gnomon.eventlog.memory import MemoryEventLog
-from gnomon.streams.history_mark import HistoryWatermark
-from gnomon.streams.task import Output
+from gnomon.processor.history_mark import HistoryWatermark
+from gnomon.processor.output import Output
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
 
 CMD = Target(TargetType.COMMAND, argv=("true",))

@@ -17,7 +17,7 @@ from gnomon.core import runs as R
 from gnomon.core.errors import LimitExceeded
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.tenants import DEFAULTS_KEY, TenantBook, TenantLimits
-from gnomon.streams.task import Output
+from gnomon.processor.output import Output
 from gnomon.testing import FakeWorkerPolicy, InMemoryCluster
 
 CMD = Target(TargetType.COMMAND, argv=("true",))

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnomon.adapters.kv import MemoryKV
-from gnomon.streams.savepoint import JournalKV
+from gnomon.processor.savepoint import JournalKV
 
 keys = st.sampled_from([b"a", b"b", b"c", b"d"])
 ops = st.lists(st.one_of(

@@ -10,9 +10,9 @@ import pytest
 
 from gnomon.adapters.kafka import partition_for
 from gnomon.adapters.kv import MemoryKV
+from gnomon.processor.runtime import Processor
+from gnomon.processor.task import PartitionTask
 from gnomon.sim import SimCluster, SimFaults
-from gnomon.streams.runtime import Processor
-from gnomon.streams.task import PartitionTask
 
 
 @pytest.fixture(autouse=True)

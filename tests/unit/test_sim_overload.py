@@ -15,8 +15,8 @@ from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.model import Priority
+from gnomon.processor.task import _in_flight
 from gnomon.sim import SimCluster, SimFaults
-from gnomon.streams.task import _in_flight
 
 HIGH, NORMAL, LOW = 3, 24, 6  # per-second jobs: 33 slots a second
 BUDGET_PER_TICK = 2  # normal/low triggers per 200 ms tick: 10 a second of the 30 asked
@@ -109,7 +109,7 @@ def test_overload_under_faults_accounts_for_every_slot(seed: int) -> None:
 def test_the_governor_holds_its_window_after_an_assignment_and_a_gap() -> None:
     """Start lags right after a processor gets partitions, recovers or was stalled are an
     outage's: the window neither grows nor is cut for a minute (runtime.OVERLOAD_QUIET_MS)."""
-    from gnomon.streams.runtime import OVERLOAD_QUIET_MS
+    from gnomon.processor.runtime import OVERLOAD_QUIET_MS
 
     c = SimCluster(3, processors=1, workers=1, partitions=2, step_ms=100)
     c.run_for(2_000, faults=False)

@@ -1,4 +1,4 @@
-"""Warm standbys (gnomon.streams.standby) against an in-memory changelog: a copy is built
+"""Warm standbys (gnomon.processor.standby) against an in-memory changelog: a copy is built
 in bulk, then tails per key; a promoted copy plus the tail from its positions equals a
 full rebuild of the same changelog."""
 
@@ -15,8 +15,9 @@ from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.eventlog.port import TP, Record
-from gnomon.streams.standby import StandbySet
-from gnomon.streams.task import Output, PartitionTask
+from gnomon.processor.output import Output
+from gnomon.processor.standby import StandbySet
+from gnomon.processor.task import PartitionTask
 from gnomon.testing import InMemoryCluster
 from gnomon.topology import load_topology
 

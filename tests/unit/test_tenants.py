@@ -22,9 +22,9 @@ from gnomon.core.tenants import (
 )
 from gnomon.core.usage import TenantUsage, UsageBook, parse_usage_key, usage_key
 from gnomon.core.validation import parse_job_spec
+from gnomon.feeds.tenants import apply_record
 from gnomon.infra import acls
 from gnomon.infra.topics import topic_specs
-from gnomon.streams.tenant_feed import apply_record
 from gnomon.topology import load_topology
 
 NOW = 1_800_000_000_000
@@ -280,7 +280,7 @@ def _memory_log(logs: dict[str, list[tuple[bytes | None, bytes | None]]]) -> Any
 
 def test_feed_loads_both_topics_from_the_beginning_then_polls() -> None:
     from gnomon.core.clock import FakeClock
-    from gnomon.streams import tenant_feed
+    from gnomon.feeds import tenants as tenant_feed
 
     logs: dict[str, list[tuple[bytes | None, bytes | None]]] = {
         TENANTS: [(b"acme", codec.encode(TenantLimits("acme", jobs_max=1), TENANTS)),
@@ -294,7 +294,7 @@ def test_feed_loads_both_topics_from_the_beginning_then_polls() -> None:
     log = _memory_log(logs)
     book, ubook = TenantBook(), UsageBook()
     feed = tenant_feed.TenantFeed("b:1", load_topology(), book, ubook, FakeClock(NOW), role="api", log=log)
-    assert feed.consumer.group_id == "gnomon-tenants"  # type: ignore[attr-defined]
+    assert feed.feed.consumer.group_id == "gnomon-tenants"  # type: ignore[attr-defined]
     assert feed.load(5) == 6  # the garbage record skipped
     assert book.limits("acme").jobs_max == 2 and book.limits("other").jobs_max == 50
     assert ubook.totals("acme")["jobs"] == 7
@@ -306,11 +306,11 @@ def test_feed_loads_both_topics_from_the_beginning_then_polls() -> None:
 
 def test_a_processor_feed_reads_limits_only() -> None:
     from gnomon.core.clock import FakeClock
-    from gnomon.streams import tenant_feed
+    from gnomon.feeds import tenants as tenant_feed
 
     log = _memory_log({TENANTS: [], USAGE: [(b"acme/0", codec.encode(usage("acme", 0, jobs=3), USAGE))]})
     feed = tenant_feed.TenantFeed("b:1", load_topology(), TenantBook(), None, FakeClock(NOW), log=log)
-    assert feed.topics == [TENANTS]
+    assert feed.feed.topics == [TENANTS]
     assert feed.load(1) == 0  # empty topic: nothing to wait for
 
 

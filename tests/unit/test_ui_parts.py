@@ -109,13 +109,13 @@ def test_the_jobs_list_and_page_of_a_one_time_job_answer_200() -> None:
     from fastapi.testclient import TestClient
 
     from gnomon.api.app import CommandSink, create_app
-    from gnomon.api.auth import Authenticator
     from gnomon.core import jobs as J
     from gnomon.core.clock import FakeClock
     from gnomon.core.model import JobSpec, Schedule, Target, TargetType
     from gnomon.history.memory import InMemoryHistoryStore
     from gnomon.testing import ListProducer
     from gnomon.topology import load_topology
+    from gnomon.web.auth import Authenticator
 
     now = iso_to_ms("2026-05-01T08:00:00Z")
     history, topo = InMemoryHistoryStore(), load_topology()
@@ -136,7 +136,6 @@ def test_a_staged_run_is_shown_as_staged_not_as_running() -> None:
     from fastapi.testclient import TestClient
 
     from gnomon.api.app import CommandSink, create_app
-    from gnomon.api.auth import Authenticator
     from gnomon.core import jobs as J
     from gnomon.core import runs as R
     from gnomon.core.clock import FakeClock
@@ -144,6 +143,7 @@ def test_a_staged_run_is_shown_as_staged_not_as_running() -> None:
     from gnomon.history.memory import InMemoryHistoryStore
     from gnomon.testing import ListProducer
     from gnomon.topology import load_topology
+    from gnomon.web.auth import Authenticator
 
     now = iso_to_ms("2026-05-01T08:00:00Z")
     history, topo = InMemoryHistoryStore(), load_topology()

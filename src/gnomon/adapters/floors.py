@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from gnomon.ports import KeyValueStore
 
 # The indexes of a partition's store that are consumed from their head (the key layout
-# is gnomon.streams.task's): a due job (j<prio>/<ms>/<job>, one index per priority; jd/
+# is gnomon.processor.task's): a due job (j<prio>/<ms>/<job>, one index per priority; jd/
 # in stores written before those), a run's timer (rt/<ms>/<run>), a
 # run's purge (rp/<ms>/<run>), each by time; and the runs waiting for room in a pool,
 # one index per pool, lane and priority (rw/<pool>\0<lane><prio>/<ms>/<run>), scanned

@@ -59,7 +59,7 @@ def current_role(role: str | None = None) -> str:
 
 def security_config(role: str | None = None, *, credentials_dir: Path | None = None) -> dict[str, Any]:
     """The librdkafka security settings of ``role`` (see the module doc); {} without credentials."""
-    from gnomon.infra import credentials
+    from gnomon import credentials
 
     protocol = os.environ.get(PROTOCOL_ENV) or "SASL_PLAINTEXT"
     mechanism = os.environ.get(MECHANISM_ENV) or DEFAULT_MECHANISM

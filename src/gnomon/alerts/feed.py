@@ -2,27 +2,26 @@
 
 The topic is compacted and small: the alerter and every API instance read it whole,
 from offset 0, outside any consumer group and without committing (as
-``streams/tenant_feed.py`` reads tenant limits): ``load`` once at start, then ``poll``.
+``gnomon.feeds.tenants`` reads tenant limits, on the same reader,
+``gnomon.feeds.compacted``): ``load`` once at start, then ``poll``.
 A record that does not decode or names another tenant than its key is logged and
 skipped; a tombstone turns the tenant's alerts off.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 
 from gnomon import codec
 from gnomon.core.alerts import AlertBook, AlertConfig
-from gnomon.core.errors import EventLogError, GnomonError
-from gnomon.eventlog.port import OFFSET_BEGINNING, TP, EventLog, Record
+from gnomon.core.errors import GnomonError
+from gnomon.eventlog.port import EventLog, Record
+from gnomon.feeds.compacted import CompactedFeed
 from gnomon.topology import Topology
 
 log = logging.getLogger("gnomon.alerts")
 
 GROUP_ID = "gnomon-alert-configs"  # never joined, never committed (ACL: gnomon.infra.acls)
-METADATA_TIMEOUT_S = 10.0
 
 
 class AlertFeed:
@@ -34,39 +33,15 @@ class AlertFeed:
             log = KafkaEventLog(bootstrap, role=role)
         self.book = book
         self.topic = topology.alert_configs
-        self.batch_max = batch_max
-        self.consumer = log.reader(GROUP_ID, config={"enable.auto.commit": False, "fetch.wait.max.ms": 10})
-        try:
-            self._partitions: list[TP] = [(self.topic, p) for p in self.consumer.partitions(self.topic,
-                                                                                           METADATA_TIMEOUT_S)]
-        except EventLogError as exc:
-            raise EventLogError(f"cannot read alert configs from {self.topic}: {exc}") from exc
-        self.consumer.assign([(t, p, OFFSET_BEGINNING) for t, p in self._partitions])
+        self.feed = CompactedFeed(log, GROUP_ID, [self.topic], self._apply, batch_max=batch_max)
 
     def load(self, timeout_s: float = 30.0) -> int:
         """Read every record up to the end offsets as of now; how many."""
-        deadline = time.monotonic() + timeout_s
-        ends = {tp: self.consumer.watermarks(tp, timeout_s)[1] for tp in self._partitions}
-        pending = {tp for tp, end in ends.items() if end > 0}
-        n = 0
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EventLogError(f"could not read {self.topic} to the end within {timeout_s:g} s")
-            for msg in self.consumer.consume(self.batch_max, min(left, 0.5)):
-                n += self._apply(msg)
-                tp = (msg.topic, msg.partition)
-                if tp in pending and msg.offset + 1 >= ends[tp]:
-                    pending.discard(tp)
-            with contextlib.suppress(EventLogError):  # compaction can remove the last records
-                for tp, offset in self.consumer.position(sorted(pending)).items():
-                    if offset >= ends[tp]:
-                        pending.discard(tp)
-        return n
+        return self.feed.load(timeout_s)
 
     def poll(self) -> int:
         """Apply the records that arrived (non-blocking); how many."""
-        return sum(self._apply(msg) for msg in self.consumer.consume(self.batch_max, 0))
+        return self.feed.poll()
 
     def _apply(self, msg: Record) -> int:
         try:
@@ -81,4 +56,4 @@ class AlertFeed:
         return 1
 
     def close(self) -> None:
-        self.consumer.close()
+        self.feed.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from gnomon.worker.netguard import IPNetwork, parse_networks
+from gnomon.outbound.netguard import IPNetwork, parse_networks
 
 ALLOWED_CIDRS_ENV = "GNOMON_ALERT_ALLOWED_CIDRS"
 

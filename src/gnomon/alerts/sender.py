@@ -1,12 +1,12 @@
 """One call of a tenant's alert webhook, guarded and signed like an HTTP target.
 
 The URL is the tenant's: it goes through the workers' SSRF guard
-(``gnomon.worker.http_target.pin``, under the alerter's ``HttpPolicy``) and the
+(``gnomon.outbound.http.pin``, under the alerter's ``HttpPolicy``) and the
 connection is pinned to the address the guard checked. No redirects are followed (a 3xx
 is a failed call). The body is the alert as JSON; the request carries
 ``Idempotency-Key: <alert key>`` and, with the tenant's ``http-signing-key`` secret on
 the alerter's host, ``X-Gnomon-Timestamp`` and ``X-Gnomon-Signature`` computed by
-``http_target.sign`` (a receiver verifies them with ``verify_signature``, as for HTTP
+``gnomon.outbound.http.sign`` (a receiver verifies them with ``verify_signature``, as for HTTP
 targets). 2xx is delivered; anything else raises ``AlertDeliveryError``.
 """
 
@@ -23,9 +23,9 @@ import httpx
 from gnomon.core.alerts import Alert
 from gnomon.core.clock import ms_to_iso
 from gnomon.core.errors import InfraError
-from gnomon.worker.http_target import HttpPolicy, pin, redact_text, redact_url, sign, url_secrets
-from gnomon.worker.netguard import Resolver, TargetRefused, system_resolver
-from gnomon.worker.secrets import SecretStore
+from gnomon.outbound.http import HttpPolicy, pin, redact_text, redact_url, sign, url_secrets
+from gnomon.outbound.netguard import Resolver, TargetRefused, system_resolver
+from gnomon.outbound.secrets import SecretStore
 
 log = logging.getLogger("gnomon.alerts")
 

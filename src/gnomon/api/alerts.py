@@ -24,8 +24,6 @@ from fastapi.concurrency import run_in_threadpool
 from gnomon import codec
 from gnomon.alerts.policy import allowed_networks
 from gnomon.api import schemas
-from gnomon.api.auth import Principal
-from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import problem_responses, request_body
 from gnomon.api.polling import POLL_INTERVAL_S, FeedPoller
 from gnomon.api.tenants import principal_of
@@ -33,8 +31,10 @@ from gnomon.core.alerts import ALL_KINDS, AlertBook, AlertConfig, check_url
 from gnomon.core.clock import Clock, SystemClock, ms_to_iso
 from gnomon.core.errors import EventLogError, ValidationError
 from gnomon.core.validation import check_late_s
+from gnomon.outbound.netguard import IPNetwork, literal_address, refusal
 from gnomon.topology import load_topology
-from gnomon.worker.netguard import IPNetwork, literal_address, refusal
+from gnomon.web.auth import Principal
+from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
 
 __all__ = ["AlertPoller", "AlertService", "install", "parse_alert_body"]
 

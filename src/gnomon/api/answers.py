@@ -177,7 +177,7 @@ def _message(reason: str | None, prefix: str | None, fallback: str) -> str:
 
 def refusal(res: CommandResult) -> GnomonError:
     """The API's error for a refused command, with the processor's field and reason: the
-    same problem (status, field) the API itself would give (``api.problems``). A job or
+    same problem (status, field) the API itself would give (``web.problems``). A job or
     run the tenant cannot see (missing, deleted, another tenant's) is the same 404."""
     from gnomon.core.errors import Conflict, LimitExceeded, NotFound, ValidationError
     from gnomon.core.replies import ResultCode

@@ -37,16 +37,13 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 
 from gnomon import codec
-from gnomon.api import problems, schemas
+from gnomon.api import schemas
 from gnomon.api.alerts import AlertService
 from gnomon.api.alerts import install as install_alert_routes
 from gnomon.api.answers import ANSWER_TIMEOUT_S_DEFAULT, AnswerSource, Position, refusal
-from gnomon.api.auth import Authenticator
 from gnomon.api.backfill import add_backfill_route
 from gnomon.api.batch import add_batch_route
-from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import finish, problem_responses, request_body
-from gnomon.api.problems import CommandOutcomeUnknown, Pending
 from gnomon.api.recent import RecentJobs
 from gnomon.api.tenants import TenantService, limit_responses
 from gnomon.api.tenants import install as install_tenant_routes
@@ -80,6 +77,10 @@ from gnomon.ports import HistoryStore
 from gnomon.topology import Topology
 from gnomon.ui import install as install_ui
 from gnomon.ui.overload import OverloadProbe, processor_targets
+from gnomon.web import problems
+from gnomon.web.auth import Authenticator
+from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.web.problems import CommandOutcomeUnknown, Pending
 
 __all__ = ["BODY_MAX_BYTES", "PAGE_MAX", "AsyncReads", "CommandSink", "ReadCache", "create_app", "idempotent_job_id"]
 

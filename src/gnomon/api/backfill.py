@@ -24,7 +24,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import REF, problem_responses, request_body
 from gnomon.core.clock import Clock, SystemClock, iso_to_ms, ms_to_iso
 from gnomon.core.errors import Conflict, NotFound, ValidationError
@@ -32,6 +31,7 @@ from gnomon.core.jobs import BACKFILL_SLOTS_MAX, BackfillJob, JobState, JobStatu
 from gnomon.core.model import slot_run_id
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.ports import HistoryStore
+from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
 
 __all__ = ["BackfillAck", "BackfillBody", "add_backfill_route", "plan_backfill"]
 

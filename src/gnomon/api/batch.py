@@ -32,8 +32,6 @@ from fastapi.responses import JSONResponse
 
 from gnomon.api.answers import ANSWER_TIMEOUT_S_DEFAULT, AnswerSource, refusal
 from gnomon.api.backfill import Tenant
-from gnomon.api.body import parse_json, read_bounded
-from gnomon.api.problems import OUTCOME_UNKNOWN, PROBLEM_BASE
 from gnomon.api.recent import RecentJobs
 from gnomon.api.views import job_view
 from gnomon.core import admission
@@ -43,6 +41,8 @@ from gnomon.core.model import idempotent_job_id
 from gnomon.core.replies import ALREADY_REGISTERED, CommandResult
 from gnomon.core.tenants import TenantLimits
 from gnomon.core.validation import parse_job_spec, validate_idempotency_key
+from gnomon.web.body import parse_json, read_bounded
+from gnomon.web.problems import OUTCOME_UNKNOWN, PROBLEM_BASE
 
 BATCH_ITEMS_MAX = 1000
 BATCH_BODY_MAX_BYTES = 4 * 1024 * 1024  # ~4 KiB a job; a payload near its own 64 KiB cap needs smaller batches

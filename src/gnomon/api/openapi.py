@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gnomon.api import schemas
-from gnomon.api.problems import PROBLEM_MEDIA_TYPE, RETRY_AFTER_S
+from gnomon.web.problems import PROBLEM_MEDIA_TYPE, RETRY_AFTER_S
 
 REF = "#/components/schemas/{model}"
 

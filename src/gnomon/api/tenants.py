@@ -2,7 +2,7 @@
 
 ``TenantService`` holds the API's copy of ``gnomon.tenants`` (a ``TenantBook``) and of
 ``gnomon.tenant-usage`` (a ``UsageBook``), both filled by a ``TenantFeed``
-(``streams/tenant_feed.py``; ``poll`` from a background thread, see ``TenantPoller``),
+(``feeds/tenants.py``; ``poll`` from a background thread, see ``TenantPoller``),
 and writes limit records for the admin endpoints. Admission (``core.admission``) is the
 processors': a job write answers their ``LimitExceeded`` refusal (429 with Retry-After or
 422, ``problems.limit_problem``; docs/answers.md). Only the batch still answers an item
@@ -11,7 +11,7 @@ over a limit early, from ``limits_and_totals`` (counts that may lag by a poll).
 Routes (``install``):
 
 * ``GET /v1/tenants``, ``GET|PUT|DELETE /v1/tenants/{tenant}``: the admin role only
-  (a token entry ending in ``:admin``, see ``api/auth.py``), 403 for other tokens.
+  (a token entry ending in ``:admin``, see ``web/auth.py``), 403 for other tokens.
   ``{tenant}`` ``*`` is the defaults record. PUT merges the given camelCase limits into
   the tenant's current ones (its own record, else the defaults); DELETE tombstones the
   record, returning the tenant to the defaults.
@@ -31,11 +31,8 @@ from fastapi.security import HTTPBearer
 
 from gnomon import codec
 from gnomon.api import schemas
-from gnomon.api.auth import Authenticator, Principal
-from gnomon.api.body import BODY_MAX_BYTES, parse_json, read_bounded
 from gnomon.api.openapi import problem_responses, request_body
 from gnomon.api.polling import POLL_INTERVAL_S, FeedPoller
-from gnomon.api.problems import Forbidden
 from gnomon.core.clock import Clock, SystemClock, ms_to_iso
 from gnomon.core.errors import EventLogError, ValidationError
 from gnomon.core.tenants import (
@@ -47,6 +44,9 @@ from gnomon.core.tenants import (
 )
 from gnomon.core.usage import UsageBook
 from gnomon.topology import load_topology
+from gnomon.web.auth import Authenticator, Principal
+from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.web.problems import Forbidden
 
 __all__ = ["LIMIT_FIELDS", "TenantPoller", "TenantService", "install", "limit_responses"]
 

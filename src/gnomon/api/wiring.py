@@ -30,7 +30,6 @@ from fastapi import FastAPI
 from gnomon.adapters.kafka import SyncProducer
 from gnomon.api.answers import CommandAnswers
 from gnomon.api.app import CommandSink, create_app
-from gnomon.api.auth import Authenticator, load_principals
 from gnomon.api.tenants import TenantPoller, TenantService
 from gnomon.config import Settings, load
 from gnomon.core.clock import SystemClock
@@ -38,6 +37,7 @@ from gnomon.core.errors import HistoryStoreError
 from gnomon.core.tenants import TenantBook
 from gnomon.core.usage import UsageBook
 from gnomon.topology import Topology, load_topology
+from gnomon.web.auth import Authenticator, load_principals
 
 DELIVERY_TIMEOUT_ENV = "GNOMON_API_DELIVERY_TIMEOUT_MS"
 DELIVERY_TIMEOUT_MS_DEFAULT = 10_000  # how long a client may wait for an answer while Kafka is away
@@ -134,8 +134,8 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     from gnomon.alerts.feed import AlertFeed
     from gnomon.api.alerts import AlertPoller, AlertService
     from gnomon.core.alerts import AlertBook
+    from gnomon.feeds.tenants import TenantFeed
     from gnomon.history.cassandra import CassandraHistoryStore
-    from gnomon.streams.tenant_feed import TenantFeed
 
     auth = Authenticator.from_hashes(load_principals(settings, dev=dev))  # refuse to start before connecting
     cache_s = runs_cache_ms() / 1000

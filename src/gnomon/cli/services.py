@@ -136,7 +136,7 @@ def processor(
     from gnomon.core.jobs import SchedulerConfig
     from gnomon.core.priorities import parse_weights
     from gnomon.core.runs import RunConfig
-    from gnomon.streams.runtime import Processor, ProcessorConfig
+    from gnomon.processor.runtime import Processor, ProcessorConfig
 
     try:
         weights = parse_weights(priority_weights)
@@ -181,9 +181,9 @@ def worker(
 
     Runs only the jobs of the tenants it serves; commands and containers run sandboxed,
     and only when the policy enables them (README, "Security model")."""
+    from gnomon.outbound.secrets import SecretStore
     from gnomon.worker import Worker
     from gnomon.worker.policy import PolicyError, PoolPolicy
-    from gnomon.worker.secrets import SecretStore
 
     _logging(verbose)
     if app:
@@ -266,9 +266,9 @@ def alerter(
     from gnomon.alerts.sender import AlertSender
     from gnomon.alerts.service import ROLE, Alerter
     from gnomon.core.alerts import AlertBook, DeliveryPolicy
+    from gnomon.outbound.http import HttpPolicy
+    from gnomon.outbound.secrets import SecretStore
     from gnomon.topology import load_topology
-    from gnomon.worker.http_target import HttpPolicy
-    from gnomon.worker.secrets import SecretStore
 
     if not (group_id == "gnomon-alerter" or group_id.startswith("gnomon-alerter-")):
         fail("--group-id: must be gnomon-alerter or start with gnomon-alerter- (the alerter's Kafka ACL)", 2)
@@ -302,8 +302,8 @@ def api(
 ) -> None:
     """Serve the REST API (OpenAPI at /openapi.json)."""
     require_server_extra("api", "fastapi", "uvicorn")
-    from gnomon.api.auth import load_principals
     from gnomon.api.wiring import api_workers, serve
+    from gnomon.web.auth import load_principals
 
     s = load()
     if dev:  # the worker processes build their own app: they read dev mode from the environment

@@ -220,7 +220,7 @@ class RunTriggered:
     advance_to_ms: int | None = None
     # from a backfill (``BackfillJob``): creates the run, or reopens one recorded skipped.
     # Only ever applied in place by the processor that decided it; one read from the log
-    # is refused (the processor's guard, streams/task.py).
+    # is refused (the processor's guard, processor/task.py).
     backfill: bool = False
 
 
@@ -489,7 +489,7 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
     ``present_since_ms``: since when the deciding processor has ticked this partition
     without a gap (None: unknown). A slot at or after it that is still untriggered was
     not missed by an outage but deferred by an overloaded processor (its tick budget,
-    ``streams.task``): such slots run late, up to the job's ``late_max_ms``, and older
+    ``processor.task``): such slots run late, up to the job's ``late_max_ms``, and older
     ones are given up in one range recorded skipped with reason ``overload``. Slots
     before it were missed while no processor ticked: the job's catch-up policy decides.
     ``triggers`` False (the tick's budget is spent): only the give-up, nothing triggered."""

@@ -58,8 +58,8 @@ def client_credentials() -> tuple[str, str] | None:
     username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
     if username and password:
         return username, password
+    from gnomon import credentials
     from gnomon.config import load
-    from gnomon.infra import credentials
 
     try:
         cred = credentials.read(load().credentials_dir, credentials.CASSANDRA)

@@ -1,6 +1,6 @@
 """Kafka ACLs per role, as data (docs/adr/0006-kafka-auth-and-tenant-proof.md).
 
-Each role of :data:`gnomon.infra.credentials.KAFKA_ROLES` is a SCRAM user ``User:<role>``.
+Each role of :data:`gnomon.credentials.KAFKA_ROLES` is a SCRAM user ``User:<role>``.
 ``admin`` (and the servers' own ``broker``/``controller`` principals) are super users in
 ``server.properties``; every other role gets exactly the grants below, derived from the
 topology (``streams/topology.toml``, read through :class:`gnomon.topology.Topology`):
@@ -28,7 +28,7 @@ TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
 # role -> topics (Topology attribute names) it consumes / produces to.
 TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants"),
-    # limits and usage, for admission pre-checks (streams/tenant_feed.py); the results of the
+    # limits and usage, for admission pre-checks (feeds/tenants.py); the results of the
     # job commands it (or a service producing as it: gnomon.events) wrote
     "api": ("tenants", "tenant_usage", "command_results", "alert_configs"),
     "worker": ("worker_inbox",),
@@ -55,14 +55,14 @@ DISPATCH_WRITERS: tuple[str, ...] = ("processor",)
 # only reads committed offsets (the processor watches the projector's position).
 GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
     "processor": (
-        ("gnomon-processor", LITERAL, "READ"),  # the processors' group (streams/runtime.py)
-        ("gnomon-adverts", LITERAL, "READ"),  # worker adverts, assigned (streams/adverts.py)
-        ("gnomon-tenants", LITERAL, "READ"),  # tenant limits, assigned (streams/tenant_feed.py)
-        ("gnomon-standby", LITERAL, "READ"),  # standby copies (streams/standby.py)
-        ("gnomon-restore", LITERAL, "READ"),  # changelog restore (streams/runtime.py)
-        ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (streams/history_mark.py)
+        ("gnomon-processor", LITERAL, "READ"),  # the processors' group (processor/runtime.py)
+        ("gnomon-adverts", LITERAL, "READ"),  # worker adverts, assigned (processor/adverts.py)
+        ("gnomon-tenants", LITERAL, "READ"),  # tenant limits, assigned (feeds/tenants.py)
+        ("gnomon-standby", LITERAL, "READ"),  # standby copies (processor/standby.py)
+        ("gnomon-restore", LITERAL, "READ"),  # changelog restore (processor/runtime.py)
+        ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (processor/history_mark.py)
     ),
-    "api": (("gnomon-tenants", LITERAL, "READ"),  # tenant limits and usage, assigned (streams/tenant_feed.py)
+    "api": (("gnomon-tenants", LITERAL, "READ"),  # tenant limits and usage, assigned (feeds/tenants.py)
             ("gnomon-alert-configs", LITERAL, "READ"),  # alert configs, assigned (alerts/feed.py)
             ("gnomon-api-answers", LITERAL, "READ")),  # the processor's answers, assigned (api/answers.py)
     "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),

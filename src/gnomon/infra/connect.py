@@ -253,7 +253,7 @@ def render(
     w.home.mkdir(parents=True, exist_ok=True)
     w.exports_dir.mkdir(parents=True, exist_ok=True)  # FileStreamSink does not create dirs
     w.logs.mkdir(parents=True, exist_ok=True)
-    from gnomon.infra.credentials import write_secret
+    from gnomon.credentials import write_secret
 
     write_secret(w.config, render_properties(WORKER_TEMPLATE.read_text(), variables))  # holds a password
     write_secret(secrets_file(w), f"{POSTGRES_PASSWORD_KEY}={postgres.export_credential(settings).password}\n")

@@ -34,8 +34,9 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import credentials, fetch, jvm, procs
+from gnomon.infra import fetch, jvm, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say

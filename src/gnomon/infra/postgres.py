@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import credentials
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 

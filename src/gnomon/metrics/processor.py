@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -29,16 +29,22 @@ from gnomon.core.runs import RunState, RunStatus
 from gnomon.core.workers import WorkerDirectory
 from gnomon.eventlog.port import GroupConsumer
 from gnomon.metrics.reasons import SKIP_REASONS, expiry_kind, skip_reason
+from gnomon.ports import KeyValueStore
 from gnomon.topology import Topology
 
-if TYPE_CHECKING:
-    from gnomon.streams.task import PartitionTask
+
+class PartitionState(Protocol):
+    """What the gauges read of a partition's task (``gnomon.processor.task.PartitionTask``):
+    its store. A protocol, so metrics never import the processor."""
+
+    @property
+    def kv(self) -> KeyValueStore: ...
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "skipped")
 RESTORE_SOURCES = ("standby", "checkpoint", "rebuild")
 RESTORE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-HISTORY_GROUP = "gnomon-history"  # the projector's group (streams.history_mark.HISTORY_GROUP)
-_PRIORITY_OF_RANK = {b"0": "high", b"1": "normal", b"2": "low"}  # streams.task._PRIO_RANK
+HISTORY_GROUP = "gnomon-history"  # the projector's group (processor.history_mark.HISTORY_GROUP)
+_PRIORITY_OF_RANK = {b"0": "high", b"1": "normal", b"2": "low"}  # processor.task._PRIO_RANK
 
 
 class ProcessorMetrics:
@@ -119,7 +125,7 @@ class ProcessorMetrics:
     # ---- counted from committed transactions ------------------------------------------------
 
     def committed(self, outputs: Iterable[Any]) -> None:
-        """Count what one committed transaction wrote (``streams.task.Output`` records);
+        """Count what one committed transaction wrote (``processor.task.Output`` records);
         each label set is incremented once per transaction (a label lookup per run was
         ~5 % of the processor's CPU)."""
         self.transactions.inc()
@@ -167,7 +173,7 @@ class ProcessorMetrics:
 
     # ---- sampled from state ---------------------------------------------------------------------
 
-    def sample(self, now_ms: int, tasks: Mapping[int, PartitionTask], directory: WorkerDirectory,
+    def sample(self, now_ms: int, tasks: Mapping[int, PartitionState], directory: WorkerDirectory,
                standbys: int, consumer: GroupConsumer | None = None, inputs: Sequence[str] = (),
                history_lag: Mapping[int, int] | None = None, *, force: bool = False) -> bool:
         """Refresh the gauges if ``interval_ms`` passed (or ``force``); True if it did."""
@@ -201,7 +207,7 @@ class ProcessorMetrics:
                 sum(n for p, n in history_lag.items() if p in owned))
         return True
 
-    def _scan_task(self, task: PartitionTask, directory: WorkerDirectory, waiting: dict[tuple[str, str], int],
+    def _scan_task(self, task: PartitionState, directory: WorkerDirectory, waiting: dict[tuple[str, str], int],
                    granted: dict[str, int], staged: dict[str, int]) -> None:
         kv = task.kv
         # rw/<pool>\0<lane><prio>/<due>/<run_id>

@@ -18,9 +18,6 @@ import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from gnomon.api.auth import Authenticator
-from gnomon.api.body import BODY_MAX_BYTES, read_bounded
-from gnomon.api.problems import Unauthorized
 from gnomon.core.clock import Clock, ms_to_iso
 from gnomon.history._paging import LOGS, encode_cursor
 from gnomon.ui.backend import Answer, ApiBackend, path_id
@@ -39,6 +36,9 @@ from gnomon.ui.session import (
     same_origin,
 )
 from gnomon.ui.timeline import COLOURS, layout
+from gnomon.web.auth import Authenticator
+from gnomon.web.body import BODY_MAX_BYTES, read_bounded
+from gnomon.web.problems import Unauthorized
 
 HERE = Path(__file__).parent
 STATIC: dict[str, str] = {"ui.js": "text/javascript", "ui.css": "text/css"}

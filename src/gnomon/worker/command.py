@@ -22,6 +22,7 @@ from typing import IO
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
+from gnomon.outbound.secrets import SecretError, redactor
 from gnomon.worker.attempt import (
     LINE_MAX_CHARS,
     TAIL_LINES_MAX,
@@ -37,7 +38,6 @@ from gnomon.worker.sandbox import (
     SandboxRequest,
     kill_tree,
 )
-from gnomon.worker.secrets import SecretError, redactor
 
 READ_CHUNK_BYTES = 64 * 1024
 POLL_S = 0.02

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
+from gnomon.outbound.secrets import SecretError, redactor
 from gnomon.worker.attempt import AttemptContext, AttemptResult
 from gnomon.worker.command import outcome_of, supervise
 from gnomon.worker.sandbox import SANDBOX_UID, SandboxError, SandboxLimits
-from gnomon.worker.secrets import SecretError, redactor
 
 log = logging.getLogger("gnomon.worker")
 

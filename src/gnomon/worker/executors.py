@@ -17,6 +17,7 @@ from typing import Any
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import Outcome
+from gnomon.outbound.secrets import SecretStore
 from gnomon.worker.attempt import (
     KILL_GRACE_S,
     AttemptContext,
@@ -28,7 +29,6 @@ from gnomon.worker.command import CommandExecutor, SandboxedCommandExecutor
 from gnomon.worker.container import ContainerExecutor
 from gnomon.worker.http_target import HttpExecutor
 from gnomon.worker.policy import PoolPolicy
-from gnomon.worker.secrets import SecretStore
 
 __all__ = ["AttemptContext", "AttemptResult", "CommandExecutor", "Dispatcher", "Executor", "Handler",
            "HandlerExecutor", "HttpExecutor"]

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gnomon.core.model import TargetType
-from gnomon.worker.http_target import HttpPolicy
+from gnomon.outbound.http import HttpPolicy
 from gnomon.worker.sandbox import MIB, SandboxLimits
 
 

@@ -53,15 +53,15 @@ from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
 from gnomon.eventlog.port import EventLog, Producer, ProducerFatalError, Reader
 from gnomon.metrics.worker import WorkerMetrics
+from gnomon.outbound.http import redact_url
+from gnomon.outbound.secrets import SecretStore
 from gnomon.retrying import Retry
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.attempt import KILL_GRACE_S
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Executor, Handler
-from gnomon.worker.http_target import redact_url
 from gnomon.worker.policy import PolicyError, PoolPolicy
 from gnomon.worker.pool import AttemptPool
 from gnomon.worker.sandbox import Cgroups
-from gnomon.worker.secrets import SecretStore
 
 if TYPE_CHECKING:
     from gnomon.metrics.serve import Health

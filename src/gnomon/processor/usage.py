@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from gnomon.core.quota import QuotaBook
 from gnomon.core.usage import TenantUsage
-from gnomon.streams.task import Output
+from gnomon.processor.output import Output
 from gnomon.topology import Topology
 
 UsageRow = dict[str, int]

@@ -1,5 +1,5 @@
 """One partition's processing: consume a command, call the pure core, write state,
-return outputs. No Kafka here: the runtime (``gnomon.streams.runtime``) feeds records
+return outputs. No Kafka here: the runtime (``gnomon.processor.runtime``) feeds records
 in and produces what comes out, inside one transaction per batch. Tests and the
 in-memory runner drive this class directly.
 
@@ -75,7 +75,9 @@ from gnomon.core.priorities import WeightedPicker
 from gnomon.core.replies import ALREADY_REGISTERED, CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
-from gnomon.streams.savepoint import JournalKV
+from gnomon.processor.output import Output
+from gnomon.processor.savepoint import JournalKV
+from gnomon.processor.waiting import assign_waiting
 from gnomon.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -171,17 +173,6 @@ def _bound(prefix: bytes, upto_ms: int) -> bytes:
 # move a slot or skip it.)
 _WORKER_REPORTS = (R.ClaimRun, R.Heartbeat, R.AttemptStarted, R.CompleteAttempt, R.ReturnGrant)
 _RUN_REPORTS = (*_WORKER_REPORTS, R.CancelRun, R.ReplayRun)
-
-
-@dataclass(frozen=True)
-class Output:
-    """A record to produce. ``partition`` None: let the partitioner pick by key."""
-
-    topic: str
-    key: str
-    value: Any  # a codec-encodable object, or None for a tombstone
-    partition: int | None = None
-    encoded: bytes | None = None  # ``value`` already encoded for ``topic`` (state writes reuse it)
 
 
 class RecordFailed(InternalError):
@@ -331,7 +322,7 @@ class PartitionTask:
     def savepoint(self, call: Callable[[], list[Output]]) -> list[Output]:
         """Run ``call`` (one record, or one job's or run's tick step) so that if it raises,
         this partition's state is as it was before: store writes undone
-        (``streams.savepoint``), counts moved back, the decoded states it touched dropped
+        (``processor.savepoint``), counts moved back, the decoded states it touched dropped
         from the caches. A GnomonError is re-raised as it was (a refusal); anything else
         becomes ``RecordFailed``. An InfraError (the store itself failed) is re-raised
         untouched: the runtime stops. The worker directory's reservations are not taken
@@ -1161,10 +1152,8 @@ class PartitionTask:
                            PoisonRecord(source, self.partition, -1, reason, ident.encode(), None, now_ms))]
 
     def _assign_waiting(self, now_ms: int) -> list[Output]:
-        """This partition alone (see ``streams.waiting.assign_waiting``, which a processor
+        """This partition alone (see ``processor.waiting.assign_waiting``, which a processor
         runs across all its partitions so that the weighted mix holds over all of them)."""
-        from gnomon.streams.waiting import assign_waiting
-
         return assign_waiting([self], now_ms, self._pickers)
 
     def waiting_cursor(self, pool: str, lane: bytes) -> WaitingCursor:

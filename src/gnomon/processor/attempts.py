@@ -1,6 +1,6 @@
 """Count the processes a record has killed, across restarts.
 
-Containment (``streams.savepoint``) catches what a record raises. What it cannot catch is
+Containment (``processor.savepoint``) catches what a record raises. What it cannot catch is
 a record that kills the process outright (the interpreter aborts, memory runs out and
 the kernel kills it): the restarted processor reads the same record first again and
 dies again, and scheduling stops for every tenant. So before applying each record the

@@ -28,7 +28,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gnomon.api.problems import Unauthorized
 from gnomon.config import Settings
 from gnomon.tokens import (  # noqa: F401  (re-exported: the dev tokens live with the clients)
     DEV_ADMIN_TOKEN_FILE,
@@ -37,6 +36,7 @@ from gnomon.tokens import (  # noqa: F401  (re-exported: the dev tokens live wit
     dev_token,
     hash_token,
 )
+from gnomon.web.problems import Unauthorized
 
 DEV_TENANT = "dev"
 DEV_ENV = "GNOMON_DEV"

@@ -19,7 +19,7 @@ from typing import Protocol
 from gnomon.adapters.floors import FloorKV
 from gnomon.adapters.kv import MemoryKV, RocksKV
 from gnomon.ports import KeyValueStore
-from gnomon.streams.attempts import FileMarker, Marker, MemoryMarker
+from gnomon.processor.attempts import FileMarker, Marker, MemoryMarker
 
 Checkpoint = dict[str, int]  # changelog topic -> offset, and the time it was written
 
@@ -36,7 +36,7 @@ class StateStores(Protocol):
         """OSError when it cannot be written."""
         ...
     def marker(self) -> Marker:
-        """Where the processor notes the record it is applying (``streams.attempts``)."""
+        """Where the processor notes the record it is applying (``processor.attempts``)."""
         ...
 
 

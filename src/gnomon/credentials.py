@@ -1,4 +1,8 @@
-"""Generated credentials of the local stack: one JSON file per principal, mode 0600.
+"""Credentials of gnomon's principals: one JSON file per principal, mode 0600.
+
+A module of its own (not under ``gnomon.infra``) because both sides use it: the local
+stack's runner writes the files, and the Kafka and Cassandra clients read them
+(``gnomon.adapters.kafka``, ``gnomon.history.session``) without importing the runner.
 
 ``<credentials_dir>/<name>.json`` holds ``{"username": ..., "password": ...}``; the
 directory (``Settings.credentials_dir``, default ``<state_dir>/credentials``) is 0700.

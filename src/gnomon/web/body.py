@@ -19,8 +19,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from gnomon.api.problems import TooLarge
 from gnomon.core.errors import ValidationError
+from gnomon.web.problems import TooLarge
 
 BODY_MAX_BYTES = 256 * 1024
 JSON_DEPTH_MAX = 32

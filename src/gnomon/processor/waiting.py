@@ -23,17 +23,44 @@ slots, and normal 5 points under its share, tests/e2e/test_0_priority_mix.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gnomon.core.priorities import WeightedPicker
-
-if TYPE_CHECKING:
-    from gnomon.streams.task import Output, PartitionTask
+from gnomon.core.runs import RunConfig, RunState
+from gnomon.core.workers import WorkerDirectory
+from gnomon.processor.output import Output
 
 LANES = (b"0", b"1")  # punctual, then catch-up
 
 
-def assign_waiting(tasks: Sequence[PartitionTask], now_ms: int, pickers: dict[str, WeightedPicker]) -> list[Output]:
+class Cursor(Protocol):
+    """One partition's READY runs of a pool and lane, per tier (``task.WaitingCursor``)."""
+
+    @property
+    def tiers(self) -> set[int]: ...
+
+    def head(self, tier: int) -> RunState | None: ...
+
+    def step(self, tier: int, now_ms: int, out: list[Output]) -> str: ...
+
+
+class Queues(Protocol):
+    """What this module reads of a partition's task (``task.PartitionTask``): a protocol,
+    so the task and the assignment across partitions do not import each other."""
+
+    @property
+    def directory(self) -> WorkerDirectory | None: ...
+
+    @property
+    def run_cfg(self) -> RunConfig: ...
+
+    @property
+    def assign_misses_per_tick_max(self) -> int: ...
+
+    def waiting_cursor(self, pool: str, lane: bytes) -> Cursor: ...
+
+
+def assign_waiting(tasks: Sequence[Queues], now_ms: int, pickers: dict[str, WeightedPicker]) -> list[Output]:
     """Grant waiting runs of every pool while it has room; bounded per pool by the
     partitions' ``assign_misses_per_tick_max`` (runs tried without room, not counting
     those of a tenant already found without room now; the partitions' scans bound those)."""

@@ -44,16 +44,17 @@ from gnomon.eventlog.port import (
     TransactionalProducer,
     TransactionError,
 )
+from gnomon.feeds.tenants import TenantFeed
 from gnomon.metrics.processor import ProcessorMetrics
-from gnomon.streams.adverts import AdvertFeed
-from gnomon.streams.attempts import RecordAttempts
-from gnomon.streams.history_mark import HistoryWatermark
-from gnomon.streams.standby import StandbySet
-from gnomon.streams.stores import RocksStores, StateStores
-from gnomon.streams.task import Output, PartitionTask, RecordFailed
-from gnomon.streams.tenant_feed import TenantFeed
-from gnomon.streams.usage import UsagePublisher
-from gnomon.streams.waiting import assign_waiting
+from gnomon.processor.adverts import AdvertFeed
+from gnomon.processor.attempts import RecordAttempts
+from gnomon.processor.history_mark import HistoryWatermark
+from gnomon.processor.output import Output
+from gnomon.processor.standby import StandbySet
+from gnomon.processor.stores import RocksStores, StateStores
+from gnomon.processor.task import PartitionTask, RecordFailed
+from gnomon.processor.usage import UsagePublisher
+from gnomon.processor.waiting import assign_waiting
 from gnomon.topology import Topology, load_topology
 
 log = logging.getLogger("gnomon.processor")

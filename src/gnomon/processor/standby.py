@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from gnomon.core.clock import Clock
 from gnomon.core.errors import EventLogError, GnomonError, StateStoreError
 from gnomon.eventlog.port import OFFSET_BEGINNING, EventLog, Reader, Record
-from gnomon.streams.task import PartitionTask
+from gnomon.processor.task import PartitionTask
 
 log = logging.getLogger("gnomon.processor.standby")
 

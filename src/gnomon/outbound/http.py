@@ -1,0 +1,156 @@
+"""Calls to a tenant's URL, made safely: the policy, the SSRF check and pinning, signing
+and redaction. Used by the workers' HTTP targets (``gnomon.worker.http_target``) and the
+alerter's webhooks (``gnomon.alerts.sender``).
+
+The URL is the tenant's, the network is the operator's: every hop goes through the SSRF
+guard (``gnomon.outbound.netguard``) and connects to the address the guard checked; URLs
+and transport errors are logged with credentials redacted; requests are signed with the
+tenant's ``http-signing-key`` so the receiver can tell gnomon's calls from forgeries (see
+``verify_signature``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import httpx
+
+from gnomon.outbound.netguard import (
+    IPNetwork,
+    Resolver,
+    TargetRefused,
+    literal_address,
+    parse_networks,
+    resolve_checked,
+    system_resolver,
+)
+
+SIGNATURE_VERSION = "v1"
+SIGNATURE_TOLERANCE_S = 300
+REDIRECT_STATUSES = frozenset({307, 308})
+"""Only these keep the method and body. Following a 301/302/303 would turn the POST into
+a bodiless GET: the payload would not be delivered, yet a 200 would count as success."""
+REDACTED = "***"
+SECRET_MIN_CHARS = 3
+URL_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    """What a pool's HTTP targets may reach and how much of the answer is kept.
+
+    ``allow_private`` opens loopback, private, link-local, CGNAT and the other
+    non-public ranges (not the cloud metadata addresses); ``allowed_cidrs`` opens
+    exactly the listed networks, metadata included."""
+
+    allow_private: bool = False
+    allowed_cidrs: tuple[str, ...] = ()
+    response_max_bytes: int = 8192
+    redirects_max: int = 3
+    networks: tuple[IPNetwork, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.response_max_bytes < 0 or self.redirects_max < 0:
+            raise ValueError("response_max_bytes and redirects_max must be >= 0")
+        object.__setattr__(self, "networks", parse_networks(self.allowed_cidrs))
+
+
+# ---- signatures ------------------------------------------------------------------------
+
+def sign(key: bytes, timestamp: str, body: bytes) -> str:
+    """The ``X-Gnomon-Signature`` value: ``v1=<hex HMAC-SHA256(key, "<timestamp>.<body>")>``.
+    The timestamp is inside the MAC so a captured request cannot be replayed later."""
+    mac = hmac.new(key, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"{SIGNATURE_VERSION}={mac}"
+
+
+def verify_signature(key: bytes, timestamp: str, body: bytes, header: str, now_s: float,
+                     tolerance_s: int = SIGNATURE_TOLERANCE_S) -> bool:
+    """What a receiver runs: True if ``header`` (``X-Gnomon-Signature``; several
+    comma-separated ``v1=`` values are accepted, for key rotation) signs ``body`` at
+    ``timestamp`` (``X-Gnomon-Timestamp``) and the timestamp is within ``tolerance_s``."""
+    if not (timestamp.isascii() and timestamp.isdigit()) or abs(now_s - int(timestamp)) > tolerance_s:
+        return False
+    expected = sign(key, timestamp, body).encode()
+    return any(hmac.compare_digest(expected, part.strip().encode()) for part in header.split(","))
+
+
+# ---- redaction -------------------------------------------------------------------------
+
+def redact_url(url: str) -> str:
+    """``https://user:pass@host/p?token=abc`` -> ``https://***@host/p?token=***``: the
+    userinfo and every query value go, since any of them may be a credential."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = "&".join(_redact_query_item(item) for item in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _redact_query_item(item: str) -> str:
+    key, sep, _ = item.partition("=")
+    return f"{key}={REDACTED}" if sep else REDACTED
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credential-like pieces of ``url`` (userinfo, query values), raw and decoded,
+    longest first so a value is replaced before any shorter value inside it."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = set(parts.netloc.rpartition("@")[0].split(":")) if "@" in parts.netloc else set()
+    found.update(item.partition("=")[2] or item for item in parts.query.split("&") if item)
+    found |= {unquote(s) for s in found}
+    return sorted((s for s in found if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every URL in it redacted and every known secret replaced: httpx's
+    error messages quote the request URL."""
+    text = URL_IN_TEXT_RE.sub(lambda m: redact_url(m.group()), text)
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+# ---- pinning ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pinned:
+    """One hop's request as sent: the URL with the checked IP in place of the name (and
+    no userinfo), the Host header and TLS name kept on the name."""
+
+    url: httpx.URL
+    headers: dict[str, str]
+    extensions: dict[str, Any]
+
+
+def pin(url: httpx.URL, policy: HttpPolicy, resolver: Resolver = system_resolver) -> Pinned:
+    """``url`` checked by the SSRF guard under ``policy`` and pinned to the address it
+    checked (raises ``TargetRefused``). Also what the alerter's webhook calls go through."""
+    if url.scheme not in ("http", "https"):
+        raise TargetRefused(f"scheme {url.scheme!r} is not http or https")
+    host = url.raw_host.decode("ascii")
+    if not host:
+        raise TargetRefused("the URL has no host")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    dest = resolve_checked(host, port, resolver, allow_private=policy.allow_private, allowed=policy.networks)
+    headers = {"Host": url.netloc.decode("ascii")}
+    if url.username or url.password:
+        token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    named_tls = url.scheme == "https" and literal_address(host) is None
+    return Pinned(url=url.copy_with(host=str(dest.address), username=None, password=None, fragment=None),
+                   headers=headers, extensions={"sni_hostname": host} if named_tls else {})
