@@ -200,7 +200,7 @@ def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, tenants: T
     lag = ui.run_rows("succeeded").first.locator("td").nth(4).inner_text()
     assert re.fullmatch(r"-?\d+\.\d{3} s", lag), lag
     ui.shot("job")
-    if os.environ.get("GNOMON_UI_DOCS_SCREENSHOT"):  # the README's picture: more runs, one screen
+    if os.environ.get("GNOMON_UI_DOCS_SCREENSHOT"):  # the picture in docs/ui.md: more runs, one screen
         ui.wait_rows("succeeded", 12)
         ui.page.screenshot(path=os.environ["GNOMON_UI_DOCS_SCREENSHOT"])
 

@@ -29,6 +29,8 @@ FORBIDDEN = {
     ("alerts", "worker"): "alerts and workers both call out through gnomon.outbound",
     ("worker", "alerts"): "alerts and workers both call out through gnomon.outbound",
     ("metrics", "processor"): "the processor registers its metrics; metrics read it through a protocol",
+    ("history", "processor"): "history reads what the processor wrote, from Kafka",
+    ("ui", "processor"): "the UI reads through the API",
     ("adapters", "infra"): "the Kafka seam never imports the local-stack runner",
     ("eventlog", "infra"): "the Kafka seam never imports the local-stack runner",
     ("processor", "api"): "one decider: the processor answers on a topic",

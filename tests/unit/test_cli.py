@@ -161,3 +161,23 @@ def test_runs_list_watch_refreshes(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_runs_list_watch_refuses_json() -> None:
     res = runner.invoke(app, ["runs", "list", "j", "--watch", "--json"])
     assert res.exit_code == 2 and "--watch" in res.output
+
+
+def test_infra_only_names_one_component_or_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gnomon.cli import infra as infra_cli
+    from gnomon.infra import manager
+
+    assert infra_cli.ONLY == manager.ALL_COMPONENTS  # the CLI and `python -m gnomon.infra` agree
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(manager, "up", lambda _s, kafka_nodes=1, components=(): calls.append(("up", components)))
+    monkeypatch.setattr(manager, "down", lambda _s, components=(): calls.append(("down", components)))
+    res = runner.invoke(app, ["infra", "up", "--only", "nope"])
+    assert res.exit_code == 2
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gnomon: --only:"), res.output
+    assert runner.invoke(app, ["infra", "up", "--only", "connect"]).exit_code == 0
+    assert runner.invoke(app, ["infra", "up"]).exit_code == 0
+    assert runner.invoke(app, ["infra", "down", "--only", "postgres"]).exit_code == 0
+    assert runner.invoke(app, ["infra", "down"]).exit_code == 0
+    assert calls == [("up", ("connect",)), ("up", manager.COMPONENTS), ("down", ("postgres",)),
+                     ("down", manager.ALL_COMPONENTS)]

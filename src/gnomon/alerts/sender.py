@@ -1,6 +1,6 @@
 """One call of a tenant's alert webhook, guarded and signed like an HTTP target.
 
-The URL is the tenant's: it goes through the workers' SSRF guard
+The URL is the tenant's: it goes through the SSRF guard the workers use too
 (``gnomon.outbound.http.pin``, under the alerter's ``HttpPolicy``) and the
 connection is pinned to the address the guard checked. No redirects are followed (a 3xx
 is a failed call). The body is the alert as JSON; the request carries

@@ -10,7 +10,7 @@ not by FastAPI, so error fields are the core's. Blocking calls (history, Kafka) 
 the thread pool, also from the async handlers that read a body.
 
 The status-page read, ``GET /v1/jobs/{id}/runs``, is the hot path (docs/benchmarks.md,
-"Reads"): it runs on the event loop without a thread-pool hop. It awaits the store's
+"Read path"): it runs on the event loop without a thread-pool hop. It awaits the store's
 ``get_job_async`` / ``list_runs_async`` (the Cassandra store's ``execute_async``; any
 other store's blocking reads go to the thread pool), asks for the job and the page at
 once, and renders each run's JSON once per state (``views.RunViews``) instead of through
@@ -624,7 +624,7 @@ def create_app(
     def get_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
         return run_view(owned_run(tenant, run_id))
 
-    install_ui(app, clock)  # the web UI under /ui, on these routes (README, "Web UI")
+    install_ui(app, clock)  # the web UI under /ui, on these routes (docs/ui.md)
     return app
 
 

@@ -14,7 +14,7 @@ the API serves (``TenantFeed.load``), then polled on a daemon thread (``TenantPo
 ``gnomon api --workers N`` runs N processes on one port (uvicorn's supervisor); each
 calls ``app_from_env`` (``APP_FACTORY``), so each has its own producer, Cassandra
 session and tenant feed. Python serves one request at a time per process, so the read
-path scales with processes, not threads (docs/benchmarks.md, "Reads").
+path scales with processes, not threads (docs/benchmarks.md, "Read path").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""``gnomon infra up|down|status``: Kafka (KRaft) and Cassandra from Maven Central, and
-gnomon's schema registry (gnomon.registry)."""
+"""``gnomon infra up|down|status [--only COMPONENT]``: Kafka (KRaft) and Cassandra from
+Maven Central, gnomon's schema registry (gnomon.registry), and on request Kafka Connect
+with PostgreSQL. The same as ``python -m gnomon.infra`` (which also has ``topics``)."""
 
 from __future__ import annotations
 
@@ -11,30 +12,45 @@ from gnomon.cli import poison as poison_cmd
 from gnomon.cli.common import command, print_json, require_server_extra
 from gnomon.config import load
 
+ONLY = ("kafka", "cassandra", "registry", "connect", "postgres")
+ONLY_HELP = ("act on one component: " + ", ".join(ONLY) + " (connect, never started by default, also starts "
+             "postgres, the database its JDBC sink writes to)")
+
+
+def _only(only: str | None) -> str | None:
+    from gnomon.core.errors import ValidationError
+
+    if only is not None and only not in ONLY:
+        raise ValidationError("--only", f"must be one of {', '.join(ONLY)}")
+    return only
+
 app = typer.Typer(help="Fetch, start and stop Kafka and Cassandra (no Docker needed).", no_args_is_help=True)
 
 
 @app.command()
 @command
-def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft nodes")] = 1) -> None:
+def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft nodes")] = 1,
+       only: Annotated[str | None, typer.Option("--only", help=ONLY_HELP)] = None) -> None:
     """Fetch (first time), start and wait until Kafka, Cassandra and the schema registry
-    serve; create topics."""
+    serve (or only the --only component); create topics."""
     from gnomon.core.errors import ValidationError
     from gnomon.infra import manager
 
     require_server_extra("infra up", "cassandra")
     if kafka_nodes not in (1, 3):
         raise ValidationError("--kafka-nodes", "must be 1 (development) or 3 (fault tests)")
-    manager.up(load(), kafka_nodes=kafka_nodes)
+    one = _only(only)
+    manager.up(load(), kafka_nodes=kafka_nodes, components=(one,) if one else manager.COMPONENTS)
 
 
 @app.command()
 @command
-def down() -> None:
-    """Stop everything `infra up` started."""
+def down(only: Annotated[str | None, typer.Option("--only", help=ONLY_HELP)] = None) -> None:
+    """Stop everything `infra up` started (or only the --only component)."""
     from gnomon.infra import manager
 
-    manager.down(load())
+    one = _only(only)
+    manager.down(load(), components=(one,) if one else manager.ALL_COMPONENTS)
 
 
 @app.command()

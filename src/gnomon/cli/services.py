@@ -180,7 +180,7 @@ def worker(
     """Run a worker of POOL: holds runs staged on it and starts each at its slot.
 
     Runs only the jobs of the tenants it serves; commands and containers run sandboxed,
-    and only when the policy enables them (README, "Security model")."""
+    and only when the policy enables them (docs/security.md)."""
     from gnomon.outbound.secrets import SecretStore
     from gnomon.worker import Worker
     from gnomon.worker.policy import PolicyError, PoolPolicy
@@ -260,7 +260,7 @@ def alerter(
              "ledger's end")] = "gnomon-alerter",
     verbose: bool = False,
 ) -> None:
-    """Call the tenants' alert webhooks: dead letters, skipped slots, late starts (README, "Alerts")."""
+    """Call the tenants' alert webhooks: dead letters, skipped slots, late starts (docs/operations.md, "Alerts")."""
     from gnomon.alerts.feed import AlertFeed
     from gnomon.alerts.policy import allowed_cidrs
     from gnomon.alerts.sender import AlertSender

@@ -1,4 +1,4 @@
-"""Prometheus metrics of gnomon's processes (README, "Monitoring").
+"""Prometheus metrics of gnomon's processes (docs/operations.md, "Monitoring").
 
 One module per process kind (``processor``, ``worker``, ``projector``, ``api``), each
 with a class that owns its own ``CollectorRegistry``: the in-memory harness runs many

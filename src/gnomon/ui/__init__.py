@@ -1,4 +1,4 @@
-"""The web UI, served by the API under ``/ui`` (docs in README, "Web UI").
+"""The web UI, served by the API under ``/ui`` (docs: docs/ui.md).
 
 Server-rendered Jinja2 pages and a little vanilla JavaScript, no build step. The UI has
 no business logic of its own: every page and every button goes through the JSON API's

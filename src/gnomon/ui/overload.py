@@ -1,4 +1,4 @@
-"""The UI's overload banner (README "Semantics", docs/semantics.md): whether a processor
+"""The UI's overload banner (docs/semantics.md, "Overload"): whether a processor
 deferred due jobs in the last 2 s, read from the processors' /metrics endpoints as
 ``gnomon status`` reads them (``$GNOMON_STATUS_TARGETS``, else this host's default
 processor metrics ports), at most every ``ttl_s``. A page never waits for it: a render
