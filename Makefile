@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup sysdeps testdeps run test test-security test-unit test-integration test-chaos lint typecheck bench infra-up infra-down clean
+.PHONY: help setup sysdeps testdeps run test test-security test-unit test-integration test-chaos test-long lint typecheck bench infra-up infra-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -58,8 +58,11 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	$(BIN)/python -m pytest tests/e2e -q -m integration
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
-test-chaos: setup ## the chaos suite alone (starts infra; about 5 minutes)
+test-chaos: setup ## the chaos suite alone, as CI runs it (starts Kafka and Cassandra if they are down)
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
+
+test-long: setup ## the chaos suite with its faults at full length (2-minute outages), outside CI
+	GNOMON_CHAOS_LONG=1 $(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
 test-security: setup sysdeps ## the security suite that needs no services (sandboxes, SSRF, API contract)
 	$(BIN)/python -m pytest tests/security -q -m "not integration"

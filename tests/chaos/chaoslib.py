@@ -33,6 +33,10 @@ from gnomon.core.jobs import DeleteJob, JobState, RegisterJob
 from gnomon.core.runs import RunState
 from gnomon.topology import load_topology
 
+LONG = os.environ.get("GNOMON_CHAOS_LONG") == "1"
+"""``make test-long``: the faults at their full length (processors, Cassandra and the broker
+down for 2 minutes), outside CI; CI runs the same scenarios with shorter outages."""
+
 
 def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -7,7 +7,8 @@ Timeline (lease 8 s, lookahead 10 s so the scenario fits CI):
   kill -9 processor A; restart it 15 s later ->
   SIGSTOP worker 2 past its lease, SIGCONT (its late completions must be rejected) ->
   kill -9 worker 1 mid-attempt (its leases lapse, others retry); start worker 3 ->
-  kill -9 both processors, keep them down 120 s, restart (catch-up policies apply) ->
+  kill -9 both processors, keep them down 45 s past a 20 s misfire grace (120 s past the
+  default 60 s with ``make test-long``), restart (catch-up policies apply) ->
   pause every job, let the lookahead drain, and check.
 """
 
@@ -19,7 +20,7 @@ import time
 from collections import Counter
 
 import pytest
-from chaoslib import Scenario, log
+from chaoslib import LONG, Scenario, log
 
 from gnomon.core.jobs import PauseJob, RegisterJob
 from gnomon.core.model import CatchUp, JobSpec, RetryPolicy, Schedule, Target, TargetType
@@ -27,12 +28,13 @@ from gnomon.core.runs import RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-OUTAGE_S = 120
+OUTAGE_S = 120 if LONG else 45  # every processor down: longer than the grace, so catch-up applies
+GRACE_S = 60 if LONG else 20  # the processors' --misfire-grace-s
 
 
 def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempPathFactory) -> None:
     tag = "chaos" + secrets.token_hex(3)
-    sc = Scenario(tag, tmp_path_factory.mktemp("chaos-logs"))
+    sc = Scenario(tag, tmp_path_factory.mktemp("chaos-logs"), processor_args=("--misfire-grace-s", str(GRACE_S)))
     policies = [CatchUp.SKIP, CatchUp.ONCE, CatchUp.ALL]
     jobs: dict[str, CatchUp] = {}
     try:

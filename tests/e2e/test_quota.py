@@ -115,14 +115,7 @@ def test_admission_refusals_name_the_limit(stack: Stack, limits: httpx.Client) -
     slow = {**fast, "name": "e2e-slow", "schedule": "0 0 1 1 *"}
     job_id = str(other.create_job(slow)["id"])
     wait_for(lambda: _exists(other, job_id), 30, "the job in history")
-    statuses = []
-    for i in range(5):
-        try:
-            other.trigger(job_id, idempotency_key=f"k{i}-{secrets.token_hex(2)}")
-            statuses.append(202)
-        except ApiError as e:
-            statuses.append(e.status)
-            assert e.status != 429 or "triggers_per_min_max" in str(e.problem), e.problem
+    statuses = [_trigger(other, job_id, f"k{i}-{secrets.token_hex(2)}") for i in range(5)]
     assert statuses.count(429) >= 2, statuses
     with httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {OTHER_TOKEN}"}) as c:
         r = c.post(f"/v1/jobs/{job_id}:trigger", json={"idempotencyKey": "one-more"})
@@ -130,6 +123,23 @@ def test_admission_refusals_name_the_limit(stack: Stack, limits: httpx.Client) -
         assert r.headers["content-type"].startswith("application/problem+json")
         # a normal tenant may not change limits
         assert c.put("/v1/tenants/other", json={"concurrencyMax": 1000}).status_code == 403
+
+
+def _trigger(client: Client, job_id: str, key: str, overloaded_wait_s: float = 60.0) -> int:
+    """A manual trigger's status; a 429 must name the trigger-rate limit. A refusal for
+    overload (the processor defers due jobs on a box this test shares with the previous
+    ones' backlog) is not this test's subject: retried, as a client would, after a second."""
+    deadline = time.monotonic() + overloaded_wait_s
+    while True:
+        try:
+            client.trigger(job_id, idempotency_key=key)
+            return 202
+        except ApiError as e:
+            if e.status == 429 and "overloaded" in str(e.problem) and time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            assert e.status != 429 or "triggers_per_min_max" in str(e.problem), e.problem
+            return e.status
 
 
 def _exists(client: Client, job_id: str) -> bool:

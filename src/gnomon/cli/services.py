@@ -104,6 +104,9 @@ def _stop_on_signals(stop: threading.Event | object) -> None:
 def processor(
     instance_id: Annotated[str | None, typer.Option(help="stable id of this instance (transactional id)")] = None,
     lookahead_s: Annotated[int, typer.Option(min=0, max=3600, help="trigger jobs due within this many seconds")] = 30,
+    misfire_grace_s: Annotated[int, typer.Option(
+        min=1, max=86_400, help="a slot later than this when its partition is next ticked (after an outage) "
+                                "follows its job's catch-up policy; also the default lateMaxS")] = 60,
     stage_ahead_s: Annotated[int | None, typer.Option(
         min=0, max=3600, help="grant runs to workers this long before their slot (default: the lookahead)")] = None,
     lease_s: Annotated[int, typer.Option(min=2, max=3600, help="a grant's lease; workers heartbeat every lease/3")] = 30,
@@ -147,7 +150,8 @@ def processor(
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(), session_timeout_ms=session_timeout_ms,
                           standbys=standbys, batch_max=batch_max,
-                          sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000),
+                          sched=SchedulerConfig(lookahead_ms=lookahead_s * 1000,
+                                                misfire_grace_ms=misfire_grace_s * 1000),
                           runs=RunConfig(lease_ms=lease_s * 1000, retention_ms=retention_s * 1000,
                                          priority_weights=weights,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
