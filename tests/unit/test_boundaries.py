@@ -149,7 +149,7 @@ def test_only_composition_roots_import_both_the_api_and_the_processor() -> None:
 KAFKA_CLIENT_MODULES = {
     "adapters/kafka.py", "eventlog/kafka.py",
     "infra/acls.py", "infra/kafka.py", "infra/topics.py",
-    "alerts/service.py", "events.py", "history/export.py", "history/projector.py", "registry/kafka_store.py",
+    "alerts/service.py", "events.py", "history/projector.py",
 }
 
 

@@ -362,3 +362,23 @@ def _confluent_serdes_speak_the_codec_s_wire_format(url: str) -> None:
     back = AvroDeserializer(sr)(encode(command), ctx)
     assert back is not None and back["body"]["job_id"] == "j1" and back["body"]["spec"]["timeout_s"] == 30
 
+
+
+def test_the_kafka_store_reads_its_topic_whole_through_the_event_log_port() -> None:
+    """``read_all`` on the in-memory log: every record in order, then an exact refusal of
+    a record that is not the registry's (ids are at stake)."""
+    from gnomon.core.clock import FakeClock
+    from gnomon.core.errors import EventLogError
+    from gnomon.eventlog.memory import MemoryEventLog
+    from gnomon.registry.kafka_store import read_all
+    from gnomon.registry.state import config_record
+
+    log = MemoryEventLog(FakeClock(0), partitions=1)
+    assert read_all("b:1", "t-schemas", log=log) == []  # empty: nothing to wait for
+    records = [config_record(None, "BACKWARD"), config_record("s-value", "FULL")]
+    for r in records:
+        log.append("t-schemas", r.key(), r.value(), 0)
+    assert read_all("b:1", "t-schemas", log=log) == records
+    log.append("t-schemas", b'{"keytype":"CONFIG"}', None, 0)
+    with pytest.raises(EventLogError, match="t-schemas@2"):
+        read_all("b:1", "t-schemas", log=log)

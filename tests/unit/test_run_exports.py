@@ -30,20 +30,20 @@ class FakeProducer:
     pending: list[Any] = field(default_factory=list)
     failures: int = 0
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any) -> None:
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Any = None) -> None:
         self.pending.append((topic, key, value, on_delivery))
 
-    def poll(self, timeout: float) -> int:
+    def poll(self, timeout_s: float) -> int:
         return 0
 
-    def flush(self, timeout: float) -> int:
+    def flush(self, timeout_s: float) -> int:
         for topic, key, value, cb in self.pending:
             if self.failures > 0:
                 self.failures -= 1
-                cb("KafkaError{code=_MSG_TIMED_OUT}", None)
+                cb("KafkaError{code=_MSG_TIMED_OUT}")
             else:
                 self.sent.append((topic, key, value))
-                cb(None, None)
+                cb(None)
         self.pending.clear()
         return 0
 

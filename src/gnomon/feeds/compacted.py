@@ -47,10 +47,11 @@ class CompactedFeed:
         Raises ``EventLogError`` if the end is not reached within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
-            ends = {tp: self.consumer.watermarks(tp, timeout_s)[1] for tp in self.partitions}
+            marks = {tp: self.consumer.watermarks(tp, timeout_s) for tp in self.partitions}
         except EventLogError as exc:
             raise EventLogError(f"cannot read the end offsets of {', '.join(self.topics)}: {exc}") from exc
-        pending = {tp for tp, end in ends.items() if end > 0}
+        ends = {tp: high for tp, (_low, high) in marks.items()}
+        pending = {tp for tp, (low, high) in marks.items() if high > low}  # empty partitions: nothing to wait for
         n = 0
         while pending:
             left = deadline - time.monotonic()

@@ -20,13 +20,15 @@ dead letter replayed to a new final state is exported again and wins by order (a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from gnomon.core.errors import HistoryStoreError
+from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.core.exports import RunExport, export_of
 from gnomon.core.runs import RunState
+from gnomon.eventlog.port import Producer
 
 __all__ = ["ExportPublishError", "RunExportPublisher"]
+
+CLIENT_ID = "gnomon-run-exports"
 
 
 class ExportPublishError(HistoryStoreError):
@@ -35,9 +37,10 @@ class ExportPublishError(HistoryStoreError):
 
 
 class RunExportPublisher:
-    """Produces one ``RunExport`` (Confluent-framed Avro, key ``run_id``) per final run."""
+    """Produces one ``RunExport`` (Confluent-framed Avro, key ``run_id``) per final run, on
+    a plain producer of the event-log port."""
 
-    def __init__(self, producer: Any, topic: str, *, flush_timeout_s: float = 30.0) -> None:
+    def __init__(self, producer: Producer, topic: str, *, flush_timeout_s: float = 30.0) -> None:
         from gnomon.topology import load_topology
 
         self.producer = producer
@@ -49,12 +52,11 @@ class RunExportPublisher:
 
     @classmethod
     def connect(cls, bootstrap: str, *, role: str | None = None, topic: str | None = None) -> RunExportPublisher:
-        from confluent_kafka import Producer
-
-        from gnomon.adapters.kafka import producer_config
+        from gnomon.eventlog.kafka import KafkaEventLog
         from gnomon.topology import load_topology
 
-        return cls(Producer(producer_config(bootstrap, role=role)), topic or load_topology().run_exports)
+        producer = KafkaEventLog(bootstrap, role=role).producer(client_id=CLIENT_ID)
+        return cls(producer, topic or load_topology().run_exports)
 
     def exports(self, runs: Sequence[RunState]) -> list[RunExport]:
         return [e for e in (export_of(r) for r in runs) if e is not None]
@@ -62,8 +64,6 @@ class RunExportPublisher:
     def publish(self, runs: Sequence[RunState]) -> int:
         """Publish the exports of the final runs among ``runs`` and wait until Kafka has
         them all. Returns how many; raises ExportPublishError if any was not delivered."""
-        from confluent_kafka import KafkaException
-
         from gnomon.codec import encode
 
         exports = self.exports(runs)
@@ -71,15 +71,16 @@ class RunExportPublisher:
             return 0
         failed: list[str] = []
 
-        def delivered(err: Any, _msg: Any) -> None:
+        def delivered(err: str | None) -> None:
             if err is not None:
-                failed.append(str(err))
+                failed.append(err)
 
         try:
             for e in exports:
-                self._produce(e.run_id.encode(), encode(e, self._codec_topic), delivered)
+                self.producer.produce(self.topic, e.run_id.encode(), encode(e, self._codec_topic),
+                                      on_delivery=delivered)
             left = self.producer.flush(self.flush_timeout_s)
-        except KafkaException as exc:
+        except EventLogError as exc:
             raise ExportPublishError(f"publishing run exports to {self.topic}: {exc}") from exc
         if left or failed:
             raise ExportPublishError(
@@ -87,14 +88,6 @@ class RunExportPublisher:
                 f"{len(failed)} failed{': ' + failed[0] if failed else ''}")
         self.published += len(exports)
         return len(exports)
-
-    def _produce(self, key: bytes, value: bytes, on_delivery: Any) -> None:
-        while True:
-            try:
-                self.producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
-                return
-            except BufferError:  # the local queue is full: let it drain
-                self.producer.poll(0.1)
 
     def close(self) -> None:
         self.producer.flush(self.flush_timeout_s)

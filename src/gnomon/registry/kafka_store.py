@@ -8,56 +8,45 @@ the role ``registry`` (ACLs: ``gnomon.infra.acls``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-
-from gnomon.adapters.kafka import SyncProducer, consumer_config
+from gnomon.adapters.kafka import SyncProducer
 from gnomon.core.errors import EventLogError
+from gnomon.eventlog.port import EventLog
+from gnomon.eventlog.port import Record as LogRecord
+from gnomon.feeds.compacted import CompactedFeed
 from gnomon.registry.state import Record, parse_record
 
 ROLE = "registry"
 GROUP_ID = "gnomon-registry"  # never joined, never committed
-PARTITION = 0
 
 
-def read_all(bootstrap: str, topic: str, *, role: str = ROLE, timeout_s: float = 30.0) -> list[Record]:
-    """Every record of ``topic`` up to its end as of now, in order. Raises EventLogError
-    if the end is not reached within ``timeout_s``, or for a record that is not one of
-    the registry's (the store must be exact: ids are at stake)."""
-    consumer = Consumer(consumer_config(bootstrap, GROUP_ID, role=role, **{"enable.partition.eof": False}))
-    try:
-        tp = TopicPartition(topic, PARTITION)
+def read_all(bootstrap: str, topic: str, *, role: str = ROLE, timeout_s: float = 30.0,
+             log: EventLog | None = None) -> list[Record]:
+    """Every record of ``topic`` up to its end as of now, in order (the compacted-feed
+    reader, ``gnomon.feeds.compacted``, on ``log``: default Kafka at ``bootstrap`` as
+    ``role``). Raises EventLogError if the end is not reached within ``timeout_s``, or
+    for a record that is not one of the registry's (the store must be exact: ids are at
+    stake)."""
+    if log is None:
+        from gnomon.eventlog.kafka import KafkaEventLog
+
+        log = KafkaEventLog(bootstrap, role=role)
+    records: list[Record] = []
+
+    def apply(msg: LogRecord) -> int:
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
-        except KafkaException as exc:
-            raise EventLogError(f"cannot read the end offset of {topic}: {exc}") from exc
-        records: list[Record] = []
-        if high <= low:
-            return records
-        consumer.assign([TopicPartition(topic, PARTITION, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EventLogError(f"could not read {topic} to its end ({high}) within {timeout_s:g} s")
-            for msg in consumer.consume(500, min(left, 0.5)):
-                err = msg.error()
-                if err is not None:
-                    raise EventLogError(f"cannot read {topic}: {err.str()}")
-                try:
-                    records.append(parse_record(msg.key() or b"", msg.value()))
-                except ValueError as exc:
-                    raise EventLogError(f"{topic}@{msg.offset()}: {exc}") from exc
-                if (msg.offset() or 0) + 1 >= high:
-                    return records
-            # compaction may have removed the last records: a position at the end is done
-            positions = consumer.position([TopicPartition(topic, PARTITION)])
-            if positions and positions[0].offset >= high:
-                return records
+            records.append(parse_record(msg.key or b"", msg.value))
+        except ValueError as exc:
+            raise EventLogError(f"{topic}@{msg.offset}: {exc}") from exc
+        return 1
+
+    feed = CompactedFeed(log, GROUP_ID, [topic], apply, batch_max=500)
+    try:
+        feed.load(timeout_s)
     finally:
-        consumer.close()
+        feed.close()
+    return records
 
 
 class KafkaStore:
