@@ -7,7 +7,7 @@ from any test module. Their asserts are rewritten like a test module's.
 
 import pytest
 
-pytest.register_assert_rewrite("history_contract")
+pytest.register_assert_rewrite("history_contract", "eventlog_contract")
 
 # Speed is measured in bench/, not asserted: hypothesis's per-example deadline (200 ms by
 # default) fails tests on a loaded 2-core CI box (the services start while the unit suite
