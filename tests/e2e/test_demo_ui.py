@@ -130,16 +130,15 @@ def test_every_ui_page_over_the_demos_own_jobs(demo: tuple[str, dict[str, str]])
                 assert job_id in page, job
             # the one-time job's run, granted ahead of its slot: "staged" on its job page, not
             # "running" (checked while the API still says so after the page was read)
+            before = wait_for(lambda: runs("one-time"), 60, "the one-time job's run (granted 30 s ahead)")
             tab.open(f"/ui/jobs/{ids['one-time']}")
             rows = tab.page.locator("#run-table tbody tr[data-run-id]")
             shown = [str(rows.nth(i).inner_text()) for i in range(rows.count())]
             after = runs("one-time")
-            if after and after[0]["staged"]:
-                assert shown and "running" not in shown[0], shown
-                staged_seen = "staged" in shown[0]
-            else:
-                staged_seen = None  # it started meanwhile: nothing to tell from this read
-            print(f"one-time job's run on its page: {shown[:1]} (staged seen: {staged_seen})")
+            if before[0]["staged"] and after and after[0]["staged"]:  # staged all along the page's read
+                assert shown and "staged" in shown[0] and "running" not in shown[0], shown
+            print(f"one-time job's run: API {before[0]['status']} (staged {before[0]['staged']}), "
+                  f"on its page {shown[:1]}")
             done = next(r for r in runs("command") if r["status"] == "succeeded")
             page = tab.open(f"/ui/runs/{done['id']}")
             assert done["id"] in page
