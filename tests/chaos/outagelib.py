@@ -132,11 +132,11 @@ def _lags(runs: list[RunState], jobs: set[str], frm: int, until: int) -> tuple[l
 
 
 def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[float], *, jobs_n: int = 20,
-                after_s: float = 45.0, freeze_s: float | None = None) -> Result:
+                after_s: float = 45.0, freeze_s: float | None = None, misfire_grace_s: int = 60) -> Result:
     tag = "out" + secrets.token_hex(3)
     sc = Scenario(tag, logs, lease_s=8, lookahead_s=10)
     ports = {"p1": free_port(), "w1": free_port()}
-    sc.processor_args = ("--metrics-port", str(ports["p1"]))
+    sc.processor_args = ("--metrics-port", str(ports["p1"]), "--misfire-grace-s", str(misfire_grace_s))
     outages = [Outage(s) for s in outages_s]
     jobs = {f"{tag}-{i:02d}" for i in range(jobs_n)}
     freeze: dict[str, object] = {}
