@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -144,6 +145,31 @@ def test_ids_are_whole_on_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch,
         [LONG_JOB] if args[0] == "jobs" else [f"{LONG_JOB}@2026-12-01T10:00:00Z"])
     for run_id in ids:
         assert run_id in res.stdout, res.stdout  # on one line, uncut: it can be pasted
+
+
+@pytest.mark.parametrize("columns", [200, 80])
+def test_a_staged_run_reads_staged_with_its_start_not_running(monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    from gnomon.cli import jobs as cli_jobs
+
+    class StagedClient(ManyRunsClient):
+        def list_runs(self, job_id: str, *_args: object) -> dict[str, object]:
+            return {"items": [{"id": f"{job_id}@2026-12-01T10:00:30Z", "status": "running", "staged": True,
+                               "attempt": 1, "grantedAt": "2026-12-01T10:00:00Z", "startAt": "2026-12-01T10:00:30Z",
+                               "startedAt": None, "startLagS": None, "finishedAt": None, "exitCode": None}],
+                    "cursor": None}
+
+    monkeypatch.setattr(cli_jobs, "Client", StagedClient)
+    res = runner.invoke(app, ["runs", "list", "job_1"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    assert "staged" in res.stdout and "running" not in res.stdout, res.stdout
+    # the table itself, at a width of our choosing (the console's may be fixed by an earlier test)
+    from rich.console import Console
+
+    out = Console(width=columns, record=True, file=io.StringIO())
+    out.print(cli_jobs._runs_table(StagedClient().list_runs("job_1")["items"], columns))  # type: ignore[arg-type]
+    text = out.export_text()
+    assert "staged" in text and "running" not in text, text
+    assert ("starts" in text) is (columns >= cli_jobs.WIDE_COLUMNS), text  # the start time, when there is room
 
 
 def test_runs_list_watch_refreshes(monkeypatch: pytest.MonkeyPatch) -> None:

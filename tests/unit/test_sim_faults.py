@@ -196,3 +196,35 @@ def test_workers_with_skewed_clocks() -> None:
     c.run_for(12_000)
     c.heal(10_000)
     assert_clean(c)
+
+
+def test_a_store_that_does_not_open_after_a_clean_stop_is_rebuilt_from_the_changelogs() -> None:
+    """A checkpointed store that fails to open (RocksDB reporting corruption, say: found
+    when two processes shared an instance id's state directory) is rebuilt from the
+    changelogs instead of stopping the processor at every restart."""
+    from gnomon.core.errors import StateStoreError
+    from gnomon.ports import KeyValueStore
+    from gnomon.processor.stores import MemoryStores
+
+    class Corrupt(MemoryStores):
+        refused: list[int] = []
+
+        def open(self, partition: int, *, fresh: bool) -> KeyValueStore:
+            if not fresh:
+                Corrupt.refused.append(partition)
+                raise StateStoreError(f"cannot open RocksDB at p{partition:03d}: Corruption: bad table magic number")
+            return super().open(partition, fresh=fresh)
+
+    c = cluster(6, standbys=False)
+    c.run_for(4_000, faults=False)
+    had = set(c.processor("p1").tasks)
+    c.stop("p1", down_ms=1_000)
+    slot = c._slot("p1")
+    corrupt = Corrupt()
+    corrupt.stores, corrupt.checkpoints = slot.stores.stores, slot.stores.checkpoints
+    slot.stores = corrupt
+    c.run_for(4_000, faults=False)
+    assert set(c.processor("p1").tasks) == had and sorted(Corrupt.refused) == sorted(had)
+    every_owned_partition_matches_its_changelog(c)
+    c.heal(8_000)
+    assert_clean(c)

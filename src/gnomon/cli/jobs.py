@@ -231,7 +231,9 @@ def _runs_table(runs: list[dict[str, Any]], width: int, title: str | None = None
         table.add_column(name, no_wrap=not wide, overflow="fold")
     for r in runs:
         lag = r.get("startLagS")
-        cell = {"status": r["status"], "attempt": r["attempt"], "granted": r.get("grantedAt"),
+        # a run granted ahead of its slot, not started yet: "staged (starts at ...)", not "running"
+        status = r["status"] if not r.get("staged") else f"staged (starts {r.get('startAt')})" if wide else "staged"
+        cell = {"status": status, "attempt": r["attempt"], "granted": r.get("grantedAt"),
                 "started": r["startedAt"], "lag s": None if lag is None else f"{lag:.3f}",
                 "finished": r["finishedAt"], "exit": r["exitCode"]}
         _row(table, r["id"], *(cell[n] for n in names))

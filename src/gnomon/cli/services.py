@@ -92,6 +92,16 @@ def _exit_if_stalled(dog: Watchdog | None) -> None:
         raise typer.Exit(EXIT_STALLED)
 
 
+def _interrupt_on_signals() -> None:
+    """SIGTERM and SIGHUP (a closed terminal) stop like Ctrl-C: a supervisor killed without
+    stopping its children would leave them running, holding their ports."""
+    def handler(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
 def _stop_on_signals(stop: threading.Event | object) -> None:
     def handler(_sig: int, _frame: object) -> None:
         stop.stop() if hasattr(stop, "stop") else stop.set()  # type: ignore[attr-defined]
@@ -343,6 +353,7 @@ def dev(
 
     sup = Supervisor(spawn, time.monotonic, say=lambda msg: console.print(f"[yellow]gnomon dev[/] {msg}",
                                                                          highlight=False))
+    _interrupt_on_signals()
     for name, args in (("processor", ["processor", "--instance-id", "dev"]), ("worker", ["worker", "--tenant", "dev", "--policy", str(REPO_ROOT / "infra/policies/dev.toml")]),
                        ("projector", ["projector"]), ("alerter", ["alerter"]), ("api", ["api", "--dev"])):
         sup.start(name, args)

@@ -4,13 +4,14 @@
 
 Starts Kafka and Cassandra (fetched from Maven Central on first use), then `gnomon dev`
 (processor, worker, projector, API), registers four jobs and refreshes a table of their
-latest runs every 2 s. Ctrl-C stops everything it started.
+latest runs every 2 s. Ctrl-C deletes the demo's jobs and stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -73,6 +74,23 @@ def register_demo(client: Client, callback_url: str) -> dict[str, str]:
     return ids
 
 
+def _delete_demo(client: Client | None, ids: dict[str, str]) -> None:
+    """The demo's jobs go when it stops (the next `make run` registers its own): best effort,
+    the API may already be gone."""
+    if client is None or not ids:
+        return
+    left = []
+    for job_id in ids.values():
+        try:
+            client.delete(job_id)
+        except Exception:  # the API or Kafka is away: say so, keep stopping
+            left.append(job_id)
+    if left:
+        console.print(f"could not delete the demo jobs {', '.join(left)} (`gnomon jobs delete ID` later)")
+    else:
+        console.print(f"deleted the {len(ids)} demo jobs")
+
+
 def table(client: Client, ids: dict[str, str]) -> Table:
     t = Table(title=f"gnomon demo — latest runs (UTC {time.strftime('%H:%M:%S', time.gmtime())}); Ctrl-C to stop")
     for col in ("job", "slot (UTC)", "status", "attempt", "lag s", "exit"):
@@ -93,8 +111,9 @@ def table(client: Client, ids: dict[str, str]) -> Table:
                 from gnomon.core.clock import iso_to_ms
 
                 lag = f"{(iso_to_ms(r['startedAt']) - iso_to_ms(r['slot'])) / 1000:.2f}"
-            colour = {"succeeded": "green", "failed": "red", "running": "yellow"}.get(r["status"], "white")
-            t.add_row(name, r["slot"][11:19], f"[{colour}]{r['status']}[/]", str(r["attempt"]), lag,
+            status = "staged" if r.get("staged") else r["status"]  # granted ahead, not started yet
+            colour = {"succeeded": "green", "failed": "red", "running": "yellow"}.get(status, "white")
+            t.add_row(name, r["slot"][11:19], f"[{colour}]{status}[/]", str(r["attempt"]), lag,
                       "" if r["exitCode"] is None else str(r["exitCode"]))
             name = ""
     return t
@@ -110,7 +129,14 @@ def main() -> None:
     manager.up(s)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Callback)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    def interrupt(_sig: int, _frame: object) -> None:  # SIGTERM, SIGHUP: stop as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
     dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"])
+    ids: dict[str, str] = {}
+    client: Client | None = None
     try:
         _wait_api(s.api_url, dev)
         client = Client()
@@ -130,6 +156,7 @@ def main() -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        _delete_demo(client, ids)
         if dev.poll() is None:
             dev.send_signal(2)
             try:

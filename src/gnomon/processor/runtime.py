@@ -26,7 +26,7 @@ from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.errors import EventLogError, GnomonError, InfraError
+from gnomon.core.errors import EventLogError, GnomonError, InfraError, StateStoreError
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.overload import OverloadGovernor, TickBudget
 from gnomon.core.priorities import WeightedPicker
@@ -330,7 +330,18 @@ class Processor:
                 ckpt = None
         if ckpt is not None and not {self.topo.jobs, self.topo.runs} <= set(ckpt):
             ckpt = None
-        task = PartitionTask(partition, self.stores.open(partition, fresh=ckpt is None), self.topo, self.cfg.sched, self.cfg.runs,
+        try:
+            kv = self.stores.open(partition, fresh=ckpt is None)
+        except StateStoreError as exc:
+            if ckpt is None:
+                raise
+            # a store that does not open (e.g. RocksDB reports corruption) is a cache: its
+            # checkpoint was consumed above, so rebuild it from the changelogs instead
+            log.warning("partition %d: its store does not open (%s); rebuilding it from the changelogs",
+                        partition, exc)
+            ckpt = None
+            kv = self.stores.open(partition, fresh=True)
+        task = PartitionTask(partition, kv, self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory, quota=self.quota)
         task.on_progress = self._progressed  # a long restore is progress (liveness)
         if ckpt is None:
