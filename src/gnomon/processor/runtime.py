@@ -52,7 +52,7 @@ from gnomon.processor.history_mark import HistoryWatermark
 from gnomon.processor.output import Output
 from gnomon.processor.standby import StandbySet
 from gnomon.processor.stores import RocksStores, StateStores
-from gnomon.processor.task import PartitionTask, RecordFailed
+from gnomon.processor.task import PartitionTask, RecordFailed, TickPhase, tick_near
 from gnomon.processor.usage import UsagePublisher
 from gnomon.processor.waiting import assign_waiting
 from gnomon.topology import Topology, load_topology
@@ -122,6 +122,7 @@ class Processor:
         self.overload = OverloadGovernor(lookahead_ms=cfg.sched.lookahead_ms)  # normal/low runs in flight (core.overload)
         self.overload_quiet_until_ms = 0  # start lags are not an overload's until then (``_tick_budget``)
         self._last_budget_ms: int | None = None
+        self._ticks = 0  # the partition that goes first in a tick's phases turns with it
         self.metrics = metrics if metrics is not None else ProcessorMetrics(self.topo, cfg.instance_id,
                                                                             group_id=GROUP_ID)
         self._stop = threading.Event()
@@ -445,11 +446,26 @@ class Processor:
                     outputs.extend(task.worker_lost(worker, now))
             behind = self._behind()
             budget = self._tick_budget(now)
-            for p, task in list(self.tasks.items()):
+            # One budget across the partitions: each phase (due now, backlog, lookahead)
+            # in every partition before the next phase (the slots due now oldest first
+            # across partitions), the first partition turning from tick to tick, so a
+            # binding budget is shared, not spent by the lowest partitions' lookahead
+            # while a later partition's slots due now wait.
+            order = sorted(self.tasks.items())
+            self._ticks += 1
+            turn = self._ticks % len(order) if order else 0
+            order = order[turn:] + order[:turn]
+            for _, task in order:
+                task.begin_tick(now)
+            outputs.extend(tick_near([task for _, task in order], now, budget))
+            for phase in (TickPhase.BACKLOG, TickPhase.FAR):
+                for _, task in order:
+                    outputs.extend(task.tick_due(phase, now, budget))
+            for p, task in order:
                 # a partition with unread run events judges leases by how far it has read
-                outputs.extend(task.tick(now, self._read_ts.get(p, 0) if p in behind else None,
-                                         self.history.until_ms(p) if self.history is not None else None,
-                                         assign_waiting=False, budget=budget))
+                outputs.extend(task.tick_timers(now, self._read_ts.get(p, 0) if p in behind else None,
+                                                self.history.until_ms(p) if self.history is not None else None,
+                                                assign_waiting=False))
             in_flight = sum(t.in_flight_runs for t in self.tasks.values())
             self.overload.after_tick(budget, in_flight, now, hold=now < self.overload_quiet_until_ms)
             overloaded = self.overload.overloaded or (self.cfg.overload_budget_per_tick is not None

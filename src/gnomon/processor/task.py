@@ -44,6 +44,7 @@ once it is older than the idempotency-key retention.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +92,43 @@ def _job_key(job_id: str) -> bytes:
 
 _PRIO_RANK = {"high": b"0", "normal": b"1", "low": b"2"}
 _DUE = tuple(b"j%s/" % r for r in (b"0", b"1", b"2"))  # the due indexes, most urgent first
+
+
+def tick_near(tasks: list[PartitionTask], now_ms: int, budget: TickBudget) -> list[Output]:
+    """The near phase of a tick (``TickPhase.NEAR``) across a processor's partitions, one
+    due index (priority) after the other: ``high`` jobs all, then ``normal`` and ``low``
+    oldest slot first across the partitions while the budget lasts, so a budget that binds
+    makes every partition's jobs equally late, not the last partitions' alone. Ties go to
+    the earlier partition in ``tasks`` (the processor turns its order from tick to tick)."""
+    out: list[Output] = []
+    for due in _DUE:
+        entries = [(key, i, job_id) for i, task in enumerate(tasks) for key, job_id in task.near_due(due, now_ms)]
+        entries.sort(key=lambda e: (e[0].split(b"/", 1)[0], e[1]))
+        budgeted = due != _DUE[0]
+        for n, (_, i, job_id) in enumerate(entries):
+            if budgeted and budget.exhausted:  # left for later: their give-up is the backlog pass's
+                left: dict[int, int] = {}
+                for _, j, _ in entries[n:]:
+                    left[j] = left.get(j, 0) + 1
+                for j, jobs in left.items():
+                    tasks[j].defer(jobs, budget)
+                break
+            out.extend(tasks[i].tick_near_job(due, job_id, now_ms, budget))
+    return out
+
+
+class TickPhase(enum.Enum):
+    """The due jobs' phases of a tick, in order: 1. the slots due now (next_run_at from
+    the misfire edge on), near ones only; 2. the older backlog (catch-up after an outage,
+    paced by a record budget; slots deferred by an overloaded tick), near slots only;
+    3. the rest of the lookahead. A processor runs each phase across all its partitions
+    before the next, so the overload budget goes to slots due now first."""
+
+    NEAR = "near"
+    BACKLOG = "backlog"
+    FAR = "far"
+
+
 _OLD_DUE = b"jd/"  # the single due index of stores written before the priority indexes
 
 
@@ -973,36 +1011,59 @@ class PartitionTask:
         is behind (see ``runs.decide_timer``); None when caught up. ``history_until_ms``:
         every ledger record this partition committed before that time is in history (the
         projector has read past it); None: unknown, purge nothing. ``budget``: triggers
-        left for normal and low jobs (``core.overload``; None: unlimited)."""
-        out: list[Output] = []
-        self._quota_waits_this_tick = 0
-        present = self._presence(now_ms)
+        left for normal and low jobs (``core.overload``; None: unlimited). A processor with
+        several partitions calls the steps itself (``begin_tick``, ``tick_due`` per phase
+        across its partitions, ``tick_timers``), so that one budget goes to the slots due
+        now in every partition before any partition's lookahead."""
+        self.begin_tick(now_ms)
         budget = budget if budget is not None else TickBudget()
-        # 1. Jobs due now (next_run_at from the misfire edge on), their near slots only;
-        # 2. the older backlog (catch-up after an outage, paced by a record budget; slots
-        #    deferred by an overloaded tick), near slots only;
-        # 3. the rest of the lookahead.
-        # Each by priority: high first, then normal and low while the tick's budget lasts.
-        # So a tick that has much to do (a backlog decided, a lookahead filled after a
-        # restart) emits the slots due in the next seconds first, for every job: their
-        # grants come first in each worker's inbox, ahead of slots 30 s away.
+        out: list[Output] = []
+        for phase in TickPhase:
+            out.extend(self.tick_due(phase, now_ms, budget))
+        out.extend(self.tick_timers(now_ms, read_up_to_ms, history_until_ms, assign_waiting))
+        return out
+
+    def begin_tick(self, now_ms: int) -> None:
+        """Start a tick: this tick's counters, and whether the partition was present since
+        the last one (``_presence``)."""
+        self._quota_waits_this_tick = 0
+        self._presence(now_ms)
+
+    def tick_due(self, phase: TickPhase, now_ms: int, budget: TickBudget) -> list[Output]:
+        """One phase of the due jobs (``TickPhase``), each index by priority: high first,
+        then normal and low while the tick's budget lasts. So a tick that has much to do (a
+        backlog decided, a lookahead filled after a restart) emits the slots due in the next
+        seconds first, for every job: their grants come first in each worker's inbox, ahead
+        of slots 30 s away."""
+        assert self._present_since_ms is not None, "begin_tick first"
+        present = self._present_since_ms
+        out: list[Output] = []
         edge = max(now_ms - self.sched_cfg.misfire_grace_ms, 0)
         near = self._near_cfg()
-        for index in _DUE:
-            out.extend(self._tick_jobs_from(index, edge, now_ms + near.lookahead_ms, now_ms, near, budget, present))
-        catch_up = self.sched_cfg.catch_up_records_per_tick_max
-        for index in _DUE:
-            backlog = self.kv.scan(index, index + b"%013d/" % edge, self.due_max)
-            for job_id in [k[len(index) + _TIME_W + 1:].decode() for k, _ in backlog]:
-                if catch_up <= 0:
-                    self.stats.catch_up_deferred += 1
-                    break
-                produced = self._tick_budgeted(index, job_id, now_ms, near, budget, present)
-                catch_up -= max(1, len(produced))
-                out.extend(produced)
-        for index in _DUE:
-            out.extend(self._tick_jobs_from(index, edge, now_ms + self.sched_cfg.lookahead_ms, now_ms,
-                                            self.sched_cfg, budget, present, far=True))
+        if phase is TickPhase.NEAR:
+            out.extend(tick_near([self], now_ms, budget))
+        elif phase is TickPhase.BACKLOG:
+            catch_up = self.sched_cfg.catch_up_records_per_tick_max
+            for index in _DUE:
+                backlog = self.kv.scan(index, index + b"%013d/" % edge, self.due_max)
+                for job_id in [k[len(index) + _TIME_W + 1:].decode() for k, _ in backlog]:
+                    if catch_up <= 0:
+                        self.stats.catch_up_deferred += 1
+                        break
+                    produced = self._tick_budgeted(index, job_id, now_ms, near, budget, present)
+                    catch_up -= max(1, len(produced))
+                    out.extend(produced)
+        else:
+            for index in _DUE:
+                out.extend(self._tick_jobs_from(index, edge, now_ms + self.sched_cfg.lookahead_ms, now_ms,
+                                                self.sched_cfg, budget, present, far=True))
+        return out
+
+    def tick_timers(self, now_ms: int, read_up_to_ms: int | None = None, history_until_ms: int | None = None,
+                    assign_waiting: bool = True) -> list[Output]:
+        """The rest of a tick (see ``tick``): run timers due, waiting runs (when this
+        partition assigns its own), purges."""
+        out: list[Output] = []
         due = [(k, k[len(b"rt/") + _TIME_W + 1:].decode())
                for k, _ in self.kv.scan(b"rt/", _bound(b"rt/", now_ms), self.due_max)]
         for key, run_id in due:
@@ -1051,6 +1112,24 @@ class PartitionTask:
             cfg = replace(self.sched_cfg, lookahead_ms=min(self.near_lookahead_ms, self.sched_cfg.lookahead_ms))
             self._near = (self.sched_cfg, cfg)
         return self._near[1]
+
+    def near_due(self, due: bytes, now_ms: int) -> list[tuple[bytes, str]]:
+        """The jobs of due index ``due`` whose next slot is in the near phase's window (at
+        most due_max), as (``time/job`` key, job id): time-ordered."""
+        edge = max(now_ms - self.sched_cfg.misfire_grace_ms, 0)
+        scan = self.kv.scan(due + b"%013d/" % edge, _bound(due, now_ms + self._near_cfg().lookahead_ms),
+                            self.due_max)
+        return [(k[len(due):], k[len(due) + _TIME_W + 1:].decode()) for k, _ in scan]
+
+    def tick_near_job(self, due: bytes, job_id: str, now_ms: int, budget: TickBudget) -> list[Output]:
+        """One job of the near phase (``tick_near``)."""
+        assert self._present_since_ms is not None, "begin_tick first"
+        return self._tick_budgeted(due, job_id, now_ms, self._near_cfg(), budget, self._present_since_ms)
+
+    def defer(self, jobs: int, budget: TickBudget) -> None:
+        """``jobs`` due now left for a later tick: the budget ran out."""
+        budget.deferred += jobs
+        self.stats.overload_deferred += jobs
 
     def _tick_jobs_from(self, due: bytes, from_ms: int, horizon_ms: int, now_ms: int, cfg: J.SchedulerConfig,
                         budget: TickBudget, present_since_ms: int, far: bool = False) -> list[Output]:
