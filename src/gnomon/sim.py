@@ -201,7 +201,7 @@ class SimCluster:
                  step_ms: int = 100, session_timeout_ms: int = 3_000,
                  run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
                  duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
-                 overload_budget_per_tick: int | None = None) -> None:
+                 overload_budget_per_tick: int | None = None, worker_stage_max: int = 10_000) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = FakeClock()
@@ -210,6 +210,7 @@ class SimCluster:
         self.faults = faults or SimFaults()
         self.step_ms = step_ms
         self.worker_slots = worker_slots
+        self.worker_stage_max = worker_stage_max
         self.duration_range = duration_ms
         self.run_cfg = run_cfg or R.RunConfig(lease_ms=8_000, stage_ahead_ms=3_000, timeout_grace_ms=5_000)
         self.sched_cfg = sched_cfg or J.SchedulerConfig(lookahead_ms=5_000)
@@ -246,7 +247,8 @@ class SimCluster:
         executor = SimExecutor({})
         worker = Worker("default", worker_id=f"w{w.index}.{w.generation}", concurrency_max=self.worker_slots,
                         clock=clock, topology=self.topo, tenants=[TENANT], log=self.log,
-                        executor=executor, runner=runner, advert_interval_ms=1_000, handback_after_ms=1_000)
+                        executor=executor, runner=runner, advert_interval_ms=1_000, handback_after_ms=1_000,
+                        stage_max=self.worker_stage_max)
         worker.handler(HANDLER)(sim_handler)
         executor.handlers = worker.handlers
         worker.start()

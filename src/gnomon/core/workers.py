@@ -84,6 +84,9 @@ class WorkerDirectory:
     _by_id: dict[str, _Entry] = field(default_factory=dict)
     _pools: dict[str, list[str]] = field(default_factory=dict)
     _cursor: dict[str, int] = field(default_factory=dict)
+    # pools whose last pass over the waiting runs (``processor.waiting``) left runs waiting:
+    # a run released now queues behind them instead of taking the room they wait for
+    queued_pools: set[str] = field(default_factory=set)
 
     def observe(self, advert: WorkerAdvert, now_ms: int) -> None:
         entry = self._by_id.get(advert.worker_id)

@@ -475,7 +475,7 @@ class Processor:
             self.metrics.overloaded(self.overload.room_runs, in_flight, self.overload.last_deferred,
                                     self.overload.last_lag_ms)
             # waiting runs take free slots across all partitions, in the weighted mix
-            outputs.extend(assign_waiting(list(self.tasks.values()), now, self._pickers))
+            outputs.extend(assign_waiting([task for _, task in order], now, self._pickers))
             outputs.extend(self.usage.changes(sorted(self.tasks), now))
         if outputs or offsets:
             self._commit(outputs, offsets)

@@ -929,8 +929,18 @@ class PartitionTask:
 
     def _assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> R.RunState:
         """Grant a READY run to a live worker with a free slot, if the pool has one and
-        the run's tenant is under its quota (else the run says it waits for quota)."""
-        return self._try_assign(run, now_ms, out)[0]
+        the run's tenant is under its quota (else the run says it waits for quota). Not
+        while runs of its pool wait for room (``WorkerDirectory.queued_pools``): it waits
+        in the ``rw/`` index with them, and the next tick grants oldest first
+        (``processor.waiting``), so a run released now never takes the room of a run
+        that has waited since before."""
+        assert self.directory is not None
+        if run.spec.pool in self.directory.queued_pools:
+            return run
+        new, result = self._try_assign(run, now_ms, out)
+        if result == "room":
+            self.directory.queued_pools.add(run.spec.pool)  # it waits: so do the next ones, behind it
+        return new
 
     def _try_assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> tuple[R.RunState, str]:
         """(the run after, "granted" | "quota" | "room")."""
@@ -1300,6 +1310,10 @@ class WaitingCursor:
     def head(self, tier: int) -> R.RunState | None:
         """The run the next ``step(tier)`` tries (None: its index entry is stale)."""
         return self.task.run(self._heads[tier][self._prefix_len + _WAITING_FIXED:].decode())
+
+    def head_key(self, tier: int) -> bytes:
+        """The next run's place in the tier: its due time, then its id."""
+        return self._heads[tier][self._prefix_len + _WAITING_FIXED - _TIME_W - 1:]
 
     def step(self, tier: int, now_ms: int, out: list[Output]) -> str:
         """Try the next run of ``tier`` (``PartitionTask.assign_waiting_run``'s result)."""
