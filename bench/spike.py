@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,9 @@ from gnomon.config import load
 from gnomon.core.errors import GnomonError
 from gnomon.core.jobs import RegisterJob
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core.replies import CommandResult
 from gnomon.core.runs import CancelRun, RunState, RunStatus
+from gnomon.core.tenants import TenantLimits
 from gnomon.topology import load_topology
 
 BENCH = Path(__file__).resolve().parent
@@ -122,6 +125,29 @@ def register(p: Producer, topic: str, job_id: str, spec: JobSpec) -> None:
             p.poll(0.05)
 
 
+def refusals(bootstrap: str, topic: str, since: list[TopicPartition], prefix: str) -> Counter[str]:
+    """The processor's refusals of this bench's commands (command-results from ``since``),
+    by limit or reason."""
+    c = Consumer(consumer_config(bootstrap, "bench-results-" + prefix))
+    c.assign(since)
+    left = sum(c.get_watermark_offsets(tp, 10)[1] - tp.offset for tp in since)
+    out: Counter[str] = Counter()
+    deadline = time.monotonic() + 60
+    while left > 0 and time.monotonic() < deadline:
+        for msg in c.consume(5000, 0.5):
+            left -= 1
+            if msg.error() or msg.value() is None:
+                continue
+            try:
+                res = codec.decode(msg.value())
+            except GnomonError:
+                continue
+            if isinstance(res, CommandResult) and res.job_id.startswith(prefix) and not res.accepted:
+                out[res.limit or res.reason or res.code.value] += 1
+    c.close()
+    return out
+
+
 def processor_flags() -> str:
     out = subprocess.run([sys.executable, "-m", "gnomon.cli.main", "processor", "--help"], capture_output=True,
                          text=True, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, check=False)
@@ -178,10 +204,17 @@ def main() -> None:
                      {"PYTHONPATH": pythonpath, "SPIKE_STARTS_FILE": str(logs / f"starts-{name}.txt"),
                       "SPIKE_CONCURRENCY": str(concurrency)})
 
+    p = Producer(producer_config(s.kafka_bootstrap))
+    # one-time jobs count against the tenant's backlog_max (default 10,000): the bench's
+    # tenant is allowed its spike, as an admin would allow a team's (`gnomon tenants set
+    # bench --backlog-max N`)
+    limits = TenantLimits("bench", backlog_max=max(TenantLimits("bench").backlog_max, 2 * args.jobs + BUSY_SLOTS))
+    p.produce(topo.tenants, key=b"bench", value=codec.encode(limits, topo.tenants))
+    p.flush(30)
+    print(f"tenant bench: backlog_max {limits.backlog_max}", file=sys.stderr)
     processors = [spawn(["processor", "--instance-id", f"bench-{i}", *proc_args], f"processor{i}.log")
                   for i in range(args.processors)]
     workers: list[subprocess.Popen[bytes]] = []
-    p = Producer(producer_config(s.kafka_bootstrap))
     busy = Starts([logs / "starts-busy.txt"], f"busy{tag}-")
     try:
         if args.busy_worker:
@@ -216,6 +249,7 @@ def main() -> None:
         idle_p, idle_w = (cpu_s(processors) - idle_p0) / idle_dt, (cpu_s(workers) - idle_w0) / idle_dt
 
         start_offsets = end_offsets(s.kafka_bootstrap, topo.runs)
+        result_offsets = end_offsets(s.kafka_bootstrap, topo.command_results)
         records_before = gnomon_records(s.kafka_bootstrap)
         t_cpu0, cpu_p0, cpu_w0 = time.monotonic(), cpu_s(processors), cpu_s(workers)
 
@@ -266,6 +300,10 @@ def main() -> None:
                   end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         c.close()
+        refused = refusals(s.kafka_bootstrap, topo.command_results, result_offsets, f"spike{tag}-")
+        if refused:
+            print(f"warning: the processor refused {sum(refused.values())} registrations: "
+                  + "; ".join(f"{n} {why}" for why, n in refused.most_common(5)), file=sys.stderr)
         complete = len(starts.seen) >= args.jobs and len(done) >= args.jobs
         timed_out = len(ended) < args.jobs
         time.sleep(3)  # settle: the last completions, commits and history records

@@ -178,7 +178,11 @@ def processor(
 def worker(
     pool: Annotated[str, typer.Option(help="worker pool to serve")] = "default",
     concurrency: Annotated[int, typer.Option(
-        min=1, max=20_000, help="attempts at once; the processor stages at most this many ahead on it")] = 8,
+        min=1, max=20_000, help="attempts at once: the processor stages at most this many runs due in any "
+                                "one second on it")] = 8,
+    stage_max: Annotated[int | None, typer.Option(
+        min=1, max=1_000_000, help="attempts it holds staged ahead of their slots, in all "
+                                   "[default: 10,000 or twice --concurrency, whichever is more]")] = None,
     app: Annotated[str | None, typer.Option(help="module:attribute of a Worker with your handlers")] = None,
     worker_id: Annotated[str | None, typer.Option(help="default: host-pid-random")] = None,
     tenant: Annotated[list[str] | None, typer.Option(
@@ -198,6 +202,7 @@ def worker(
     from gnomon.outbound.secrets import SecretStore
     from gnomon.worker import Worker
     from gnomon.worker.policy import PolicyError, PoolPolicy
+    from gnomon.worker.worker import default_stage_max
 
     _logging(verbose)
     if app:
@@ -210,12 +215,16 @@ def worker(
             fail(f"--app {app!r}: {exc}", 2)
         if not isinstance(w, Worker):
             fail(f"--app {app!r} is not a gnomon.worker.Worker", 2)
+        if w.stage_max == default_stage_max(w.concurrency_max):  # (the app's own stage_max stays)
+            w.stage_max = default_stage_max(concurrency)
         w.pool, w.concurrency_max = pool, concurrency
     else:
         from gnomon.demo import handlers as demo
 
         w = Worker(pool, concurrency_max=concurrency, worker_id=worker_id)
         demo.register(w)
+    if stage_max is not None:
+        w.stage_max = stage_max
     if worker_id:
         w.worker_id = worker_id
     tenants = [t for t in (tenant or os.environ.get("GNOMON_WORKER_TENANTS", "").split(",")) if t.strip()]

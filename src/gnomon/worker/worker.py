@@ -101,6 +101,17 @@ class _Attempt:
     given_up: bool = False  # its handler outlived deadline + grace: reported timed out by the loop
 
 
+STAGE_MAX_MIN = 10_000
+
+
+def default_stage_max(concurrency_max: int) -> int:
+    """Attempts a worker accepts staged ahead of their slots when not told: 10,000, or
+    twice its slots if more (a worker with 15,000 slots takes 15,000 runs due in one
+    second; holding fewer staged would leave a spike's last third to be granted after
+    its slot, measured: 30,000 due at once on two such workers, p99 10.5 s)."""
+    return max(STAGE_MAX_MIN, 2 * concurrency_max)
+
+
 class Worker:
     def __init__(
         self,
@@ -112,7 +123,7 @@ class Worker:
         drain_timeout_s: float = 30.0,
         advert_interval_ms: int = 1000,
         handback_after_ms: int = 1000,
-        stage_max: int = 10_000,
+        stage_max: int | None = None,
         clock: Clock | None = None,
         topology: Topology | None = None,
         tenants: Iterable[str] = (),
@@ -123,6 +134,8 @@ class Worker:
     ) -> None:
         if concurrency_max < 1:
             raise ValueError("concurrency_max must be >= 1")
+        if stage_max is None:
+            stage_max = default_stage_max(concurrency_max)
         if advert_interval_ms < 100 or handback_after_ms < 0 or stage_max < 1:
             raise ValueError("advert_interval_ms must be >= 100, handback_after_ms >= 0, stage_max >= 1")
         self.pool = pool
