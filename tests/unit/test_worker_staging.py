@@ -246,3 +246,27 @@ def test_gnomon_worker_sizes_the_staging_room_from_its_concurrency(monkeypatch: 
         res = runner.invoke(app, ["worker", "--tenant", "t", *args])
         assert res.exit_code == 0, res.output
         assert seen.pop() == want
+
+
+def test_a_pool_the_os_refuses_threads_stops_growing_instead_of_failing(monkeypatch: Any) -> None:
+    """``RuntimeError: can't start new thread`` (five 20,000-slot workers past ``ulimit -u``)
+    killed the worker's loop; now the pool keeps the threads it has and the worker
+    advertises that many slots."""
+    w, _, _, _, ran = make(concurrency=50)
+    w.gate.set()  # type: ignore[attr-defined]
+    real_start = threading.Thread.start
+    started = [0]
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("attempt-") and started[0] >= 3:
+            raise RuntimeError("can't start new thread")
+        started[0] += self.name.startswith("attempt-")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    assert w._pool.prestart(10) == 3
+    assert w._pool.threads_max == 3 and w._pool.threads == 3
+    ran_before = len(ran)
+    for i in range(5):  # more attempts than threads: they queue for the three
+        w._pool.submit(lambda i=i: ran.append(f"x{i}") and None)
+    wait_for(lambda: len(ran) == ran_before + 5)

@@ -49,18 +49,36 @@ class AttemptPool:
         started = 0
         with self._lock:
             while self._threads < min(wanted, self.threads_max) and started < at_most:
-                self._threads += 1
+                if not self._start_thread():
+                    break
                 started += 1
-                threading.Thread(target=self._serve, daemon=True, name=f"{self.name}-{self._threads}").start()
         return started
 
     def submit(self, fn: Callable[[], bool | None]) -> None:
         with self._lock:
             self._queued += 1
             if self._queued > self._idle and self._threads < self.threads_max:
-                self._threads += 1
-                threading.Thread(target=self._serve, daemon=True, name=f"{self.name}-{self._threads}").start()
+                self._start_thread()  # (refused: it waits for a thread of the pool)
         self._tasks.put(fn)
+
+    def _start_thread(self) -> bool:
+        """Start one more thread (the lock held). When the operating system refuses one
+        (``ulimit -u``, the cgroup's pids.max, memory for stacks), the pool stops growing
+        at the threads it has: ``threads_max`` comes down to them, which the worker then
+        advertises as its slots, instead of the worker dying mid-spike (measured: five
+        workers of 20,000 slots on a box whose ``ulimit -u`` is 96,363)."""
+        try:
+            threading.Thread(target=self._serve, daemon=True, name=f"{self.name}-{self._threads + 1}").start()
+        except RuntimeError as exc:
+            cap = max(1, self._threads)
+            if cap < self.threads_max:
+                log.error("the operating system refused a new thread at %d threads (%s): this worker runs at "
+                          "most %d attempts at once from now on; lower --concurrency or raise the limit "
+                          "(ulimit -u, pids.max)", self._threads, exc, cap)
+                self.threads_max = cap
+            return False
+        self._threads += 1
+        return True
 
     def _serve(self) -> None:
         while True:

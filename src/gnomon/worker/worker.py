@@ -292,6 +292,8 @@ class Worker:
             self._on_inbox(msg.value, self._executor)
         if self._runner is None:  # threads for what is staged, started before its slot
             self._pool.prestart(len(self._running) + len(self._staged))
+            if self._pool.threads_max < self.concurrency_max:  # the OS refused threads (pool.py)
+                self.concurrency_max = self._pool.threads_max  # advertised: the processor stages less
         self._fire_due(self._executor)
         self._watch_deadlines()
         self._finish_done()
