@@ -129,8 +129,9 @@ def refusals(bootstrap: str, topic: str, since: list[TopicPartition], prefix: st
     """The processor's refusals of this bench's commands (command-results from ``since``),
     by limit or reason."""
     c = Consumer(consumer_config(bootstrap, "bench-results-" + prefix))
+    c.list_topics(topic, timeout=10)
     c.assign(since)
-    left = sum(c.get_watermark_offsets(tp, 10)[1] - tp.offset for tp in since)
+    left = sum(c.get_watermark_offsets(TopicPartition(topic, tp.partition), 10)[1] - tp.offset for tp in since)
     out: Counter[str] = Counter()
     deadline = time.monotonic() + 60
     while left > 0 and time.monotonic() < deadline:
@@ -159,7 +160,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--processors", type=int, default=1)
-    ap.add_argument("--concurrency", type=int, default=500, help="slots per worker (max 1024)")
+    ap.add_argument("--concurrency", type=int, default=500,
+                    help="slots per worker: a thread each; threads of all processes share the kernel's pid_max")
     ap.add_argument("--lookahead-s", type=int, default=30, help="processor --lookahead-s")
     ap.add_argument("--stage-ahead-s", type=int, default=None,
                     help="processor --stage-ahead-s if it has that flag (default: = lookahead)")
