@@ -84,8 +84,9 @@ class WorkerDirectory:
     _by_id: dict[str, _Entry] = field(default_factory=dict)
     _pools: dict[str, list[str]] = field(default_factory=dict)
     _cursor: dict[str, int] = field(default_factory=dict)
-    # pools whose last pass over the waiting runs (``processor.waiting``) left runs waiting:
-    # a run released now queues behind them instead of taking the room they wait for
+    # pools with runs waiting for room: set when a run finds none (``PartitionTask._assign``)
+    # or a pass over the waiting runs leaves some (``processor.waiting``), cleared by a pass
+    # that leaves none. A run released meanwhile queues behind them, not before.
     queued_pools: set[str] = field(default_factory=set)
 
     def observe(self, advert: WorkerAdvert, now_ms: int) -> None:
