@@ -249,7 +249,7 @@ def test_gnomon_worker_sizes_the_staging_room_from_its_concurrency(monkeypatch: 
 
 
 def test_a_pool_the_os_refuses_threads_stops_growing_instead_of_failing(monkeypatch: Any) -> None:
-    """``RuntimeError: can't start new thread`` (five 20,000-slot workers past ``ulimit -u``)
+    """``RuntimeError: can't start new thread`` (five 20,000-slot workers past the kernel's pid_max)
     killed the worker's loop; now the pool keeps the threads it has and the worker
     advertises that many slots."""
     w, _, _, _, ran = make(concurrency=50)

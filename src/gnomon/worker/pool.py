@@ -66,7 +66,7 @@ class AttemptPool:
         (``ulimit -u``, the cgroup's pids.max, memory for stacks), the pool stops growing
         at the threads it has: ``threads_max`` comes down to them, which the worker then
         advertises as its slots, instead of the worker dying mid-spike (measured: five
-        workers of 20,000 slots on a box whose ``ulimit -u`` is 96,363)."""
+        workers of 20,000 slots on a box whose kernel ``pid_max`` is 32,768 tasks)."""
         try:
             threading.Thread(target=self._serve, daemon=True, name=f"{self.name}-{self._threads + 1}").start()
         except RuntimeError as exc:
