@@ -5,6 +5,9 @@ modules kept here (``history_contract``, the HistoryStore contract suite) are im
 from any test module. Their asserts are rewritten like a test module's.
 """
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 
 pytest.register_assert_rewrite("history_contract", "eventlog_contract")
@@ -16,3 +19,13 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("gnomon", deadline=None)
 settings.load_profile("gnomon")
+
+
+@pytest.fixture
+def quiet_logs() -> Iterator[None]:
+    """Warnings and below off for one test: the simulations' faults and poisoned records
+    log thousands of expected lines ("transaction failed", "poison ..."). A module that
+    wants it for every test says ``pytestmark = pytest.mark.usefixtures("quiet_logs")``."""
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)

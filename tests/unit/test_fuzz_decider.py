@@ -31,11 +31,10 @@ records (slow: every shrink step replays a cluster). Strategies: tests/fuzz_stra
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,11 +75,7 @@ def fuzz_settings(examples: int) -> settings:
                     phases=phases, print_blob=False, suppress_health_check=list(HealthCheck))
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)  # every poisoned record logs a warning
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 @dataclass

@@ -6,8 +6,7 @@ rejoins and schedules again, with every slot accounted for."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,12 +16,7 @@ from gnomon.eventlog.memory import MemoryGroupConsumer, MemoryTransactionalProdu
 from gnomon.eventlog.port import TransactionError
 from gnomon.sim import SimCluster
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 class Broker:

@@ -5,9 +5,7 @@ committed on the in-memory log (gnomon.sim), aborted transactions included."""
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -175,14 +173,8 @@ def test_the_uis_in_process_calls_are_not_counted() -> None:
 # ---- the real loops on the in-memory log -------------------------------------------------------
 
 
-@pytest.fixture
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)  # expected "transaction failed" lines
-    yield
-    logging.disable(logging.NOTSET)
 
-
-def test_processor_and_worker_counts_match_what_was_committed(_quiet: None) -> None:
+def test_processor_and_worker_counts_match_what_was_committed(quiet_logs: None) -> None:
     """One processor (aborting some transactions: what they wrote is rewound and must not
     count) and one worker; every count equals what the run ledger holds."""
     c = SimCluster(7, processors=1, workers=1, faults=SimFaults(abort=0.05), standbys=False, step_ms=200,
@@ -228,7 +220,7 @@ def test_processor_and_worker_counts_match_what_was_committed(_quiet: None) -> N
     assert value(w, "gnomon_worker_attempts_finished_total", outcome="failed") == 2 * by_outcome["failed"]
 
 
-def test_two_clusters_in_one_process_keep_their_own_counts(_quiet: None) -> None:
+def test_two_clusters_in_one_process_keep_their_own_counts(quiet_logs: None) -> None:
     """Per-instance registries: no duplicate registration, no shared counts."""
     a, b = (SimCluster(s, processors=2, workers=1, step_ms=200) for s in (1, 2))
     a.register("j", "* * * * * *")

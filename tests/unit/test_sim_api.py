@@ -6,8 +6,6 @@ for every slot exactly once."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,11 +19,7 @@ JOB = {"name": "every second", "schedule": "* * * * * *", "target": {"type": "ha
        "retry": {"max": 2, "backoffS": 0.5}, "timeoutS": 60}
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def answered(sim: SimCluster, client: TestClient, written: Any, within_ms: int = 60_000) -> dict[str, Any]:

@@ -3,9 +3,6 @@ the real Processor and Worker loops on the in-memory event log."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 
 from gnomon.adapters.kafka import partition_for
@@ -14,12 +11,7 @@ from gnomon.processor.runtime import Processor
 from gnomon.processor.task import PartitionTask
 from gnomon.sim import SimCluster, SimFaults
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def rebuild(c: SimCluster, p: int) -> dict[bytes, bytes]:

@@ -6,9 +6,6 @@ was away); the history checker accounts for every slot exactly once."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 
 from gnomon import codec
@@ -23,11 +20,7 @@ BUDGET_PER_TICK = 2  # normal/low triggers per 200 ms tick: 10 a second of the 3
 NORMAL_LATE_MAX_S = 5
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def _overloaded(seed: int, faults: SimFaults | None = None, processors: int = 2) -> SimCluster:

@@ -7,8 +7,7 @@ and the faults injected)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -57,11 +56,7 @@ MIXES: list[tuple[str, Callable[[SimCluster], None], dict[str, int]]] = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)  # thousands of expected "transaction failed" lines
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def run_scenario(seed: int) -> tuple[SimCluster, str]:

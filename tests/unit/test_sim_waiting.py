@@ -12,9 +12,6 @@ for 30 s: 20,000 staged / 30 s = 667 runs a second could be staged, of the 1,000
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 
 from gnomon.adapters.kafka import partition_for
@@ -25,11 +22,7 @@ from gnomon.sim import SimCluster
 PARTITIONS = 4
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.WARNING)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def _job_ids(heavy: int, light: int) -> list[str]:
