@@ -1065,8 +1065,7 @@ class PartitionTask:
                     out.extend(produced)
         else:
             for index in _DUE:
-                out.extend(self._tick_jobs_from(index, edge, now_ms + self.sched_cfg.lookahead_ms, now_ms,
-                                                self.sched_cfg, budget, present, far=True))
+                out.extend(self._tick_lookahead(index, edge, now_ms, budget, present))
         return out
 
     def tick_timers(self, now_ms: int, read_up_to_ms: int | None = None, history_until_ms: int | None = None,
@@ -1141,23 +1140,21 @@ class PartitionTask:
         budget.deferred += jobs
         self.stats.overload_deferred += jobs
 
-    def _tick_jobs_from(self, due: bytes, from_ms: int, horizon_ms: int, now_ms: int, cfg: J.SchedulerConfig,
-                        budget: TickBudget, present_since_ms: int, far: bool = False) -> list[Output]:
-        """Tick the jobs of due index ``due`` whose next slot is in [from_ms, horizon_ms]
-        (at most due_max). ``far``: slots not due yet, none of which waits for the budget."""
+    def _tick_lookahead(self, due: bytes, from_ms: int, now_ms: int, budget: TickBudget,
+                        present_since_ms: int) -> list[Output]:
+        """Tick the jobs of due index ``due`` whose next slot is in [from_ms, now + lookahead]
+        (at most due_max): slots not due yet, none of which waits for the budget (what is
+        due now is ``tick_near``'s, which counts what it leaves as deferred)."""
         out: list[Output] = []
         budgeted = due != _DUE[0]
-        if far and budgeted and budget.exhausted:
+        if budgeted and budget.exhausted:
             return out
-        scan = self.kv.scan(due + b"%013d/" % from_ms, _bound(due, horizon_ms), self.due_max)
-        ids = [k[len(due) + _TIME_W + 1:].decode() for k, _ in scan]
-        for i, job_id in enumerate(ids):
+        scan = self.kv.scan(due + b"%013d/" % from_ms, _bound(due, now_ms + self.sched_cfg.lookahead_ms),
+                            self.due_max)
+        for job_id in [k[len(due) + _TIME_W + 1:].decode() for k, _ in scan]:
             if budgeted and budget.exhausted:
-                if not far:  # due now and left for later (their give-up is the backlog pass's, past the grace)
-                    budget.deferred += len(ids) - i
-                    self.stats.overload_deferred += len(ids) - i
                 break
-            out.extend(self._tick_budgeted(due, job_id, now_ms, cfg, budget, present_since_ms))
+            out.extend(self._tick_budgeted(due, job_id, now_ms, self.sched_cfg, budget, present_since_ms))
         return out
 
     def _tick_budgeted(self, due: bytes, job_id: str, now_ms: int, cfg: J.SchedulerConfig, budget: TickBudget,
