@@ -201,7 +201,7 @@ class SimCluster:
                  step_ms: int = 100, session_timeout_ms: int = 3_000,
                  run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
                  duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
-                 overload_budget_per_tick: int | None = None, worker_stage_max: int = 10_000) -> None:
+                 overload_budget_per_tick: int | None = None, worker_stage_max: int | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = FakeClock()
@@ -210,7 +210,7 @@ class SimCluster:
         self.faults = faults or SimFaults()
         self.step_ms = step_ms
         self.worker_slots = worker_slots
-        self.worker_stage_max = worker_stage_max
+        self.worker_stage_max = worker_stage_max  # None: the Worker's default
         self.duration_range = duration_ms
         self.run_cfg = run_cfg or R.RunConfig(lease_ms=8_000, stage_ahead_ms=3_000, timeout_grace_ms=5_000)
         self.sched_cfg = sched_cfg or J.SchedulerConfig(lookahead_ms=5_000)

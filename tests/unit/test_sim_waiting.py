@@ -56,9 +56,7 @@ def test_waiting_runs_are_granted_oldest_first_across_partitions(seed: int) -> N
     c.heal(5_000)
     rep = c.history_report()
     assert rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()} {rep.problems[:5]}"
-    last: dict[str, R.RunState] = {}
-    for state in c.ledger():
-        last[state.run_id] = state
+    last = {state.run_id: state for state in c.ledger()}  # each run's final state
     lag: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     now = c.clock.now_ms()
     for run in last.values():
