@@ -63,7 +63,7 @@ class AttemptPool:
 
     def _start_thread(self) -> bool:
         """Start one more thread (the lock held). When the operating system refuses one
-        (``ulimit -u``, the cgroup's pids.max, memory for stacks), the pool stops growing
+        (the kernel's pid_max, ``ulimit -u``, the cgroup's pids.max, memory for stacks), the pool stops growing
         at the threads it has: ``threads_max`` comes down to them, which the worker then
         advertises as its slots, instead of the worker dying mid-spike (measured: five
         workers of 20,000 slots on a box whose kernel ``pid_max`` is 32,768 tasks)."""
@@ -74,7 +74,7 @@ class AttemptPool:
             if cap < self.threads_max:
                 log.error("the operating system refused a new thread at %d threads (%s): this worker runs at "
                           "most %d attempts at once from now on; lower --concurrency or raise the limit "
-                          "(ulimit -u, pids.max)", self._threads, exc, cap)
+                          "(kernel.pid_max, ulimit -u, pids.max)", self._threads, exc, cap)
                 self.threads_max = cap
             return False
         self._threads += 1
