@@ -54,9 +54,9 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	$(BIN)/python -m pytest tests/unit -q -n 2 && $(BIN)/python -m pytest tests/security -q -n 2 -m "not integration"; rc=$$?; \
 	wait $$infra; cat $$out/infra-up.log; \
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
-	$(BIN)/python -m pytest tests/integration tests/security -q -m integration
-	$(BIN)/python -m pytest tests/e2e -q -m integration
-	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
+	$(BIN)/python -m pytest tests/integration tests/security -q -m integration --durations=10
+	$(BIN)/python -m pytest tests/e2e -q -m integration --durations=15
+	$(BIN)/python -m pytest tests/chaos -q -m chaos -s --durations=15
 
 test-chaos: setup ## the chaos suite alone, as CI runs it (starts Kafka and Cassandra if they are down)
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s

@@ -7,7 +7,8 @@ Subclass ``EventLogContract`` and provide two fixtures: ``log`` (an ``EventLog``
 log). Every test uses topics of its own. What the processor, the feeds and the API's
 answer reader rely on is what is checked here: order within a partition, read_committed
 (an aborted or open transaction is never read), fencing by transactional id, end offsets,
-reading to the end, and the compacted-feed reader on top of a reader.
+reading to the end, the compacted-feed reader on top of a reader, and a group member
+starting where its group committed (the history projector).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from gnomon.core.errors import EventLogError
-from gnomon.eventlog.port import OFFSET_BEGINNING, EventLog, Reader, Record
+from gnomon.eventlog.port import OFFSET_BEGINNING, EventLog, GroupConsumer, Reader, Record
 from gnomon.feeds.compacted import CompactedFeed
 
 WAIT_S = 20.0  # how long a read may take on a real broker (the in-memory log answers at once)
@@ -47,11 +48,13 @@ class EventLogContract:
                                                              new_topic: Callable[[int], str]) -> None:
         topic = new_topic(1)
         producer = log.producer(client_id="contract-plain")
-        reports: list[str | None] = []
+        reports: list[tuple[str | None, int, int]] = []
         for i in range(5):
-            producer.produce(topic, b"k%d" % i, b"v%d" % i, on_delivery=reports.append)
+            producer.produce(topic, b"k%d" % i, b"v%d" % i, on_delivery=lambda *r: reports.append(r))
         assert producer.flush(WAIT_S) == 0
-        assert reports == [None] * 5
+        assert [(err, p) for err, p, _ in reports] == [(None, 0)] * 5  # where each went
+        assert sorted(o for _, _, o in reports) == [o for _, _, o in sorted(reports, key=lambda r: r[2])]
+        assert len({o for _, _, o in reports}) == 5
         reader = log.reader("contract-reader")
         assert reader.partitions(topic) == [0]
         reader.assign([(topic, 0, OFFSET_BEGINNING)])
@@ -141,3 +144,70 @@ class EventLogContract:
             time.sleep(0.05)
         assert polled == 1 and seen[b"k0"] is None
         feed.close()
+
+    def test_a_group_member_starts_where_the_group_committed(self, log: EventLog,
+                                                            new_topic: Callable[[int], str]) -> None:
+        """The plain commit (the history projector's): the next member of the group reads
+        from the committed offset, and the group's committed offsets show it."""
+        topic = new_topic(1)
+        group = f"contract-group-{topic}"
+        producer = log.producer(client_id="contract-group")
+        for i in range(5):
+            producer.produce(topic, b"k", b"%d" % i)
+        assert producer.flush(WAIT_S) == 0
+
+        def none(_tps: list[tuple[str, int]]) -> None:
+            return None
+
+        def member() -> GroupConsumer:
+            c = log.group_consumer(group, client_id="contract-member", session_timeout_ms=10_000)
+            c.subscribe([topic], on_assign=none, on_revoke=none, on_lost=none)
+            return c
+
+        first = member()
+        got: list[Record] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += first.consume(3 - len(got), 0.2)
+        assert [r.value for r in got] == [b"0", b"1", b"2"]
+        first.commit({(topic, 0): got[-1].offset + 1}, WAIT_S)
+        assert first.committed([(topic, 0)], WAIT_S) == {(topic, 0): 3}
+        first.close()
+        second = member()
+        rest: list[Record] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(rest) < 2 and time.monotonic() < deadline:
+            rest += second.consume(2 - len(rest), 0.2)
+        assert [r.value for r in rest] == [b"3", b"4"]
+        second.close()
+
+    def test_a_commit_made_in_on_assign_is_where_reading_starts(self, log: EventLog,
+                                                               new_topic: Callable[[int], str]) -> None:
+        """The alerter's start at the end: a member new to the group commits the end in
+        its assignment callback, and reads from there (not from the reset policy's
+        earliest), as both logs read start positions after the callback returns."""
+        topic = new_topic(1)
+        producer = log.producer(client_id="contract-start")
+        for i in range(3):
+            producer.produce(topic, b"k", b"old%d" % i)
+        assert producer.flush(WAIT_S) == 0
+        c = log.group_consumer(f"contract-start-{topic}", client_id="contract-start", session_timeout_ms=10_000)
+
+        def at_end(tps: list[tuple[str, int]]) -> None:
+            c.commit({tp: log.end_offset(*tp) for tp in tps}, WAIT_S)
+
+        def none(_tps: list[tuple[str, int]]) -> None:
+            return None
+
+        c.subscribe([topic], on_assign=at_end, on_revoke=none, on_lost=none)
+        deadline = time.monotonic() + WAIT_S
+        while not c.assignment() and time.monotonic() < deadline:
+            assert c.consume(10, 0.2) == []  # nothing old
+        producer.produce(topic, b"k", b"new")
+        assert producer.flush(WAIT_S) == 0
+        got: list[Record] = []
+        deadline = time.monotonic() + WAIT_S
+        while not got and time.monotonic() < deadline:
+            got += c.consume(10, 0.2)
+        assert [r.value for r in got] == [b"new"]
+        c.close()

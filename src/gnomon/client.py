@@ -61,6 +61,7 @@ class ApiPending(ApiError):
 
 ANSWER_WAIT_S_DEFAULT = 30.0
 ANSWER_POLL_S = 0.25
+_PENDING_KEYS = frozenset({"status", "jobId", "command", "commandId", "detail"})  # what a 202 adds to an answer
 
 
 def default_token(settings: Settings) -> str:
@@ -104,6 +105,8 @@ class Client:
             if answer.get("status") == "accepted":
                 if method == "POST" and path == "/v1/jobs":
                     return self._call("GET", f"/v1/jobs/{quote(answer['jobId'])}")
+                if "accepted" in pending:  # the 202 carried the write's own answer (a backfill's plan)
+                    return {k: v for k, v in pending.items() if k not in _PENDING_KEYS}
                 return {"id": answer.get("jobId"), "version": answer.get("version")}
             if answer.get("status") == "refused":
                 problem = answer.get("problem") or {}

@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from gnomon import codec
 from gnomon.core import jobs as J
@@ -55,33 +55,18 @@ from gnomon.core.validation import (
     reject_control_chars,
     validate_idempotency_key,
 )
+from gnomon.eventlog.port import EventLog, Producer, Reader
 from gnomon.topology import Topology, load_topology
 
 KAFKA_ROLE_DEFAULT = "api"  # only the API's principal may write the job-commands topic (docs/adr/0006)
 FLUSH_TIMEOUT_S = 30.0
 ERRORS_KEPT_MAX = 100  # delivery errors remembered until the next flush (the count is exact)
 RESULTS_GROUP = "gnomon-events"  # a group id librdkafka needs; nothing is committed (assigned partitions)
+CLIENT_ID = "gnomon-events"
 
 
 RESULTS_TIMEOUT_S = 60.0
 _FAILED = ("", -1, -1)  # a command Kafka did not write (its slot in the send order)
-
-
-class _Producer(Protocol):
-    """The part of confluent_kafka.Producer used here."""
-
-    def produce(self, topic: str, *, key: bytes, value: bytes, on_delivery: Any) -> None: ...
-    def poll(self, timeout: float) -> int: ...
-    def flush(self, timeout: float) -> int: ...
-
-
-class _Consumer(Protocol):
-    """The part of confluent_kafka.Consumer used here."""
-
-    def get_watermark_offsets(self, partition: Any, timeout: float) -> tuple[int, int]: ...
-    def assign(self, partitions: list[Any]) -> None: ...
-    def consume(self, num_messages: int, timeout: float) -> list[Any]: ...
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -98,9 +83,10 @@ class JobEvents:
     """Produce job commands for one tenant. Not thread-safe: one per thread, or a lock."""
 
     def __init__(self, tenant: str, bootstrap: str | None = None, *, role: str | None = KAFKA_ROLE_DEFAULT,
-                 producer: _Producer | None = None, topology: Topology | None = None, clock: Clock | None = None,
-                 pools: frozenset[str] | None = None, linger_ms: int = 20, replies: bool = False,
-                 results_consumer: _Consumer | None = None) -> None:
+                 log: EventLog | None = None, topology: Topology | None = None, clock: Clock | None = None,
+                 pools: frozenset[str] | None = None, linger_ms: int = 20, replies: bool = False) -> None:
+        """``log``: where the commands go (default: Kafka at ``bootstrap``, else
+        ``GNOMON_KAFKA_BOOTSTRAP``, as principal ``role``; the in-memory log in tests)."""
         if not isinstance(tenant, str) or not tenant.strip():
             raise ValidationError("tenant", "must be a non-empty string")
         reject_control_chars(tenant, "tenant")
@@ -108,15 +94,13 @@ class JobEvents:
         self.topo = topology or load_topology()
         self.clock = clock or SystemClock()
         self.pools = pools if pools is not None else frozenset(self.topo.pools) or DEFAULT_POOLS
-        if producer is None:
-            from confluent_kafka import Producer
-
-            from gnomon.adapters.kafka import producer_config
+        if log is None:
             from gnomon.config import load
+            from gnomon.eventlog.kafka import KafkaEventLog
 
-            producer = Producer(producer_config(bootstrap or load().kafka_bootstrap, role=role,
-                                                **{"linger.ms": linger_ms, "batch.num.messages": 10_000}))
-        self._producer = producer
+            log = KafkaEventLog(bootstrap or load().kafka_bootstrap, role=role)
+        self._producer: Producer = log.producer(client_id=CLIENT_ID, config={
+            "linger.ms": linger_ms, "batch.num.messages": 10_000})
         self.deliveries = Deliveries()
         # replies: where each command landed (partition, offset), in the order sent, and
         # a reader of the results topic positioned at its end before the first send
@@ -124,9 +108,10 @@ class JobEvents:
         self._sent: list[tuple[str, int, int] | None] = []  # (job id, partition, offset); None: not acked yet
         self._waiting: list[tuple[str, int, int]] = []  # written, answer not returned yet (send order)
         self._early: dict[tuple[int, int], CommandResult] = {}  # answers found before a results() timed out
-        self._consumer: _Consumer | None = None
+        self._consumer: Reader | None = None
         if replies:
-            self._consumer = results_consumer or self._results_consumer(bootstrap, role)
+            self._consumer = log.reader(RESULTS_GROUP, client_id=CLIENT_ID, config={
+                "enable.partition.eof": False, "fetch.wait.max.ms": 50})
             self._start_reading()
 
     # ---- commands --------------------------------------------------------------------
@@ -217,11 +202,9 @@ class JobEvents:
                 raise EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not "
                                     f"arrive within {timeout_s}s (is a processor running?); call results() "
                                     "again to keep waiting")
-            for msg in self._consumer.consume(1000, min(0.2, left)):
-                if msg.error():
-                    continue
+            for rec in self._consumer.consume(1000, min(0.2, left)):
                 try:
-                    res = codec.decode(msg.value() or b"", self.topo.command_results)
+                    res = codec.decode(rec.value or b"", self.topo.command_results)
                 except GnomonError:
                     continue  # not ours to judge; the topic's other readers see it too
                 if isinstance(res, CommandResult) and (key := (res.source_partition, res.source_offset)) in wanted:
@@ -263,11 +246,11 @@ class JobEvents:
             self._sent.append(None)
         sent = self._sent
 
-        def on_delivery(err: Any, msg: Any) -> None:
+        def on_delivery(err: str | None, partition: int, offset: int) -> None:
             if err is None:
                 d.acknowledged += 1
                 if self._replies:
-                    sent[slot] = (cmd.job_id, int(msg.partition()), int(msg.offset()))
+                    sent[slot] = (cmd.job_id, partition, offset)
                 return
             d.failed += 1
             if self._replies:
@@ -275,41 +258,19 @@ class JobEvents:
             if len(d.errors) < ERRORS_KEPT_MAX:
                 d.errors.append(f"{cmd.job_id}: {err}")
 
-        while True:
-            try:
-                self._producer.produce(self.topo.job_commands, key=cmd.job_id.encode(), value=value,
-                                       on_delivery=on_delivery)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                self._producer.poll(0.05)
-            except Exception as exc:  # KafkaException (e.g. a record too large): nothing was queued
-                if self._replies:
-                    sent[slot] = _FAILED
-                raise EventLogError(f"could not send {type(cmd).__name__} for {cmd.job_id}: {exc}") from exc
+        try:  # (waits while the local queue is full)
+            self._producer.produce(self.topo.job_commands, cmd.job_id.encode(), value, on_delivery=on_delivery)
+        except EventLogError as exc:  # e.g. a record too large: nothing was queued
+            if self._replies:
+                sent[slot] = _FAILED
+            raise EventLogError(f"could not send {type(cmd).__name__} for {cmd.job_id}: {exc}") from exc
         d.sent += 1
         self._producer.poll(0)
-
-    def _results_consumer(self, bootstrap: str | None, role: str | None) -> _Consumer:
-        from confluent_kafka import Consumer
-
-        from gnomon.adapters.kafka import consumer_config
-        from gnomon.config import load
-
-        return Consumer(consumer_config(bootstrap or load().kafka_bootstrap, RESULTS_GROUP, role=role,
-                                        **{"enable.partition.eof": False, "fetch.wait.max.ms": 50}))
 
     def _start_reading(self) -> None:
         """Read every partition of the results topic from its current end: answers to
         commands sent from now on come after it."""
-        from confluent_kafka import TopicPartition
-
         assert self._consumer is not None
-        tps = []
-        for p in range(self.topo.partitions):
-            try:
-                _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topo.command_results, p), 10)
-            except Exception as exc:  # KafkaException: translated at this edge
-                raise EventLogError(f"cannot read the end of {self.topo.command_results}[{p}]: {exc}") from exc
-            tps.append(TopicPartition(self.topo.command_results, p, high))
-        self._consumer.assign(tps)
-
+        topic = self.topo.command_results
+        positions = [(topic, p, self._consumer.watermarks((topic, p), 10.0)[1]) for p in range(self.topo.partitions)]
+        self._consumer.assign(positions)

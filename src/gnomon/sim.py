@@ -28,10 +28,17 @@ Faults (``SimFaults``), drawn per step from ``random.Random(seed)`` during ``run
   of run-events or job-commands twice, or after records sent later;
 * ``worker_crash``: a worker vanishes with its staged and running attempts; a new one
   starts later;
-* ``skew_ms``: each worker's clock is off the cluster's by up to this, either way.
+* ``skew_ms``: each worker's clock is off the cluster's by up to this, either way;
+* with ``history=True`` the history projector runs too (``gnomon.history.projector``, on
+  the same log, into an in-memory history store, publishing run exports), and two more
+  faults apply to it: ``projector_crash`` (it vanishes without a commit; a new one in
+  its group takes over once the session lapses and replays from the last commit) and
+  ``history_outage`` (the store refuses writes for up to ``history_outage_ms``: the
+  batch is rewound and replayed; the processor does not purge what history lacks).
 
 ``history_report()`` runs ``gnomon.checker.HistoryChecker`` over what was committed to
-the run ledger and the worker inbox (as the chaos suite reads Kafka).
+the run ledger and the worker inbox (as the chaos suite reads Kafka); ``history_gaps()``
+compares the projected history with the committed ledger and job states.
 """
 
 from __future__ import annotations
@@ -49,8 +56,13 @@ from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import Clock, FakeClock
+from gnomon.core.errors import HistoryStoreError
 from gnomon.core.model import Target
 from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, PlainFaults
+from gnomon.history.base import HistoryBatch
+from gnomon.history.export import RunExportPublisher
+from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.history.projector import HistoryProjector
 from gnomon.processor.runtime import Processor, ProcessorConfig
 from gnomon.processor.stores import MemoryStores
 from gnomon.topology import Topology, load_topology
@@ -152,11 +164,14 @@ class SimFaults:
     duplicate: float = 0.0  # per record of run-events / job-commands from a plain producer
     reorder: float = 0.0
     skew_ms: int = 0
+    projector_crash: float = 0.0  # with history=True
+    history_outage: float = 0.0
+    history_outage_ms: int = 5_000
 
     @classmethod
     def mixed(cls) -> SimFaults:
         return cls(abort=0.02, kill=0.01, rebalance=0.01, zombie=0.01, worker_crash=0.01, duplicate=0.05,
-                   reorder=0.05, skew_ms=1_500)
+                   reorder=0.05, skew_ms=1_500, projector_crash=0.01, history_outage=0.01)
 
 
 @dataclass
@@ -181,6 +196,22 @@ def _zero() -> float:
     return 0.0
 
 
+class SimHistoryStore(InMemoryHistoryStore):
+    """The in-memory history store with outages: ``write_batch`` fails until ``down_until_ms``."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.down_until_ms = 0
+        self.refused = 0
+
+    def write_batch(self, batch: HistoryBatch) -> None:
+        if self.clock.now_ms() < self.down_until_ms:
+            self.refused += 1
+            raise HistoryStoreError("history store down (simulated outage)")
+        super().write_batch(batch)
+
+
 class _LogSink:
     """The API's producer on the in-memory log: each send is written (committed) at once
     and answers where it went, as Kafka's acknowledgement does."""
@@ -201,7 +232,8 @@ class SimCluster:
                  step_ms: int = 100, session_timeout_ms: int = 3_000,
                  run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
                  duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
-                 overload_budget_per_tick: int | None = None, worker_stage_max: int | None = None) -> None:
+                 overload_budget_per_tick: int | None = None, worker_stage_max: int | None = None,
+                 history: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = FakeClock()
@@ -231,6 +263,13 @@ class SimCluster:
             self._start_proc(slot)
         for w in self.workers:
             self._start_worker(w)
+        # the history projector, when asked for: its store outlives it (Cassandra)
+        self.history: SimHistoryStore | None = SimHistoryStore(self.clock) if history else None
+        self.projector: HistoryProjector | None = None
+        self.projector_down_until_ms: int | None = None
+        self._projectors = 0
+        if self.history is not None:
+            self._start_projector()
 
     # ---- members --------------------------------------------------------------------------
 
@@ -255,6 +294,52 @@ class SimCluster:
         w.worker, w.runner, w.down_until_ms = worker, runner, None
         if skew:
             self._event(f"worker {worker.worker_id} clock skew {skew:+d} ms")
+
+    def _start_projector(self) -> None:
+        assert self.history is not None
+        self._projectors += 1
+        exporter = RunExportPublisher(self.log.producer(client_id=f"sim-exports-{self._projectors}"),
+                                      self.topo.run_exports)
+        # write_attempts=1: a failed write rewinds at once (the sim steps; nothing sleeps)
+        self.projector = HistoryProjector(self.history, self.log, write_attempts=1, poll_timeout_s=0.0,
+                                          session_timeout_ms=self.cfg.session_timeout_ms, exporter=exporter)
+        self.projector_down_until_ms = None
+
+    def _project(self) -> None:
+        if self.projector is None:
+            return
+        try:
+            self.projector.run_once(self.projector.batch_max, 0.0)
+        except HistoryStoreError:
+            self._count("history_write_failed")  # rewound: the next step replays the batch
+
+    def project_all(self) -> bool:
+        """Let the projector read everything committed so far, without a step (nothing
+        else moves meanwhile). False when it could not: it is down, or the store refused
+        a write (the batch is rewound, as in a step)."""
+        if self.projector is None:
+            return False
+        for _ in range(10_000):  # bounded: each call reads a batch or returns 0
+            try:
+                if self.projector.run_once(self.projector.batch_max, 0.0) == 0:
+                    return True
+            except HistoryStoreError:
+                self._count("history_write_failed")
+                return False
+        return False
+
+    def crash_projector(self, *, down_ms: int) -> None:
+        """The projector vanishes (no commit, no close): its session lapses, a new one replays."""
+        self.projector = None
+        self.projector_down_until_ms = self.clock.now_ms() + down_ms
+        self._count("projector_crash")
+        self._event("projector crashed")
+
+    def history_outage(self, ms: int) -> None:
+        assert self.history is not None
+        self.history.down_until_ms = self.clock.now_ms() + ms
+        self._count("history_outage")
+        self._event(f"history store down for {ms} ms")
 
     def _duration(self, ctx: AttemptContext) -> int:
         lo, hi = self.duration_range
@@ -309,6 +394,8 @@ class SimCluster:
         for w in self.workers:
             if w.worker is not None and w.runner is not None:
                 members.append(self._worker_step(w.worker, w.runner))
+        if self.projector is not None:
+            members.append(self._project)
         self.rng.shuffle(members)
         for member in members:
             member()
@@ -349,6 +436,10 @@ class SimCluster:
         for w in self.workers:
             if w.down_until_ms is not None:
                 w.down_until_ms = now
+        if self.projector_down_until_ms is not None:
+            self.projector_down_until_ms = now
+        if self.history is not None:
+            self.history.down_until_ms = 0
         self.run_for(settle_ms, faults=False)
 
     # ---- faults ---------------------------------------------------------------------------
@@ -422,6 +513,11 @@ class SimCluster:
         up = [i for i, w in enumerate(self.workers) if w.worker is not None]
         if up and rng.random() < f.worker_crash:
             self.crash_worker(rng.choice(up), down_ms=rng.randint(0, 5_000))
+        if self.history is not None:  # (no draws without it: the other scenarios' seeds replay as before)
+            if self.projector is not None and rng.random() < f.projector_crash:
+                self.crash_projector(down_ms=rng.randint(0, 5_000))
+            if rng.random() < f.history_outage and now >= self.history.down_until_ms:
+                self.history_outage(rng.randint(500, max(500, f.history_outage_ms)))
 
     def _revive(self, now: int) -> None:
         for s in self.procs:
@@ -437,6 +533,9 @@ class SimCluster:
             if w.worker is None and w.down_until_ms is not None and now >= w.down_until_ms:
                 self._start_worker(w)
                 self._event(f"worker w{w.index}.{w.generation} started")
+        if self.projector is None and self.projector_down_until_ms is not None and now >= self.projector_down_until_ms:
+            self._start_projector()
+            self._event("projector restarted")
 
     # ---- inspection -----------------------------------------------------------------------
 
@@ -461,6 +560,36 @@ class SimCluster:
                 checker.observe(codec.decode(r.value))
         return checker.check(list(self.jobs().values()), self.clock.now_ms())
 
+    def history_gaps(self) -> list[str]:
+        """Where the projected history differs from what was committed: every run's last
+        ledger state (a purged run's last state before its tombstone) and every job's
+        last state (a deleted job: absent), once the projector has read everything
+        committed so far (``project_all``). Empty when history holds exactly the
+        committed states."""
+        assert self.history is not None, "SimCluster(history=True) runs the projector"
+        self.project_all()
+        runs: dict[str, R.RunState] = {}
+        for rec in self.log.records(self.topo.runs):
+            if rec.value is not None:
+                state = codec.decode(rec.value, topic=self.topo.runs)
+                runs[state.run_id] = state
+        jobs: dict[str, J.JobState | None] = {}
+        for rec in self.log.records(self.topo.jobs):
+            jobs[(rec.key or b"").decode()] = (None if rec.value is None
+                                               else codec.decode(rec.value, topic=self.topo.jobs))
+        gaps = []
+        for run_id, state in runs.items():
+            got = self.history.get_run(run_id)
+            if got != state:
+                gaps.append(f"run {run_id}: ledger {state.status.value} v{state.updated_at_ms}, history "
+                            f"{'none' if got is None else f'{got.status.value} v{got.updated_at_ms}'}")
+        for job_id, job in jobs.items():
+            seen = self.history.get_job(job_id)
+            if seen != job:
+                gaps.append(f"job {job_id}: jobs topic {'deleted' if job is None else job.status.value}, "
+                            f"history {'none' if seen is None else seen.status.value}")
+        return gaps
+
     # ---- the API ----------------------------------------------------------------------------
 
     def api(self, tokens: dict[str, str] | None = None) -> Any:
@@ -469,16 +598,17 @@ class SimCluster:
         its answers come from the command-results topic, both on the in-memory log, so
         the cluster's real processors decide them under its faults. The simulation steps
         only when the test steps it, so a write answers 202 at once; step the cluster,
-        then read the answer at its Location (``GET /v1/commands/{id}``). History is an
-        in-memory store no projector writes (reads find the API's own accepted writes)."""
+        then read the answer at its Location (``GET /v1/commands/{id}``). History: the
+        projector's store with ``history=True``, else an in-memory store nothing
+        writes (reads find only the API's own accepted writes)."""
         from gnomon.api.answers import CommandAnswers
         from gnomon.api.app import CommandSink, create_app
-        from gnomon.history.memory import InMemoryHistoryStore
         from gnomon.web.auth import Authenticator
 
         answers = CommandAnswers(self.log.reader("sim-api-answers"), self.topo.command_results, self.topo.partitions)
         answers.position_at_end()
-        return create_app(history=InMemoryHistoryStore(), commands=CommandSink(_LogSink(self.log), self.topo.job_commands),
+        history = self.history if self.history is not None else InMemoryHistoryStore()
+        return create_app(history=history, commands=CommandSink(_LogSink(self.log), self.topo.job_commands),
                           auth=Authenticator(tokens or {"sim-token": TENANT}), topology=self.topo, clock=self.clock,
                           answers=answers, answer_timeout_s=0.0)
 

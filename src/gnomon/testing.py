@@ -66,39 +66,6 @@ class _Attempt:
     started: bool = False
 
 
-@dataclass
-class FakeMessage:
-    """A consumed record as confluent-kafka's ``Message`` shows it, for fake consumers."""
-
-    _topic: str
-    _partition: int
-    _offset: int
-    _key: bytes | None
-    _value: bytes | None
-    _timestamp_ms: int = 0
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return 1, self._timestamp_ms  # (TIMESTAMP_CREATE_TIME, ms)
-
-    def error(self) -> None:
-        return None
-
-
 class ListProducer:
     """Kafka in a list, for API tests: (topic, key, decoded value or None for a tombstone)."""
 

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,16 @@ def callback_server() -> Iterator[str]:
     t.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+def _never_due() -> str:
+    """A yearly cron whose slot is half a year away: a job that must not run by schedule
+    during a test (a fixed "0 0 1 1 *" fires in a test run at the turn of the year)."""
+    d = datetime.now(UTC).date() + timedelta(days=182)
+    return f"0 0 {d.day} {d.month} *"
+
+
+NEVER_DUE = _never_due()
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.25) -> Any:

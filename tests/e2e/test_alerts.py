@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Stack, wait_for
+from harness import NEVER_DUE, Stack, wait_for
 
 from gnomon.client import ApiError, Client
 from gnomon.core.clock import ms_to_iso
@@ -107,7 +107,7 @@ def test_dead_letter_late_and_skipped_alerts_arrive_signed_and_a_failed_call_is_
                                  "timeoutS": 30, "retry": {"max": 1}})["id"]
         made.append(dead_job)
         # a late start: threshold 0 s; a manual run starts after its request went through Kafka
-        created = c.create_job({"name": f"e2e-alert-late-{tag}", "schedule": "0 0 1 1 *",
+        created = c.create_job({"name": f"e2e-alert-late-{tag}", "schedule": NEVER_DUE,
                                 "target": {"type": "command", "argv": ["true"]}, "alertLateS": 0})
         assert created["alertLateS"] == 0
         late_job = created["id"]

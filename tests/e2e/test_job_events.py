@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from harness import Stack, wait_for
+from harness import NEVER_DUE, Stack, wait_for
 
 from gnomon.client import ApiError
 from gnomon.config import load
@@ -50,7 +50,7 @@ def test_every_command_gets_an_answer_accepted_or_refused_with_the_reason(stack:
     """Replies: the processor answers each command on the command-results topic; a
     refusal names what the API would name, and no longer goes to the poison topic."""
     key = "replies-" + secrets.token_hex(4)
-    spec = {"name": key, "schedule": "0 0 1 1 *", "target": {"type": "command", "argv": ["true"]}}
+    spec = {"name": key, "schedule": NEVER_DUE, "target": {"type": "command", "argv": ["true"]}}
     with JobEvents("acme", load().kafka_bootstrap, replies=True) as events:
         job_id = events.register(spec, idempotency_key=key)
         events.register(spec, idempotency_key=key)  # the same registration again: changes nothing

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import ADMIN_TOKEN, OTHER_TOKEN, QUOTA_TOKEN, Stack, wait_for
+from harness import ADMIN_TOKEN, NEVER_DUE, OTHER_TOKEN, QUOTA_TOKEN, Stack, wait_for
 
 from gnomon.client import ApiError, Client
 from gnomon.core.clock import iso_to_ms, ms_to_iso
@@ -112,7 +112,7 @@ def test_admission_refusals_name_the_limit(stack: Stack, limits: httpx.Client) -
     with pytest.raises(ApiError) as exc:
         other.create_job(fast)
     assert exc.value.status == 422 and "interval_min_s" in str(exc.value.problem)
-    slow = {**fast, "name": "e2e-slow", "schedule": "0 0 1 1 *"}
+    slow = {**fast, "name": "e2e-slow", "schedule": NEVER_DUE}
     job_id = str(other.create_job(slow)["id"])
     wait_for(lambda: _exists(other, job_id), 30, "the job in history")
     statuses = [_trigger(other, job_id, f"k{i}-{secrets.token_hex(2)}") for i in range(5)]
@@ -154,7 +154,7 @@ def test_one_decider_every_job_write_answers_the_processors_decision(stack: Stac
     """The API writes the command and returns the processor's answer (issue 23): a 201 is
     an acceptance, a refusal is the processor's own problem, and a GET right after a 201
     finds the job (the API keeps what it answered; Cassandra may not have it yet)."""
-    job = {"name": "e2e-decider", "schedule": "0 0 1 1 *", "target": {"type": "command", "argv": ["true"]}}
+    job = {"name": "e2e-decider", "schedule": NEVER_DUE, "target": {"type": "command", "argv": ["true"]}}
     with httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {OTHER_TOKEN}"}, timeout=15) as c:
         created = c.post("/v1/jobs", json=job)
         assert created.status_code == 201, created.text

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Stack, own_stack, wait_for
+from harness import NEVER_DUE, Stack, own_stack, wait_for
 
 from gnomon.client import Client
 
@@ -236,10 +236,12 @@ def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, tenants: T
 def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, tenants: Tenants) -> None:
     ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
-    # hourly: backfill the last 3 h from the job page's form
+    # hourly: backfill the last 3 h from the job page's form. `now` is read before the job
+    # exists, so every slot of the window is before the job's own first slot: none of them
+    # can be a run its schedule made (an hour that turns while the job is created would be)
+    now = int(time.time())
     job_id = ui.create_job(f"ui-hourly-{tag}", ["sh", "-c", f"echo first-{tag}; sleep 8; echo second-{tag}"],
                            schedule="0 * * * *")
-    now = int(time.time())
     start = now - 3 * 3600 - 60
     ui.page.fill("#backfill input[name=from]", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)))
     ui.page.fill("#backfill input[name=to]", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
@@ -274,7 +276,7 @@ def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, tenants: Tenants) -
 def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, tenants: Tenants) -> None:
     ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
-    ui.create_job(f"ui-failing-{tag}", ["sh", "-c", f"echo failing-{tag}; exit 1"], schedule="0 0 1 1 *")
+    ui.create_job(f"ui-failing-{tag}", ["sh", "-c", f"echo failing-{tag}; exit 1"], schedule=NEVER_DUE)
     run_id = ui.trigger()
     ui.wait_rows("failed", 1)
 
@@ -301,7 +303,7 @@ def test_a_dead_letter_is_replayed_from_the_ui(ui: Ui, tenants: Tenants) -> None
 def test_tenant_b_cannot_see_tenant_a(ui: Ui, tenants: Tenants, browser: Any) -> None:
     ui.sign_in(tenants.token_a, tenants.a)
     tag = secrets.token_hex(3)
-    job_id = ui.create_job(f"ui-secret-{tag}", ["true"], schedule="0 0 1 1 *")
+    job_id = ui.create_job(f"ui-secret-{tag}", ["true"], schedule=NEVER_DUE)
     run_id = ui.trigger()
     ui.wait_rows("succeeded", 1)
 

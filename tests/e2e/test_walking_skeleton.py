@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness import OTHER_TOKEN, TOKEN, Recorder, Stack, wait_for
+from harness import NEVER_DUE, OTHER_TOKEN, TOKEN, Recorder, Stack, wait_for
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
@@ -116,7 +116,7 @@ def test_failing_command_ends_failed_with_exit_code_and_stderr(stack: Stack) -> 
 
 def test_trigger_is_idempotent_and_replayed_trigger_makes_no_second_run(stack: Stack) -> None:
     c = stack.client
-    job_id = create(c, schedule="0 0 1 1 *", target={"type": "command", "argv": ["true"]})
+    job_id = create(c, schedule=NEVER_DUE, target={"type": "command", "argv": ["true"]})
     a = c.trigger(job_id, "nightly-rerun-1")
     b = c.trigger(job_id, "nightly-rerun-1")
     assert a == b == f"{job_id}@manual:nightly-rerun-1"
@@ -181,7 +181,7 @@ def test_wrong_token_is_401_problem(stack: Stack) -> None:
 
 
 def test_other_tenant_cannot_see_the_job(stack: Stack) -> None:
-    job_id = create(stack.client, schedule="0 0 1 1 *")
+    job_id = create(stack.client, schedule=NEVER_DUE)
     with pytest.raises(ApiError) as err:
         Client(stack.api_url, OTHER_TOKEN).get_job(job_id)
     assert err.value.status == 404

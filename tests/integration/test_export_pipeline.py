@@ -30,6 +30,7 @@ from gnomon.config import Settings
 from gnomon.core.exports import export_of
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.core.runs import RunState, RunStatus
+from gnomon.eventlog.kafka import KafkaEventLog
 from gnomon.history.cassandra import CassandraHistoryStore
 from gnomon.history.cassandra import connect as cassandra_connect
 from gnomon.history.export import RunExportPublisher
@@ -147,9 +148,9 @@ def test_projected_final_runs_become_rows_and_json_lines(infra: Settings, keyspa
                 assert producer.flush(20) == 0
 
                 exporter = RunExportPublisher.connect(infra.kafka_bootstrap, topic=topics["exports"])
-                projector = HistoryProjector(store, infra.kafka_bootstrap, group_id=f"{name}-history",
+                projector = HistoryProjector(store, KafkaEventLog(infra.kafka_bootstrap), group_id=f"{name}-history",
                                              topics={k: topics[k] for k in ("jobs", "runs", "logs")},
-                                             exporter=exporter, consumer_extra={"auto.offset.reset": "earliest"})
+                                             exporter=exporter, consumer_config={"auto.offset.reset": "earliest"})
                 deadline = time.monotonic() + 30
                 while projector.stats.records < len(states) and time.monotonic() < deadline:
                     projector.run_once(100, timeout_s=0.5)

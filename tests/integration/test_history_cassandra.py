@@ -18,6 +18,7 @@ from gnomon.codec import encode
 from gnomon.config import Settings
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.runs import RunStatus
+from gnomon.eventlog.kafka import KafkaEventLog
 from gnomon.history.base import HistoryBatch
 from gnomon.history.cassandra import WRITE_BATCH_PARTITIONS_MAX, CassandraHistoryStore, connect
 from gnomon.history.migrate import DEFAULT_CQL_DIR, applied_versions, load_migrations, migrate
@@ -290,7 +291,7 @@ def test_projector_end_to_end(
     p.commit_transaction(30)
 
     group = f"{topics['jobs']}-history"
-    proj = HistoryProjector(store, infra.kafka_bootstrap, topics=topics, group_id=group, batch_max=4)
+    proj = HistoryProjector(store, KafkaEventLog(infra.kafka_bootstrap), topics=topics, group_id=group, batch_max=4)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proj.stats.records < 12:
@@ -307,7 +308,7 @@ def test_projector_end_to_end(
     assert store.get_logs(ok.run_id, 10, None).items == lines
 
     # committed offsets: a new projector in the same group has nothing left to do
-    again = HistoryProjector(store, infra.kafka_bootstrap, topics=topics, group_id=group)
+    again = HistoryProjector(store, KafkaEventLog(infra.kafka_bootstrap), topics=topics, group_id=group)
     try:
         assert sum(again.run_once(100, timeout_s=1.0) for _ in range(8)) == 0
     finally:

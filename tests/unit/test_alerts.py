@@ -38,6 +38,7 @@ from gnomon.core.errors import ValidationError
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.core.validation import parse_job_spec
+from gnomon.eventlog.memory import MemoryEventLog
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.outbound.http import HttpPolicy, verify_signature
 from gnomon.outbound.secrets import SecretStore
@@ -384,44 +385,37 @@ def test_cli_bad_input_is_exit_2_with_one_line(cli_api: ListProducer, args: list
     assert cli_api.sent == []
 
 
-# ---- the Alerter loop over a fake consumer and a scripted sender -----------------------------
+# ---- the Alerter loop over the in-memory event log and a scripted sender ---------------------
 
-class FakeMsg:
-    def __init__(self, topic: str, offset: int, key: str, value: bytes | None) -> None:
-        self._t, self._o, self._k, self._v = topic, offset, key, value
+class SpyLog:
+    """The in-memory event log (one partition per topic), recording every offset commit
+    its group consumers make."""
 
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._o
-
-    def key(self) -> bytes:
-        return self._k.encode()
-
-    def value(self) -> bytes | None:
-        return self._v
-
-
-class FakeConsumer:
-    def __init__(self, batches: list[list[FakeMsg]]) -> None:
-        self.batches = batches
+    def __init__(self) -> None:
+        self.log = MemoryEventLog(FakeClock(NOW), partitions=1)
         self.commits: list[dict[tuple[str, int], int]] = []
 
-    def consume(self, _n: int, _timeout_s: float) -> list[FakeMsg]:
-        return self.batches.pop(0) if self.batches else []
+    def group_consumer(self, group_id: str, **kw: Any) -> Any:
+        consumer = self.log.group_consumer(group_id, **kw)
+        commit = consumer.commit
 
-    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
-        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        def recorded(offsets: Any, timeout_s: float) -> None:
+            commit(offsets, timeout_s)
+            self.commits.append(dict(offsets))
 
-    def close(self) -> None:
-        pass
+        consumer.commit = recorded  # type: ignore[method-assign]
+        return consumer
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        return self.log.end_offset(topic, partition)
+
+    def append(self, topic: str, key: str, value: bytes | None) -> None:
+        self.log.append(topic, key.encode(), value, 0)
+
+
+def started(alerter: Any) -> None:
+    """The alerter's first poll: it joins the group and, new, starts at the ledger's end."""
+    assert alerter.run_once(0) == 0
 
 
 class ScriptedSender:
@@ -448,17 +442,19 @@ def test_alerter_retries_gives_up_and_commits_only_settled_offsets() -> None:
     failed = run(RunStatus.FAILED, run_id="job_a@f")
     skipped = run(RunStatus.SKIPPED, run_id="job_a@s", reason="paused")
     other = replace(failed, run_id="job_b@f", tenant="other")  # no config: no alert
-    msgs = [FakeMsg(topic, i, s.run_id, codec.encode(s, topic)) for i, s in enumerate((failed, skipped, other))]
-    msgs.append(FakeMsg(topic, 3, failed.run_id, codec.encode(failed, topic)))  # the same state again
-    msgs.append(FakeMsg(topic, 4, "job_a@gone", None))  # a tombstone
-    consumer = FakeConsumer([msgs])
+    spy = SpyLog()
     book = AlertBook()
     book.apply("acme", CFG)
     sender = ScriptedSender({f"{failed.run_id}:dead_letter:0": 2, f"{skipped.run_id}:skipped:0": 99})
     given_up: list[str] = []
     alerter = Alerter(book, sender, DeliveryPolicy(attempts_max=3, backoff_base_s=0.01, backoff_cap_s=0.02,
                                                    in_flight_max=1),  # type: ignore[arg-type]
-                      consumer=consumer, clock=FakeClock(NOW), on_given_up=lambda a, _why: given_up.append(a.key))
+                      log=spy, clock=FakeClock(NOW), on_given_up=lambda a, _why: given_up.append(a.key))
+    started(alerter)
+    assert spy.commits == [{(topic, 0): 0}]  # the end, committed at once
+    for s in (failed, skipped, other, failed):  # the last: the same state again
+        spy.append(topic, s.run_id, codec.encode(s, topic))
+    spy.append(topic, "job_a@gone", None)  # a tombstone
     assert alerter.run_once() == 5
     assert alerter.wait_idle(10)
     alerter.commit()
@@ -466,9 +462,9 @@ def test_alerter_retries_gives_up_and_commits_only_settled_offsets() -> None:
     assert given_up == [f"{skipped.run_id}:skipped:0"]
     s = alerter.stats
     assert (s.alerts, s.delivered, s.given_up, s.retries, s.no_config, s.tombstones) == (2, 1, 1, 4, 1, 1)
-    assert consumer.commits[-1] == {(topic, 0): 5}  # everything settled: past the last record
+    assert spy.commits[-1] == {(topic, 0): 5}  # everything settled: past the last record
     # never past a record whose alert was in flight: 1 (the skipped one pending) or the end
-    assert {c[(topic, 0)] for c in consumer.commits} <= {1, 5}, consumer.commits
+    assert {c[(topic, 0)] for c in spy.commits[1:]} <= {1, 5}, spy.commits
     alerter.close()
 
 
@@ -480,19 +476,19 @@ def test_a_record_read_again_after_a_revoke_alerts_again() -> None:
 
     topic = load_topology().runs
     failed = run(RunStatus.FAILED, run_id="job_a@f")
-    msg = FakeMsg(topic, 0, failed.run_id, codec.encode(failed, topic))
-    consumer = FakeConsumer([[msg], [msg]])
+    spy = SpyLog()
     book = AlertBook()
     book.apply("acme", CFG)
     sender = ScriptedSender({})
     alerter = Alerter(book, sender, DeliveryPolicy(attempts_max=1, backoff_base_s=0.01, backoff_cap_s=0.02),
-                      consumer=consumer, clock=FakeClock(NOW))  # type: ignore[arg-type]
+                      log=spy, clock=FakeClock(NOW))  # type: ignore[arg-type]
+    started(alerter)
+    spy.append(topic, failed.run_id, codec.encode(failed, topic))
     alerter.run_once()
     assert alerter.wait_idle(10)
 
-    from confluent_kafka import TopicPartition
-
-    alerter._on_revoke(consumer, [TopicPartition(topic, 0)])
+    alerter._on_revoke([(topic, 0)])
+    alerter.consumer.seek((topic, 0), 0)  # the partition came back: its records are read again
     alerter.run_once()  # the same record, read again after the partition came back
     assert alerter.wait_idle(10)
     assert sender.calls == [f"{failed.run_id}:dead_letter:0"] * 2
@@ -525,8 +521,7 @@ def test_one_tenants_hanging_webhook_does_not_delay_another_tenants_alerts() -> 
     states = [replace(run(RunStatus.FAILED, run_id=f"slow_{i}@f"), tenant="slow", job_id=f"slow_{i}")
               for i in range(4)]
     states += [run(RunStatus.FAILED, run_id=f"job_{i}@f") for i in range(3)]  # tenant acme
-    msgs = [FakeMsg(topic, i, s.run_id, codec.encode(s, topic)) for i, s in enumerate(states)]
-    consumer = FakeConsumer([msgs])
+    spy = SpyLog()
     book = AlertBook()
     book.apply("acme", CFG)
     book.apply("slow", replace(CFG, tenant="slow"))
@@ -534,7 +529,10 @@ def test_one_tenants_hanging_webhook_does_not_delay_another_tenants_alerts() -> 
     given_up: list[tuple[str, str]] = []
     alerter = Alerter(book, sender, DeliveryPolicy(attempts_max=1, in_flight_max=4, tenant_in_flight_max=2,
                                                    tenant_backlog_max=1),
-                      consumer=consumer, clock=FakeClock(NOW), on_given_up=lambda a, why: given_up.append((a.key, why)))
+                      log=spy, clock=FakeClock(NOW), on_given_up=lambda a, why: given_up.append((a.key, why)))
+    started(alerter)
+    for s in states:
+        spy.append(topic, s.run_id, codec.encode(s, topic))
     alerter.run_once()
     acme = {f"job_{i}@f:dead_letter:0" for i in range(3)}
     deadline = time.monotonic() + 10
@@ -546,12 +544,12 @@ def test_one_tenants_hanging_webhook_does_not_delay_another_tenants_alerts() -> 
     assert [k for k, _ in given_up] == ["slow_3@f:dead_letter:0"]  # the backlog (1) was full
     assert "tenant slow" in given_up[0][1]
     alerter.commit()
-    assert all(c[(topic, 0)] == 0 for c in consumer.commits)  # slow_0 is still in delivery
+    assert all(c[(topic, 0)] == 0 for c in spy.commits)  # slow_0 is still in delivery
     sender.release.set()
     assert alerter.wait_idle(10)
     assert "slow_2@f:dead_letter:0" in sender.calls  # the waiting one went when a place freed
     alerter.commit()
-    assert consumer.commits[-1] == {(topic, 0): 7}
+    assert spy.commits[-1] == {(topic, 0): 7}
     s = alerter.stats
     assert (s.delivered, s.given_up, s.backlog_full) == (6, 1, 1)
     alerter.close()

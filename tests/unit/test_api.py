@@ -533,3 +533,33 @@ def test_the_sdk_waits_out_a_202_for_the_schedulers_answer(sdk: Any, monkeypatch
     with pytest.raises(ApiError) as refused:  # refused once answered: the problem, not a 2xx
         c.create_job(body(name="other"), idempotency_key="late-1")
     assert refused.value.status == 409
+
+
+def test_a_backfill_is_the_processors_decision_and_the_sdk_returns_its_plan(
+        sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accepted: 200 with the plan; the processor away: 202 with the plan and a Location,
+    which the SDK polls and then returns the plan; refused (paused): the processor's 409."""
+    import gnomon.client as client_mod
+
+    c, producer, _ = sdk
+    job = c.create_job(body(name="hourly"))
+    window = ("2026-11-29T03:30:00Z", "2026-11-29T05:30:00Z")  # two past slots, before the job existed
+    plan = c.backfill(job["id"], *window)
+    assert (plan["slots"], plan["sent"], len(plan["runIds"])) == (2, 2, 2)
+    producer.hold()
+    http = c._http.post(f"/v1/jobs/{job['id']}:backfill", json={"from": "2026-11-29T01:00:00Z",
+                                                               "to": "2026-11-29T01:30:00Z"})
+    assert http.status_code == 202 and http.json()["sent"] == 1 and http.headers["Location"].startswith(
+        "/v1/commands/"), http.text
+    producer.release()
+    polls: list[float] = []
+    monkeypatch.setattr(client_mod.time, "sleep", lambda s: (polls.append(s), producer.release()))
+    producer.hold()
+    plan = c.backfill(job["id"], "2026-11-29T00:00:00Z", "2026-11-29T00:30:00Z")
+    assert plan == {"id": job["id"], "accepted": "backfill", "slots": 1, "sent": 1,
+                    "runIds": [f"{job['id']}@2026-11-29T00:00:00Z"], "alreadyRun": []}, plan
+    assert polls and "status" not in plan and "commandId" not in plan
+    c.pause(job["id"])
+    with pytest.raises(ApiError) as refused:
+        c.backfill(job["id"], "2026-11-28T20:30:00Z", "2026-11-28T21:30:00Z")
+    assert refused.value.status == 409 and "paused" in refused.value.problem["detail"]

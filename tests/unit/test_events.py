@@ -4,6 +4,7 @@ reads them, keyed by job id, delivery errors surfaced on flush."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -14,78 +15,52 @@ from gnomon.core.clock import FakeClock
 from gnomon.core.errors import EventLogError, LimitExceeded, ValidationError
 from gnomon.core.model import idempotent_job_id
 from gnomon.core.replies import ResultCode, result_for
+from gnomon.eventlog.memory import MemoryEventLog, PlainFaults
+from gnomon.eventlog.port import Record
 from gnomon.events import JobEvents
-from gnomon.testing import FakeMessage, partition_for
 from gnomon.topology import load_topology
 
 JOB = {"name": "nightly close", "schedule": "0 2 * * *", "timezone": "Europe/Paris",
        "target": {"type": "handler", "name": "close"}}
 
 
-class FakeProducer:
-    """Records what is produced; ``fail`` makes the broker refuse deliveries; ``full``
-    makes the local queue refuse that many produce calls first."""
-
-    def __init__(self, fail: bool = False, full: int = 0) -> None:
-        self.records: list[tuple[str, bytes, bytes]] = []
-        self.pending: list[Any] = []
-        self.fail, self.full, self.polls = fail, full, 0
-
-    def produce(self, topic: str, *, key: bytes, value: bytes, on_delivery: Any) -> None:
-        if self.full:
-            self.full -= 1
-            raise BufferError("queue full")
-        self.records.append((topic, key, value))
-        self.pending.append(on_delivery)
-
-    def poll(self, timeout: float) -> int:
-        self.polls += 1
-        return 0
-
-    def flush(self, timeout: float) -> int:
-        for i, cb in enumerate(self.pending):
-            topic, key, _ = self.records[len(self.records) - len(self.pending) + i]
-            offset = sum(1 for _, k, _ in self.records[: len(self.records) - len(self.pending) + i]
-                         if partition_for(k.decode(), 8) == partition_for(key.decode(), 8))
-            cb("Broker: not authorized" if self.fail else None,
-               FakeMessage(topic, partition_for(key.decode(), 8), offset, key, None))
-        self.pending.clear()
-        return 0
-
-
-class FakeResults:
-    """The command-results topic as a consumer sees it: ``answer`` plays the processor."""
+class Broker:
+    """The in-memory event log (``gnomon.eventlog.memory``) as JobEvents sees Kafka, and a
+    stand-in for the processor: ``answer(i)`` writes the answer to the i-th command sent
+    on the command-results topic, matched by the command's partition and offset."""
 
     def __init__(self) -> None:
-        self.queue: list[FakeMessage] = []
-        self.assigned: list[Any] = []
-        self.closed = False
+        self.topo = load_topology()
+        self.log = MemoryEventLog(FakeClock(1_000), partitions=self.topo.partitions)
+        self.records: list[Record] = []  # the commands written, in the order sent
+        append = self.log.append
 
-    def get_watermark_offsets(self, partition: Any, timeout: float) -> tuple[int, int]:
-        return 0, 100
+        def recorded(topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
+                     txn: Any = None) -> int:
+            offset = append(topic, key, value, partition, txn)
+            if topic == self.topo.job_commands:
+                assert partition is not None  # (the log's producers place every record)
+                self.records.append(Record(topic, partition, offset, key, value, 0))
+            return offset
 
-    def assign(self, partitions: list[Any]) -> None:
-        self.assigned = partitions
+        self.log.append = recorded  # type: ignore[method-assign]
 
-    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
-        out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
-        return out
+    def refuse(self, why: str | None) -> None:
+        if why is None:
+            self.log.refuse_writes.pop(self.topo.job_commands, None)
+        else:
+            self.log.refuse_writes[self.topo.job_commands] = why
 
-    def close(self) -> None:
-        self.closed = True
-
-    def answer(self, producer: FakeProducer, index: int, error: Exception | None = None) -> None:
-        topic, key, value = producer.records[index]
-        cmd = codec.decode(value, topic)
-        p = partition_for(key.decode(), 8)
-        offset = sum(1 for _, k, _ in producer.records[:index] if partition_for(k.decode(), 8) == p)
-        res = result_for(cmd, p, offset, 5, error=error, job_version=None if error else 1)
-        self.queue.append(FakeMessage("results", p, len(self.queue), key, codec.encode(res)))
+    def answer(self, index: int, error: Exception | None = None) -> None:
+        rec = self.records[index]
+        cmd = codec.decode(rec.value or b"", self.topo.job_commands)
+        res = result_for(cmd, rec.partition, rec.offset, 5, error=error, job_version=None if error else 1)
+        self.log.append(self.topo.command_results, rec.key, codec.encode(res))
 
 
-def events(producer: FakeProducer | None = None) -> tuple[JobEvents, FakeProducer]:
-    p = producer or FakeProducer()
-    return JobEvents("acme", producer=p, clock=FakeClock(1_764_547_200_000)), p
+def events(broker: Broker | None = None, **kw: Any) -> tuple[JobEvents, Broker]:
+    b = broker or Broker()
+    return JobEvents("acme", log=b.log, clock=FakeClock(1_764_547_200_000), **kw), b
 
 
 def test_commands_are_encoded_as_the_processor_reads_them_and_keyed_by_job() -> None:
@@ -101,9 +76,8 @@ def test_commands_are_encoded_as_the_processor_reads_them_and_keyed_by_job() -> 
     assert done.sent == done.acknowledged == 6 and done.failed == 0
     assert job_id == idempotent_job_id("acme", "billing-close")  # as POST /v1/jobs with Idempotency-Key
     assert run_id == f"{job_id}@manual:deploy-42"
-    assert {t for t, _, _ in p.records} == {topo.job_commands}
-    assert {k for _, k, _ in p.records} == {job_id.encode()}  # one partition per job: ordered
-    cmds = [codec.decode(v, topo.job_commands) for _, _, v in p.records]
+    assert {r.key for r in p.records} == {job_id.encode()}  # one partition per job: ordered
+    cmds = [codec.decode(r.value or b"", topo.job_commands) for r in p.records]
     assert [type(c) for c in cmds] == [J.RegisterJob, J.PatchJob, J.PauseJob, J.ResumeJob, J.TriggerJob,
                                        J.DeleteJob]
     assert all(c.tenant == "acme" for c in cmds)
@@ -136,12 +110,14 @@ def test_bad_input_names_the_field_and_sends_nothing(call: Any, field: str) -> N
 
 def test_a_tenant_is_required() -> None:
     with pytest.raises(ValidationError) as exc:
-        JobEvents(" ", producer=FakeProducer())
+        JobEvents(" ", log=Broker().log)
     assert exc.value.field == "tenant"
 
 
 def test_refused_deliveries_fail_the_flush_with_the_reason() -> None:
-    ev, _ = events(FakeProducer(fail=True))
+    b = Broker()
+    b.refuse("Broker: Topic authorization failed: not authorized")
+    ev, _ = events(b)
     ev.register(JOB)
     ev.register(JOB)
     with pytest.raises(EventLogError, match=r"2 of 2 job commands not written: .*not authorized"):
@@ -149,45 +125,39 @@ def test_refused_deliveries_fail_the_flush_with_the_reason() -> None:
     assert ev.deliveries.sent == 0  # counted afresh after a flush
 
 
-def test_a_full_local_queue_waits_instead_of_dropping() -> None:
-    ev, p = events(FakeProducer(full=3))
-    ev.register(JOB)
-    assert len(p.records) == 1 and p.polls >= 3
-    assert ev.flush().acknowledged == 1
-
-
 def test_the_context_manager_flushes() -> None:
-    p = FakeProducer()
-    with JobEvents("acme", producer=p) as ev:
+    b = Broker()
+    # every poll holds the command back (as a producer still lingering): only a flush sends it
+    b.log.plain_faults = PlainFaults(random.Random(0), frozenset({b.topo.job_commands}), p_reorder=1.0)
+    with JobEvents("acme", log=b.log) as ev:
         ev.register(JOB)
-        assert p.pending
-    assert not p.pending
+        assert b.records == []  # still in the producer's queue
+    assert len(b.records) == 1
 
 
 def test_results_come_back_in_the_order_sent_matched_by_partition_and_offset() -> None:
-    p, r = FakeProducer(), FakeResults()
-    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r, clock=FakeClock(1_000))
-    assert {tp.offset for tp in r.assigned} == {100} and len(r.assigned) == load_topology().partitions
+    b = Broker()
+    for p in range(b.topo.partitions):  # older answers on the topic: not ours, never read
+        b.log.append(b.topo.command_results, b"old", b"junk", p)
+    ev, _ = events(b, replies=True)
     ids = [ev.register(JOB, job_id=f"j{i}") for i in range(5)]
-    p.flush(1)  # delivered, so the fake processor can answer (out of order, one refused)
+    ev.flush()  # delivered, so the fake processor can answer (out of order, one refused)
     for i in (3, 0, 4, 1):
-        r.answer(p, i)
-    r.answer(p, 2, LimitExceeded("jobs_max", "1 of 1 jobs registered", field=None))
+        b.answer(i)
+    b.answer(2, LimitExceeded("jobs_max", "1 of 1 jobs registered", field=None))
     results = ev.results(timeout_s=5)
     assert [x.job_id for x in results] == ids
     assert [x.code for x in results] == [ResultCode.ACCEPTED] * 2 + [ResultCode.LIMIT] + [ResultCode.ACCEPTED] * 2
     assert results[2].limit == "jobs_max" and not results[2].accepted
     ev.close()
-    assert r.closed
 
 
 def test_missing_results_time_out_naming_how_many() -> None:
-    p, r = FakeProducer(), FakeResults()
-    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r)
+    ev, b = events(replies=True)
     ev.register(JOB)
     ev.register(JOB)
-    p.flush(1)
-    r.answer(p, 0)
+    ev.flush()
+    b.answer(0)
     with pytest.raises(EventLogError, match="1 of 2 command results did not arrive"):
         ev.results(timeout_s=0.3)
 
@@ -200,27 +170,27 @@ def test_results_need_replies() -> None:
 
 
 def test_after_a_timeout_the_next_call_keeps_waiting_for_the_same_answers() -> None:
-    p, r = FakeProducer(), FakeResults()
-    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r)
+    ev, b = events(replies=True)
     ids = [ev.register(JOB, job_id=f"j{i}") for i in range(3)]
-    p.flush(1)
-    r.answer(p, 1)
+    ev.flush()
+    b.answer(1)
     with pytest.raises(EventLogError, match="2 of 3 command results"):
         ev.results(timeout_s=0.2)
-    r.answer(p, 2)
-    r.answer(p, 0)
+    b.answer(2)
+    b.answer(0)
     assert [x.job_id for x in ev.results(timeout_s=5)] == ids  # the one found before the timeout too
     assert ev.results(timeout_s=0.1) == []  # nothing left to wait for
 
 
 def test_a_command_kafka_refused_does_not_break_later_results() -> None:
-    p, r = FakeProducer(fail=True), FakeResults()
-    ev = JobEvents("acme", producer=p, replies=True, results_consumer=r)
+    b = Broker()
+    b.refuse("Broker: not authorized")
+    ev, _ = events(b, replies=True)
     ev.register(JOB, job_id="lost")
     with pytest.raises(EventLogError, match="not written"):
         ev.results(timeout_s=1)
-    p.fail = False
+    b.refuse(None)
     kept = ev.register(JOB, job_id="kept")
-    p.flush(1)
-    r.answer(p, 1)
+    ev.flush()
+    b.answer(0)
     assert [x.job_id for x in ev.results(timeout_s=5)] == [kept]

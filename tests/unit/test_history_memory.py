@@ -1,10 +1,9 @@
 """The HistoryStore contract on InMemoryHistoryStore, paging properties, and the
-projector's batching / poison / retry logic on a fake consumer (all pure)."""
+projector's batching / poison / retry logic on the in-memory event log (all pure)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -12,13 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnomon.codec import encode
+from gnomon.core.clock import FakeClock
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.runs import RunStatus
+from gnomon.eventlog.memory import MemoryEventLog
 from gnomon.history import _paging as P
 from gnomon.history.base import HistoryBatch
 from gnomon.history.memory import InMemoryHistoryStore
-from gnomon.history.projector import HistoryProjector
-from gnomon.testing import FakeMessage
+from gnomon.history.projector import GROUP_ID, HistoryProjector
 from history_contract import (
     MINUTE,
     T0,
@@ -93,52 +93,24 @@ def test_dead_letters_follow_the_latest_state_in_memory() -> None:
     assert store.list_dead_letters("t1", 10, None).items == []
 
 
-# ---- projector on a fake consumer --------------------------------------------------------
+# ---- projector on the in-memory event log --------------------------------------------------------
 
 TOPICS = {"jobs": "gnomon.jobs", "runs": "gnomon.runs", "logs": "gnomon.run-logs"}
 
 
-@dataclass
-class FakeConsumer:
-    """Serves queued messages from a position per partition, like a Kafka consumer."""
+class Feed:
+    """The projector's input topics on the in-memory event log (the one the simulation
+    runs), with what its group has committed."""
 
-    log: dict[tuple[str, int], list[FakeMessage]] = field(default_factory=dict)
-    pos: dict[tuple[str, int], int] = field(default_factory=dict)
-    commits: list[dict[tuple[str, int], int]] = field(default_factory=list)
-    seeks: list[tuple[str, int, int]] = field(default_factory=list)
-    closed: bool = False
+    def __init__(self) -> None:
+        self.log = MemoryEventLog(FakeClock(T0), partitions=2)
+        self.projectors: list[HistoryProjector] = []
 
     def add(self, topic: str, key: str | None, value: bytes | None, partition: int = 0) -> None:
-        tp = (topic, partition)
-        msgs = self.log.setdefault(tp, [])
-        msgs.append(FakeMessage(topic, partition, len(msgs), key.encode() if key is not None else None, value))
+        self.log.append(topic, key.encode() if key is not None else None, value, partition)
 
-    def _pending(self) -> list[FakeMessage]:
-        out = []
-        for tp, msgs in sorted(self.log.items()):
-            out += msgs[self.pos.get(tp, 0):]
-        return out
-
-    def poll(self, timeout: float) -> FakeMessage | None:
-        got = self.consume(1, timeout)
-        return got[0] if got else None
-
-    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
-        got = self._pending()[:n]
-        for m in got:
-            self.pos[(m.topic(), m.partition())] = m.offset() + 1
-        return got
-
-    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
-        assert not asynchronous
-        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
-
-    def seek(self, tp: Any) -> None:
-        self.seeks.append((tp.topic, tp.partition, tp.offset))
-        self.pos[(tp.topic, tp.partition)] = tp.offset
-
-    def close(self) -> None:
-        self.closed = True
+    def committed(self) -> dict[tuple[str, int], int]:
+        return dict(self.log._group(GROUP_ID).committed)
 
 
 class FlakyStore(InMemoryHistoryStore):
@@ -155,13 +127,13 @@ class FlakyStore(InMemoryHistoryStore):
         super().write_batch(batch)
 
 
-def projector(store: Any, consumer: FakeConsumer, **kw: Any) -> HistoryProjector:
+def projector(store: Any, feed: Feed, **kw: Any) -> HistoryProjector:
     kw.setdefault("retry_backoff_s", 0.0)
-    return HistoryProjector(store, topics=TOPICS, consumer=consumer, **kw)
+    return HistoryProjector(store, feed.log, topics=TOPICS, **kw)
 
 
 def test_projector_writes_coalesced_batches_then_commits() -> None:
-    store, c = InMemoryHistoryStore(), FakeConsumer()
+    store, c = InMemoryHistoryStore(), Feed()
     j1, j2 = job("job_a", "t1", 1), job("job_a", "t1", 2)
     c.add("gnomon.jobs", "job_a", encode(j1))
     c.add("gnomon.jobs", "job_a", encode(j2))
@@ -181,24 +153,26 @@ def test_projector_writes_coalesced_batches_then_commits() -> None:
     assert store.list_dead_letters("t1", 10, None).items == [states[1]]
     assert store.get_logs(states[0].run_id, 10, None).items == lines
     assert p.stats.jobs == 2 and p.stats.runs == 1 and p.stats.logs == 3 and p.stats.records == 9
-    assert c.commits == [{("gnomon.jobs", 0): 2, ("gnomon.jobs", 1): 1, ("gnomon.runs", 0): 2,
-                          ("gnomon.run-logs", 0): 4}]
+    assert c.committed() == {("gnomon.jobs", 0): 2, ("gnomon.jobs", 1): 1, ("gnomon.runs", 0): 2,
+                             ("gnomon.run-logs", 0): 4}
     assert p.run_once(100) == 0
 
 
 def test_projector_batches_are_bounded() -> None:
-    store, c = InMemoryHistoryStore(), FakeConsumer()
+    store, c = InMemoryHistoryStore(), Feed()
     for i in range(7):
         x = line("job_a@x", 1, i)
         c.add("gnomon.run-logs", x.run_id, encode(x))
     p = projector(store, c, batch_max=3)
-    assert [p.run_once(100) for _ in range(4)] == [3, 3, 1, 0]
-    assert [cm[("gnomon.run-logs", 0)] for cm in c.commits] == [3, 6, 7]
+    got = []
+    for _ in range(4):
+        got.append((p.run_once(100), c.committed().get(("gnomon.run-logs", 0))))
+    assert got == [(3, 3), (3, 6), (1, 7), (0, 7)]
     assert len(store.get_logs("job_a@x", 10, None).items) == 7
 
 
 def test_projector_job_tombstone_deletes_and_run_tombstone_is_ignored() -> None:
-    store, c = InMemoryHistoryStore(), FakeConsumer()
+    store, c = InMemoryHistoryStore(), Feed()
     store.put_job(job("job_a", "t1"))
     store.put_job(job("job_b", "t1"))
     r = run("job_a", T0)
@@ -216,7 +190,7 @@ def test_projector_job_tombstone_deletes_and_run_tombstone_is_ignored() -> None:
 
 
 def test_projector_skips_poison_through_the_hook_and_still_commits() -> None:
-    store, c = InMemoryHistoryStore(), FakeConsumer()
+    store, c = InMemoryHistoryStore(), Feed()
     seen: list[tuple[int, str]] = []
     good = job("job_a", "t1")
     c.add("gnomon.jobs", "job_x", b"\x00\x00\x00\x00\x63garbage")
@@ -224,34 +198,34 @@ def test_projector_skips_poison_through_the_hook_and_still_commits() -> None:
     c.add("gnomon.jobs", "job_a", encode(good))
     c.add("gnomon.runs", "r", encode(good))  # a JobState on the runs topic
     c.add("gnomon.jobs", None, None)  # a tombstone without a key
-    p = projector(store, c, poison_sink=lambda m, why: seen.append((m.offset(), why)))
+    p = projector(store, c, poison_sink=lambda rec, why: seen.append((rec.offset, why)))
     assert p.run_once(100) == 5
     assert store.get_job("job_a") == good
     assert p.stats.poison == 4 and len(seen) == 4
     assert all("DecodeError" in why for _, why in seen[:2])
-    assert c.commits[-1][("gnomon.jobs", 0)] == 4 and c.commits[-1][("gnomon.runs", 0)] == 1
+    assert c.committed()[("gnomon.jobs", 0)] == 4 and c.committed()[("gnomon.runs", 0)] == 1
 
 
 def test_projector_retries_then_rewinds_without_committing() -> None:
-    store, c = FlakyStore(failures=3), FakeConsumer()
+    store, c = FlakyStore(failures=3), Feed()
     r = failed("job_a", T0, "t1")
     c.add("gnomon.runs", "other", encode(run("job_z", T0)))
-    p0 = len(c.log[("gnomon.runs", 0)])
     c.add("gnomon.runs", r.run_id, encode(r))
     p = projector(store, c, write_attempts=2)
     with pytest.raises(HistoryStoreError):
         p.run_once(100)
-    assert store.attempts == 2 and c.commits == [] and c.seeks == [("gnomon.runs", 0, 0)]
+    assert store.attempts == 2 and c.committed() == {} and p.consumer.position([("gnomon.runs", 0)]) == {
+        ("gnomon.runs", 0): 0}  # rewound to the batch's first record
     assert p.stats.write_failures == 1
-    assert p.run_once(100) == p0 + 1  # replayed: one more failure, then written
+    assert p.run_once(100) == 2  # replayed: one more failure, then written
     assert store.attempts == 4 and store.get_run(r.run_id) == r
-    assert c.commits == [{("gnomon.runs", 0): 2}]
+    assert c.committed() == {("gnomon.runs", 0): 2}
 
 
 def test_projector_run_loop_stops_and_closes() -> None:
     import threading
 
-    store, c = FlakyStore(failures=1), FakeConsumer()
+    store, c = FlakyStore(failures=1), Feed()
     c.add("gnomon.runs", "x", encode(run("job_a", T0)))
     stop = threading.Event()
     p = projector(store, c, write_attempts=1, owns_store=True)
@@ -266,7 +240,7 @@ def test_projector_run_loop_stops_and_closes() -> None:
 
     p.run_once = once  # type: ignore[method-assign]
     p.run(stop, poll_timeout_s=0)
-    assert c.closed and store.closed and store.get_run(run("job_a", T0).run_id) is not None
+    assert c.log.groups[GROUP_ID].members == {} and store.closed  # left the group and store.get_run(run("job_a", T0).run_id) is not None
 
 
 class RecordingStore(InMemoryHistoryStore):
@@ -280,7 +254,7 @@ class RecordingStore(InMemoryHistoryStore):
 
 
 def test_projector_passes_each_state_with_its_records_bytes() -> None:
-    store, c = RecordingStore(), FakeConsumer()
+    store, c = RecordingStore(), Feed()
     j1, j2 = job("job_a", "t1", 1), job("job_a", "t1", 2)
     r1 = run("job_a", T0, RunStatus.RUNNING, "t1", attempt=1, token=1, worker_id="w")
     r2 = failed("job_a", T0, "t1")

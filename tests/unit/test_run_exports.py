@@ -1,6 +1,6 @@
 """Run exports (issue 11, point 6): the flat record of a finished run, its schema, and the
-history projector publishing it after the store write and before the commit (pure: a
-fake consumer and a fake producer)."""
+history projector publishing it after the store write and before the commit (pure: the
+in-memory event log and a fake producer)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from test_history_memory import TOPICS, FakeConsumer, projector
+from test_history_memory import TOPICS, Feed, projector
 
 from gnomon.codec import decode, encode, schema_id_for_topic
 from gnomon.core.exports import RunExport, export_of
@@ -40,10 +40,10 @@ class FakeProducer:
         for topic, key, value, cb in self.pending:
             if self.failures > 0:
                 self.failures -= 1
-                cb("KafkaError{code=_MSG_TIMED_OUT}")
+                cb("KafkaError{code=_MSG_TIMED_OUT}", -1, -1)
             else:
                 self.sent.append((topic, key, value))
-                cb(None)
+                cb(None, 0, len(self.sent) - 1)
         self.pending.clear()
         return 0
 
@@ -94,7 +94,7 @@ def test_publisher_raises_when_kafka_does_not_take_them() -> None:
 
 
 def test_projector_exports_after_the_store_write_and_before_the_commit() -> None:
-    store, c, prod = InMemoryHistoryStore(), FakeConsumer(), FakeProducer()
+    store, c, prod = InMemoryHistoryStore(), Feed(), FakeProducer()
     running = run("job_a", T0, RunStatus.RUNNING, attempt=1, token=1, worker_id="w")
     done = replace(running, status=RunStatus.SUCCEEDED, started_at_ms=T0 + 40, finished_at_ms=T0 + 500)
     other = run("job_b", T0, RunStatus.RUNNING)
@@ -104,20 +104,20 @@ def test_projector_exports_after_the_store_write_and_before_the_commit() -> None
     assert p.run_once(100) == 3
     assert [decode(v, EXPORTS) for _, _, v in prod.sent] == [export_of(done)]  # coalesced: the final state
     assert store.get_run(done.run_id) == done
-    assert c.commits == [{(TOPICS["runs"], 0): 3}] and p.stats.exported == 1
+    assert c.committed() == {(TOPICS["runs"], 0): 3} and p.stats.exported == 1
 
 
 def test_a_failed_publish_replays_the_batch_at_least_once() -> None:
-    store, c, prod = InMemoryHistoryStore(), FakeConsumer(), FakeProducer(failures=3)
+    store, c, prod = InMemoryHistoryStore(), Feed(), FakeProducer(failures=3)
     r1, r2 = failed("job_a", T0), failed("job_b", T0)
     for s in (r1, r2):
         c.add(TOPICS["runs"], s.run_id, encode(s))
     p = projector(store, c, exporter=RunExportPublisher(prod, EXPORTS), write_attempts=2)
     with pytest.raises(ExportPublishError):  # both attempts lose a record: not committed, rewound
         p.run_once(100)
-    assert c.commits == [] and c.seeks == [(TOPICS["runs"], 0, 0)]
+    assert c.committed() == {} and p.consumer.position([(TOPICS["runs"], 0)]) == {(TOPICS["runs"], 0): 0}
     sent_before = [k for _, k, _ in prod.sent]
     assert p.run_once(100) == 2
-    assert c.commits == [{(TOPICS["runs"], 0): 2}]
+    assert c.committed() == {(TOPICS["runs"], 0): 2}
     # every run reached Kafka at least once; the ones that got through earlier come twice
     assert sorted(k for _, k, _ in prod.sent) == sorted([*sent_before, r1.run_id.encode(), r2.run_id.encode()])

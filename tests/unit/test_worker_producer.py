@@ -67,7 +67,7 @@ def test_unacknowledged_results_are_sent_again_on_a_new_producer_with_their_toke
         w._send(topic, "j", result(run, token), checked=True)
     first = log.producers[0]
     assert first.sent[0][2] is not None
-    first.sent[0][2](None)  # the first one was acknowledged
+    first.sent[0][2](None, 0, 0)  # the first one was acknowledged
     first.fatal = True
     w._poll_producer()
     assert w._producer_fatal is not None
@@ -77,11 +77,11 @@ def test_unacknowledged_results_are_sent_again_on_a_new_producer_with_their_toke
     again = [(m.run_id, m.token) for _, m, _ in log.producers[1].sent]
     assert again == [("j@2", 5), ("j@3", 7), ("j@4", 9)]  # in their order, with their tokens
     # a late report of the old producer changes nothing
-    first.sent[1][2](None)  # type: ignore[misc]
+    first.sent[1][2](None, 0, 1)  # type: ignore[misc]
     assert len(w._unacked) == 3 and not w._undelivered
     for _, _, report in log.producers[1].sent:
         assert report is not None
-        report(None)
+        report(None, 0, 0)
     assert not w._unacked
 
 
@@ -106,12 +106,12 @@ def test_a_timed_out_delivery_never_counts_towards_giving_the_result_up() -> Non
     for _ in range(RESULT_SENDS_MAX + 5):  # a long outage: every send times out
         report = log.producers[0].sent[-1][2]
         assert report is not None
-        report('KafkaError{code=_MSG_TIMED_OUT,val=-192,str="Local: Message timed out"}')
+        report('KafkaError{code=_MSG_TIMED_OUT,val=-192,str="Local: Message timed out"}', -1, -1)
         w._resend_undelivered()
     assert len(log.producers[0].sent) == RESULT_SENDS_MAX + 6  # never given up
     report = log.producers[0].sent[-1][2]
     assert report is not None
-    report(None)
+    report(None, 0, 0)
     assert not w._unacked and not w._undelivered
 
 
@@ -121,7 +121,7 @@ def test_a_refused_result_is_given_up_after_the_limit() -> None:
     for _ in range(RESULT_SENDS_MAX + 5):
         report = log.producers[0].sent[-1][2]
         assert report is not None
-        report("KafkaError{code=TOPIC_AUTHORIZATION_FAILED}")
+        report("KafkaError{code=TOPIC_AUTHORIZATION_FAILED}", -1, -1)
         w._resend_undelivered()
     assert len(log.producers[0].sent) == RESULT_SENDS_MAX + 1  # the first send and the resends
     assert not w._unacked

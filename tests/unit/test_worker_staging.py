@@ -205,11 +205,11 @@ def test_a_result_whose_delivery_failed_is_sent_again() -> None:
     w._finish_done()
     completes = prod.of(CompleteAttempt)
     assert len(completes) == 1
-    prod.reports[-1]("KafkaError{code=_MSG_TIMED_OUT}")  # librdkafka gave up on it
+    prod.reports[-1]("KafkaError{code=_MSG_TIMED_OUT}", -1, -1)  # librdkafka gave up on it
     w._resend_undelivered()
     assert prod.of(CompleteAttempt) == completes * 2, "the outcome is produced again"
     assert w.undelivered_total == 1
-    prod.reports[-1](None)  # delivered this time
+    prod.reports[-1](None, 0, 1)  # delivered this time
     w._resend_undelivered()
     assert len(prod.of(CompleteAttempt)) == 2
 

@@ -1,4 +1,5 @@
-"""confluent-kafka configuration and helpers, in one place.
+"""confluent-kafka configuration, in one place (the clients themselves are built in
+``gnomon.eventlog.kafka``, the one module that imports confluent_kafka).
 
 Every producer uses acks=all, idempotence and the ``murmur2_random`` partitioner so
 that keys land on the same partitions as Java and aiokafka clients would put them.
@@ -19,13 +20,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
-
-from confluent_kafka import KafkaError, KafkaException, Producer
 
 from gnomon.core.errors import EventLogError
 
@@ -172,74 +170,3 @@ def murmur2(data: bytes) -> int:
 def partition_for(key: str, partitions: int) -> int:
     """The partition Java's default partitioner (and murmur2_random) picks for a key."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
-
-
-class SyncProducer:
-    """A producer whose ``send`` returns only after Kafka acknowledged (acks=all)."""
-
-    def __init__(self, bootstrap: str, *, role: str | None = None, **extra: Any) -> None:
-        self._p = Producer(producer_config(bootstrap, role=role, **{"linger.ms": 0, **extra}))
-
-    def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0) -> tuple[int, int]:
-        """Where Kafka put the record: (partition, offset)."""
-        errors: list[KafkaError] = []
-        written: list[tuple[int, int]] = []
-
-        def on_delivery(err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                errors.append(err)
-            else:
-                written.append((int(msg.partition()), int(msg.offset())))
-
-        try:
-            self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
-            remaining = self._p.flush(timeout_s)
-        except (KafkaException, BufferError) as exc:
-            raise EventLogError(f"could not write to {topic}: {exc}") from exc
-        if remaining:
-            raise EventLogError(f"Kafka did not acknowledge the write to {topic} within {timeout_s}s")
-        if errors:
-            raise EventLogError(f"Kafka refused the write to {topic}: {errors[0].str()}")
-        if not written:
-            raise EventLogError(f"Kafka did not report where it wrote to {topic}")
-        return written[0]
-
-    def send_many(self, topic: str, items: Sequence[tuple[str, bytes]], timeout_s: float = 15.0,
-                  positions: list[tuple[int, int] | None] | None = None) -> list[str | None]:
-        """Produce every ``(key, value)``, then wait once for Kafka's acknowledgements
-        (acks=all). One entry per item: None, or why it is not known to be written.
-        ``positions``: filled with where each written item went (partition, offset)."""
-        errors: list[str | None] = ["not acknowledged"] * len(items)
-        if positions is not None:
-            positions[:] = [None] * len(items)
-
-        def on_delivery_of(i: int) -> Callable[[KafkaError | None, Any], None]:
-            def on_delivery(err: KafkaError | None, msg: Any) -> None:
-                errors[i] = None if err is None else f"Kafka refused the write to {topic}: {err.str()}"
-                if err is None and positions is not None:
-                    positions[i] = (int(msg.partition()), int(msg.offset()))
-            return on_delivery
-
-        deadline = time.monotonic() + timeout_s
-        for i, (key, value) in enumerate(items):
-            while True:
-                try:
-                    self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery_of(i))
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain it
-                    if time.monotonic() > deadline:
-                        errors[i] = f"could not queue the write to {topic} within {timeout_s}s"
-                        break
-                    self._p.poll(0.05)
-                except KafkaException as exc:
-                    errors[i] = f"could not write to {topic}: {exc}"
-                    break
-        why = f"Kafka did not acknowledge the write to {topic} within {timeout_s}s"
-        try:
-            self._p.flush(max(0.0, deadline - time.monotonic()))
-        except KafkaException as exc:
-            why = f"could not write to {topic}: {exc}"
-        return [why if e == "not acknowledged" else e for e in errors]
-
-    def close(self) -> None:
-        self._p.flush(5)

@@ -35,6 +35,7 @@ from gnomon.core.alerts import Alert, AlertBook, AlertMemory, DeliveryPolicy
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.errors import EventLogError
 from gnomon.core.runs import RunState
+from gnomon.eventlog.port import TP, EventLog, GroupConsumer, Record
 from gnomon.retrying import Retry
 from gnomon.topology import load_topology
 
@@ -44,7 +45,8 @@ log = logging.getLogger("gnomon.alerts")
 
 GROUP_ID = "gnomon-alerter"
 ROLE = "alerter"  # Kafka principal User:alerter (gnomon.infra.acls)
-TP = tuple[str, int]
+SESSION_TIMEOUT_MS = 10_000
+COMMIT_TIMEOUT_S = 10.0
 
 
 class OffsetTracker:
@@ -117,8 +119,8 @@ class Alerter:
         sender: AlertSender,
         policy: DeliveryPolicy | None = None,
         *,
+        log: EventLog | None = None,
         bootstrap: str = "",
-        consumer: Any = None,
         feed: Any = None,
         memory: AlertMemory | None = None,
         clock: Clock | None = None,
@@ -128,8 +130,9 @@ class Alerter:
         kafka_role: str | None = ROLE,
         on_given_up: Callable[[Alert, str], None] | None = None,
     ) -> None:
-        """``feed``: anything with ``poll()`` that fills ``book`` (an ``AlertFeed``);
-        ``consumer``: a ready, subscribed confluent-kafka consumer (tests)."""
+        """``log``: the event log it reads (default: Kafka at ``bootstrap`` as principal
+        ``kafka_role``; the in-memory log in tests); ``feed``: anything with ``poll()``
+        that fills ``book`` (an ``AlertFeed``)."""
         self.book = book
         self.sender = sender
         self.policy = policy or DeliveryPolicy()
@@ -150,17 +153,17 @@ class Alerter:
         self._backlog: dict[str, deque[tuple[Alert, str, TP, int]]] = {}
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(self.policy.in_flight_max, thread_name_prefix="gnomon-alert")
-        if consumer is None:
-            from confluent_kafka import Consumer
-
-            from gnomon.adapters.kafka import consumer_config
+        if log is None:
+            from gnomon.eventlog.kafka import KafkaEventLog
 
             if not bootstrap:
-                raise ValueError("bootstrap is required unless a consumer is given")
-            consumer = Consumer(consumer_config(bootstrap, group_id, role=kafka_role, **{
-                "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": False}))
-            consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
-        self.consumer = consumer
+                raise ValueError("bootstrap is required unless a log is given")
+            log = KafkaEventLog(bootstrap, role=kafka_role)
+        self.log = log
+        self.consumer: GroupConsumer = log.group_consumer(group_id, client_id="gnomon-alerter",
+                                                          session_timeout_ms=SESSION_TIMEOUT_MS)
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
 
     # ---- loop ----------------------------------------------------------------------------
 
@@ -187,22 +190,16 @@ class Alerter:
         self.commit()
         return len(msgs)
 
-    def _handle(self, msg: Any) -> None:
+    def _handle(self, msg: Record) -> None:
         from gnomon.codec import DecodeError, decode
 
-        err = msg.error()
-        if err is not None:
-            if err.fatal():
-                raise EventLogError(f"alerter: fatal Kafka error: {err.str()}")
-            log.warning("consume error: %s", err.str())
-            return
-        tp = (msg.topic(), msg.partition())
+        tp = (msg.topic, msg.partition)
         self.stats.records += 1
-        value = msg.value()
+        value = msg.value
         if value is None:  # a purged run left the ledger
             self.stats.tombstones += 1
-            self.memory.forget((msg.key() or b"").decode(errors="replace"))
-            self._track(tp, msg.offset(), 0)
+            self.memory.forget((msg.key or b"").decode(errors="replace"))
+            self._track(tp, msg.offset, 0)
             return
         try:
             state = decode(value, self.topic)
@@ -210,19 +207,19 @@ class Alerter:
                 raise DecodeError(f"a {type(state).__name__} on the run ledger")
         except DecodeError as exc:
             self.stats.poison += 1
-            log.warning("ledger record %s[%d]@%d skipped: %s", tp[0], tp[1], msg.offset(), exc.message)
-            self._track(tp, msg.offset(), 0)
+            log.warning("ledger record %s[%d]@%d skipped: %s", tp[0], tp[1], msg.offset, exc.message)
+            self._track(tp, msg.offset, 0)
             return
         self.stats.runs += 1
         config = self.book.get(state.tenant)
         if config is None:
             self.stats.no_config += 1
         alerts = self.memory.observe(state, config, self.clock.now_ms())
-        self._track(tp, msg.offset(), len(alerts))
+        self._track(tp, msg.offset, len(alerts))
         for alert in alerts:
             assert config is not None
             self.stats.alerts += 1
-            self._submit(alert, config.url, tp, msg.offset())
+            self._submit(alert, config.url, tp, msg.offset)
 
     def _track(self, tp: TP, offset: int, alerts: int) -> None:
         with self._lock:
@@ -325,46 +322,38 @@ class Alerter:
     # ---- offsets -------------------------------------------------------------------------
 
     def commit(self) -> None:
-        from confluent_kafka import KafkaException, TopicPartition
-
         with self._lock:
             offsets = self.tracker.to_commit()
         if not offsets:
             return
         try:
-            self.consumer.commit(offsets=[TopicPartition(t, p, off) for (t, p), off in offsets.items()],
-                                 asynchronous=False)
-        except KafkaException as exc:  # a rebalance: the records are read again (alerts keep their keys)
+            self.consumer.commit(offsets, COMMIT_TIMEOUT_S)
+        except EventLogError as exc:  # a rebalance: the records are read again (alerts keep their keys)
             self.stats.commit_failures += 1
             log.warning("offset commit failed (records will be read again): %s", exc)
             return
         with self._lock:
             self.tracker.committed(offsets)
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, partitions: list[TP]) -> None:
         """A partition this group never committed starts at the ledger's end (a new
-        alerter alerts what happens from now on, not the dead letters of the past week);
-        that position is committed at once, so a restart resumes from it, missing nothing."""
-        from confluent_kafka import KafkaException
-
-        fresh: list[Any] = []
+        alerter alerts what happens from now on, not the dead letters of the past week):
+        that end is committed at once, before the consumer reads its start position from
+        the group's commits, so a restart resumes from it, missing nothing."""
+        fresh: dict[TP, int] = {}
         try:
-            positions = consumer.committed(partitions, timeout=10)
-            fresh = [p for p in positions if p.offset < 0]
-            for p in fresh:
-                p.offset = consumer.get_watermark_offsets(p, timeout=10)[1]
+            committed = self.consumer.committed(partitions, COMMIT_TIMEOUT_S)
+            fresh = {tp: self.log.end_offset(*tp) for tp, off in committed.items() if off is None}
             if fresh:
-                consumer.commit(offsets=fresh, asynchronous=False)
-        except KafkaException as exc:  # assign as given: the group's reset policy applies
+                self.consumer.commit(fresh, COMMIT_TIMEOUT_S)
+        except EventLogError as exc:  # the group's reset policy applies
             log.warning("alerter: cannot read or set the start offsets (%s); using the reset policy", exc)
-            positions = partitions
-        consumer.assign(positions)
-        log.info("alerter: assigned %d partition(s) of %s (%d new, from the end)", len(positions), self.topic,
+        log.info("alerter: assigned %d partition(s) of %s (%d new, from the end)", len(partitions), self.topic,
                  len(fresh))
 
-    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, partitions: list[TP]) -> None:
         self.commit()
-        revoked = {(p.topic, p.partition) for p in partitions}
+        revoked = set(partitions)
         with self._lock:
             self.tracker.drop(list(revoked))
             for backlog in self._backlog.values():  # their records are read again by the new owner

@@ -321,7 +321,6 @@ def create_app(
     app.state.overload_probe = overload  # (the UI's banner reads it too)
     install_tenant_routes(app, tenants, clock)
     install_alert_routes(app, alerts or AlertService(topic=topology.alert_configs), clock)  # /v1/alerts
-    add_backfill_route(app, history=history, commands=commands, clock=clock)  # POST /v1/jobs/{id}:backfill
 
     async def body_of(request: Request) -> Any:
         return parse_json(await read_bounded(request, BODY_MAX_BYTES))
@@ -354,6 +353,9 @@ def create_app(
         if not res.accepted:
             raise refusal(res)
         return res
+
+    # POST /v1/jobs/{id}:backfill, decided by the processor like every other write
+    add_backfill_route(app, history=history, commands=commands, clock=clock, decide=decided)
 
     def remember(job_id: str, res: CommandResult, change: Callable[[JobState], JobState]) -> JobState | None:
         """The state this accepted write made, from the one kept of this API's own last

@@ -11,16 +11,24 @@ has every purged run: a run leaves processor state only once history has it) and
 the processor only the slots history shows as not run or skipped: one ``BackfillJob``
 with at most ``BACKFILL_SLOTS_MAX`` slots. A larger range is refused (422 naming ``to``).
 
-Wire it in ``create_app`` with ``add_backfill_route(app, history=..., commands=..., clock=...)``.
+The processor decides (one decider): with ``decide`` (``create_app``'s, which waits for
+the processor's answer on the command-results topic) the answer is 200 with the plan
+once the processor accepted, its own problem if it refused (a job paused or deleted
+meanwhile: 409/404), or 202 with the plan and a Location to poll when its answer did not
+come within the API's bound. A range with nothing to send answers 200 at once.
+
+Wire it in ``create_app`` with ``add_backfill_route(app, history=..., commands=..., clock=..., decide=...)``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,8 +40,9 @@ from gnomon.core.model import slot_run_id
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.ports import HistoryStore
 from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.web.problems import Pending, pending_answer
 
-__all__ = ["BackfillAck", "BackfillBody", "add_backfill_route", "plan_backfill"]
+__all__ = ["BackfillAck", "BackfillBody", "BackfillPending", "add_backfill_route", "plan_backfill"]
 
 _FIELDS = ("from", "to")
 
@@ -57,6 +66,16 @@ class BackfillAck(BaseModel):
     sent: int = Field(description="slots sent to run: not run yet, or recorded skipped (reopened)")
     runIds: list[str] = Field(description="the runs of the slots sent")
     alreadyRun: list[str] = Field(description="runs of the range left alone: they ran, run or are due")
+
+
+class BackfillPending(BackfillAck):
+    """202: the plan, written, and where to poll for the processor's answer."""
+
+    status: Literal["pending"]
+    jobId: str
+    command: str
+    commandId: str | None = Field(description="poll GET /v1/commands/{commandId} (the Location) for the answer")
+    detail: str
 
 
 class _Sink(Protocol):
@@ -142,33 +161,51 @@ def _document_body(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def add_backfill_route(app: FastAPI, *, history: HistoryStore, commands: _Sink, clock: Clock | None = None) -> None:
+def add_backfill_route(app: FastAPI, *, history: HistoryStore, commands: _Sink, clock: Clock | None = None,
+                       decide: Callable[[str, Any], object] | None = None) -> None:
     """Add ``POST /v1/jobs/{job_id}:backfill`` to ``app`` (built by ``create_app``, whose
-    ``state.auth`` authenticates); ``commands`` produces to gnomon.job-commands."""
+    ``state.auth`` authenticates). ``decide(job_id, command)`` writes the command and
+    waits for the processor's answer (raising ``Pending`` or the refusal); without it,
+    ``commands`` only produces to gnomon.job-commands (202: written, not decided)."""
     clock = clock or SystemClock()
 
-    def backfill(job_id: str, tenant: str, body: Any) -> dict[str, Any]:
+    def backfill(job_id: str, tenant: str, body: Any) -> JSONResponse:
         now = clock.now_ms()
         from_ms, to_ms = parse_range(body, now)
         job = history.get_job(job_id)
         if job is None or job.tenant != tenant or job.status is JobStatus.DELETED:
             raise NotFound(f"no job {job_id!r}")
         send, run_ids, left = plan_backfill(job, from_ms, to_ms, history.get_run)
-        if send:
-            commands.send(job_id, BackfillJob(job_id, tenant, tuple(send), now))
-        return {"id": job_id, "accepted": "backfill", "slots": len(send) + len(left), "sent": len(send),
-                "runIds": run_ids, "alreadyRun": left}
+        ack = {"id": job_id, "accepted": "backfill", "slots": len(send) + len(left), "sent": len(send),
+               "runIds": run_ids, "alreadyRun": left}
+        if not send:
+            return JSONResponse(ack)
+        command = BackfillJob(job_id, tenant, tuple(send), now)
+        if decide is None:
+            commands.send(job_id, command)
+            return JSONResponse(ack, status_code=202)
+        try:
+            decide(job_id, command)  # the processor's refusal is raised as its problem
+        except Pending as exc:  # written, not answered in time: the plan, and where to poll
+            waiting = pending_answer(exc)
+            return JSONResponse({**ack, **json.loads(bytes(waiting.body))}, status_code=202,
+                                headers=dict(waiting.headers.items()) if exc.command_id else None)
+        return JSONResponse(ack)
 
     _document_body(app)
 
-    @app.post("/v1/jobs/{job_id}:backfill", status_code=202, response_model=None,
+    @app.post("/v1/jobs/{job_id}:backfill", status_code=200, response_model=None,
               summary="Run the past slots of a job's schedule in a range",
               description="Creates the run of every slot of the schedule in [from, to] that has none, and reopens "
               "the slots recorded skipped (the run's note says so). Slots that ran (or run, or are due) are left "
               f"alone, even long after: history is checked. At most {BACKFILL_SLOTS_MAX} slots per call; a "
               "paused or one-time job is refused (409).",
-              responses={202: {"model": BackfillAck}, **problem_responses(401, 404, 409, 413, 422, 503)},
+              responses={200: {"model": BackfillAck, "description": "the processor accepted it (or nothing to "
+                                                                    "send)"},
+                         202: {"model": BackfillPending, "description": "written; the processor's answer did not come "
+                               "in time: the plan, with commandId and a Location to poll"},
+                         **problem_responses(401, 404, 409, 413, 422, 503)},
               openapi_extra=request_body(BackfillBody, example=_EXAMPLE))
-    async def backfill_job(job_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+    async def backfill_job(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
         body = parse_json(await read_bounded(request, BODY_MAX_BYTES))
         return await run_in_threadpool(backfill, job_id, tenant, body)

@@ -11,10 +11,13 @@ within one bound: 201 only for what the processor accepted, its problem for what
 refused, 202 with the command's id for what it has not answered yet. The answer is 200
 with one result per item, in order.
 
-``plan_batch`` is the pure part: items, the existing jobs of their keys, the tenant's
-limits and usage, the time -> what to send and what to answer. It still answers early,
-from history and usage, a keyed item whose job history already shows and an item over a
-limit the API already sees (a lagging view: the processor decides the rest).
+``plan_batch`` is the pure part: items, the time -> what to send and what to answer.
+With a decider wired (``answers``: production) the API answers early only what needs no
+state: an invalid item (422) and a key repeated within the batch (the same definition:
+the same job; another: 409). Whether a keyed job exists already (200 with the job as
+history shows it, or 409 for another definition) and the tenant's limits are the
+processor's to decide, as for a single create. Without a decider, it falls back to
+judging keys from history and limits from the usage the API sees.
 """
 
 from __future__ import annotations
@@ -113,12 +116,13 @@ def item_key(index: int, item: Any) -> str | None:
 
 
 def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozenset[str],
-               existing: Mapping[str, JobState | None], limits: TenantLimits, jobs: int, backlog: int,
+               existing: Mapping[str, JobState | None], limits: TenantLimits | None, jobs: int, backlog: int,
                new_id: Callable[[], str]) -> list[Send | Answer]:
     """One decision per item, in order. ``existing``: the job of every keyed item's id
-    (from history). ``jobs`` / ``backlog``: the tenant's usage before the batch; each
-    accepted item counts toward the next item's limits. Two items with one key: the
-    second is a retry of the first when its definition is the same, else 409."""
+    (from history; empty when the processor decides). ``limits`` with ``jobs`` /
+    ``backlog``: the tenant's limits and usage before the batch, each accepted item
+    counting toward the next item's (None: the processor checks them). Two items with
+    one key: the second is a retry of the first when its definition is the same, else 409."""
     out: list[Send | Answer] = []
     planned: dict[str, Send] = {}  # job id -> its send, of this batch's keyed items
     first_slots: dict[Any, int | None] = {}  # schedule -> its first slot after now (a batch often repeats one)
@@ -135,7 +139,8 @@ def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozens
                     out.append(_retry_of(index, before, planned.get(job_id), tenant, data, key, now_ms, pools))
                     continue
             spec = parse_job_spec(data, now_ms, pools=pools)
-            admission.check_registration(limits, spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
+            if limits is not None:
+                admission.check_registration(limits, spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
         except (ValidationError, LimitExceeded, Conflict) as exc:
             out.append(_refusal(index, exc))
             continue
@@ -218,8 +223,8 @@ def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, cl
             elif not res.accepted:
                 a = _refusal(d.index, refusal(res))
                 results.append({"index": a.index, "status": a.status, "problem": a.body})
-            elif res.reason == ALREADY_REGISTERED:
-                results.append({"index": d.index, "status": 200, "job": d.view})
+            elif res.reason == ALREADY_REGISTERED:  # (the view is replaced by history's, below, if it has it)
+                results.append({"index": d.index, "status": 200, "job": d.view, "_existing": d.job_id})
             else:
                 if recent is not None:
                     recent.put(d.state)
@@ -245,14 +250,27 @@ def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, cl
                 continue  # plan_batch refuses the item with its field
             if key is not None:
                 keyed.append(idempotent_job_id(tenant, key))
-        existing = await existing_jobs(sorted(set(keyed)))
         now = clock.now_ms()
-        limits, totals = tenants.limits_and_totals(tenant, now)
+        if answers is not None:  # the processor decides what needs state: existing keys, limits
+            existing: dict[str, JobState | None] = {}
+            limits: TenantLimits | None = None
+            totals = {"jobs": 0, "backlog": 0}
+        else:
+            existing = await existing_jobs(sorted(set(keyed)))
+            limits, totals = tenants.limits_and_totals(tenant, now)
         decisions = await run_in_threadpool(  # 1,000 validations: off the event loop, as the single create
             lambda: plan_batch(items, tenant=tenant, now_ms=now, pools=pools, existing=existing, limits=limits,
                                jobs=totals["jobs"], backlog=totals["backlog"],
                                new_id=lambda: "job_" + secrets.token_hex(8)))
         results = await run_in_threadpool(send, decisions)
+        known = [r for r in results if "_existing" in r]
+        if known:  # jobs the processor already had: shown as history has them (else as sent)
+            found = await existing_jobs(sorted({r["_existing"] for r in known}))
+            for r in known:
+                job_id = r.pop("_existing")
+                job = found.get(job_id) if recent is None else recent.newest(job_id, found.get(job_id))
+                if job is not None and job.tenant == tenant:
+                    r["job"] = job_view(job)
         created = sum(1 for r in results if r["status"] == 201)
         return JSONResponse({"results": results, "created": created,
                              "existing": sum(1 for r in results if r["status"] == 200),

@@ -27,7 +27,6 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
-from gnomon.adapters.kafka import SyncProducer
 from gnomon.api.answers import CommandAnswers
 from gnomon.api.app import CommandSink, create_app
 from gnomon.api.tenants import TenantPoller, TenantService
@@ -36,6 +35,7 @@ from gnomon.core.clock import SystemClock
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.tenants import TenantBook
 from gnomon.core.usage import UsageBook
+from gnomon.eventlog.kafka import SyncProducer
 from gnomon.topology import Topology, load_topology
 from gnomon.web.auth import Authenticator, load_principals
 

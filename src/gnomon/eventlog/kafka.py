@@ -164,7 +164,10 @@ class KafkaGroupConsumer:
             raise EventLogError(f"consume failed: {exc}") from exc
 
     def assignment(self) -> list[TP]:
-        return [(tp.topic, tp.partition) for tp in self._c.assignment()]
+        try:
+            return [(tp.topic, tp.partition) for tp in self._c.assignment()]
+        except (KafkaException, RuntimeError) as exc:  # RuntimeError: the consumer is closed
+            raise EventLogError(f"cannot read the assignment: {exc}") from exc
 
     def position(self, tps: Sequence[TP]) -> dict[TP, int]:
         return _positions(self._c, tps)
@@ -187,6 +190,13 @@ class KafkaGroupConsumer:
             self._c.seek(TopicPartition(tp[0], tp[1], offset))
         except KafkaException as exc:
             raise EventLogError(f"cannot seek {tp[0]}[{tp[1]}] to {offset}: {exc}") from exc
+
+    def commit(self, offsets: Mapping[TP, int], timeout_s: float) -> None:
+        tps = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+        try:  # (librdkafka bounds a synchronous commit by its own request timeouts, not timeout_s)
+            self._c.commit(offsets=tps, asynchronous=False)
+        except (KafkaException, RuntimeError) as exc:  # RuntimeError: the consumer is closed
+            raise EventLogError(f"offset commit failed: {exc}") from exc
 
     def group_metadata(self) -> Any:
         return self._c.consumer_group_metadata()
@@ -334,10 +344,14 @@ class KafkaProducer:
         if on_delivery is not None:
             report = on_delivery
 
-            def delivered(err: KafkaError | None, _msg: Message) -> None:
-                if err is not None and err.code() == KafkaError._FATAL and self.fatal is None:
-                    self.fatal = str(err)
-                report(None if err is None else str(err))
+            def delivered(err: KafkaError | None, msg: Message) -> None:
+                if err is not None:
+                    if err.code() == KafkaError._FATAL and self.fatal is None:
+                        self.fatal = str(err)
+                    report(str(err), -1, -1)
+                    return
+                partition, offset = msg.partition(), msg.offset()
+                report(None, -1 if partition is None else partition, -1 if offset is None else offset)
 
             kwargs["on_delivery"] = delivered
         try:
@@ -468,3 +482,74 @@ def _positions(c: Consumer, tps: Sequence[TP]) -> dict[TP, int]:
     except KafkaException as exc:
         raise EventLogError(f"cannot read positions: {exc}") from exc
     return {(tp.topic, tp.partition): tp.offset if tp.offset is not None and tp.offset >= 0 else -1 for tp in got}
+
+
+class SyncProducer:
+    """A producer whose ``send`` returns only after Kafka acknowledged (acks=all)."""
+
+    def __init__(self, bootstrap: str, *, role: str | None = None, **extra: Any) -> None:
+        self._p = _KProducer(producer_config(bootstrap, role=role, **{"linger.ms": 0, **extra}))
+
+    def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0) -> tuple[int, int]:
+        """Where Kafka put the record: (partition, offset)."""
+        errors: list[KafkaError] = []
+        written: list[tuple[int, int]] = []
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+            else:
+                written.append((int(msg.partition()), int(msg.offset())))
+
+        try:
+            self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
+            remaining = self._p.flush(timeout_s)
+        except (KafkaException, BufferError) as exc:
+            raise EventLogError(f"could not write to {topic}: {exc}") from exc
+        if remaining:
+            raise EventLogError(f"Kafka did not acknowledge the write to {topic} within {timeout_s}s")
+        if errors:
+            raise EventLogError(f"Kafka refused the write to {topic}: {errors[0].str()}")
+        if not written:
+            raise EventLogError(f"Kafka did not report where it wrote to {topic}")
+        return written[0]
+
+    def send_many(self, topic: str, items: Sequence[tuple[str, bytes]], timeout_s: float = 15.0,
+                  positions: list[tuple[int, int] | None] | None = None) -> list[str | None]:
+        """Produce every ``(key, value)``, then wait once for Kafka's acknowledgements
+        (acks=all). One entry per item: None, or why it is not known to be written.
+        ``positions``: filled with where each written item went (partition, offset)."""
+        errors: list[str | None] = ["not acknowledged"] * len(items)
+        if positions is not None:
+            positions[:] = [None] * len(items)
+
+        def on_delivery_of(i: int) -> Callable[[KafkaError | None, Any], None]:
+            def on_delivery(err: KafkaError | None, msg: Any) -> None:
+                errors[i] = None if err is None else f"Kafka refused the write to {topic}: {err.str()}"
+                if err is None and positions is not None:
+                    positions[i] = (int(msg.partition()), int(msg.offset()))
+            return on_delivery
+
+        deadline = time.monotonic() + timeout_s
+        for i, (key, value) in enumerate(items):
+            while True:
+                try:
+                    self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery_of(i))
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    if time.monotonic() > deadline:
+                        errors[i] = f"could not queue the write to {topic} within {timeout_s}s"
+                        break
+                    self._p.poll(0.05)
+                except KafkaException as exc:
+                    errors[i] = f"could not write to {topic}: {exc}"
+                    break
+        why = f"Kafka did not acknowledge the write to {topic} within {timeout_s}s"
+        try:
+            self._p.flush(max(0.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            why = f"could not write to {topic}: {exc}"
+        return [why if e == "not acknowledged" else e for e in errors]
+
+    def close(self) -> None:
+        self._p.flush(5)

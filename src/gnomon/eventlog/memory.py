@@ -132,6 +132,7 @@ class MemoryEventLog:
         self._member_seq = 0
         self.fail_next_commit: set[str] = set()  # transactional ids whose next commit fails (abortable)
         self.plain_faults: PlainFaults | None = None
+        self.refuse_writes: dict[str, str] = {}  # topic -> the error plain producers are told
         self.fenced: list[str] = []  # what refused a commit, and why (for tests)
         self.commits = 0
         self.aborts = 0
@@ -405,9 +406,11 @@ class MemoryGroupConsumer:
         if g.assigned_gen == g.generation and me.assigned_gen != g.generation:
             me.assigned_gen = g.generation
             self._assignment = list(g.assignment.get(me.member_id, []))
-            self._pos = {tp: g.committed.get(tp, 0) for tp in self._assignment}
             if self._assignment:
                 on_assign(list(self._assignment))
+            # start positions are the group's commits as of after the callback (as Kafka
+            # reads them once the callback returned): a commit made in it counts
+            self._pos = {tp: g.committed.get(tp, 0) for tp in self._assignment}
         if me.assigned_gen != g.generation:
             return []  # the rebalance waits for other members
         return self._fetch(max_records)
@@ -443,6 +446,14 @@ class MemoryGroupConsumer:
     def seek(self, tp: TP, offset: int) -> None:
         if tp in self._pos:
             self._pos[tp] = offset
+
+    def commit(self, offsets: Mapping[TP, int], timeout_s: float) -> None:
+        if self.closed:
+            raise EventLogError(f"offset commit failed: {self.client_id} is closed")
+        why = self.log.check_metadata(self.group_metadata())
+        if why is not None:  # as Kafka refuses a commit from a stale generation
+            raise EventLogError(f"offset commit failed: {why}")
+        self.log._group(self.group_id).committed.update(offsets)
 
     def group_metadata(self) -> Any:
         me = self._member
@@ -544,15 +555,21 @@ class MemoryProducer:
                 faults.reordered += 1
                 self._held.append(item)  # delivered after what follows it
                 continue
-            self.log.append(topic, key, value)
+            refused = self.log.refuse_writes.get(topic)
+            if refused is not None:  # the broker says no (e.g. not authorized): nothing written
+                if report is not None:
+                    report(refused, -1, -1)
+                continue
+            partition = partition_for((key or b"").decode(), self.log.partitions_of(topic))
+            offset = self.log.append(topic, key, value, partition)
             if faults is not None and topic in faults.topics and faults.p_duplicate \
                     and faults.rng.random() < faults.p_duplicate:
                 faults.duplicated += 1
-                self.log.append(topic, key, value)  # a retry whose first send did land
+                self.log.append(topic, key, value, partition)  # a retry whose first send did land
             self.sent += 1
             n += 1
             if report is not None:
-                report(None)
+                report(None, partition, offset)
         return n
 
     def poll(self, timeout_s: float) -> int:
@@ -562,10 +579,11 @@ class MemoryProducer:
         self._deliver()
         held, self._held = self._held, []
         for topic, key, value, report in held:  # a flush waits for every record
-            self.log.append(topic, key, value)
+            partition = partition_for((key or b"").decode(), self.log.partitions_of(topic))
+            offset = self.log.append(topic, key, value, partition)
             self.sent += 1
             if report is not None:
-                report(None)
+                report(None, partition, offset)
         return 0
 
     def pending(self) -> int:

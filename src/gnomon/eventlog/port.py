@@ -6,7 +6,8 @@ Five small interfaces, each mapping one kind of Kafka client:
   committed offsets of its group id, pause/resume): changelog restores and standbys,
   adverts, tenant limits, the history watermark, a worker's inbox;
 * ``GroupConsumer``: a member of a consumer group with rebalance callbacks (assigned,
-  revoked, lost), committed positions and seek (the processor's input);
+  revoked, lost), committed positions and seek (the processor's input), and a plain
+  offset commit outside any transaction (the history projector's at-least-once input);
 * ``TransactionalProducer``: begin / produce / send offsets / commit / abort. Its
   contract: a ``TransactionError`` that is not ``fatal`` means "abort, then rewind
   state and positions to the last commit"; a ``fatal`` one means the producer is unusable
@@ -102,6 +103,11 @@ class GroupConsumer(Protocol):
         ...
     def committed(self, tps: Sequence[TP], timeout_s: float) -> dict[TP, int | None]: ...
     def seek(self, tp: TP, offset: int) -> None: ...
+    def commit(self, offsets: Mapping[TP, int], timeout_s: float) -> None:
+        """Commit these next offsets for the group, outside any transaction (at-least-once:
+        what was read after the last commit is read again by the partition's next owner).
+        EventLogError when refused, e.g. the member's generation is stale after a rebalance."""
+        ...
     def group_metadata(self) -> Any:
         """Opaque: what ``TransactionalProducer.send_offsets`` needs for fencing."""
         ...
@@ -121,8 +127,8 @@ class TransactionalProducer(Protocol):
     def flush(self, timeout_s: float) -> int: ...
 
 
-# a delivery report: None when delivered, else the error's text
-Delivery = Callable[[str | None], None]
+# a delivery report: (None, partition, offset) when written there, else (the error's text, -1, -1)
+Delivery = Callable[[str | None, int, int], None]
 
 
 class Producer(Protocol):

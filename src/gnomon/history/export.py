@@ -71,7 +71,7 @@ class RunExportPublisher:
             return 0
         failed: list[str] = []
 
-        def delivered(err: str | None) -> None:
+        def delivered(err: str | None, _partition: int, _offset: int) -> None:
             if err is not None:
                 failed.append(err)
 

@@ -47,7 +47,9 @@ from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.core.jobs import JobState
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
+from gnomon.eventlog.port import EventLog, GroupConsumer, Record
 from gnomon.history.base import HistoryBatch, ProjectionStore
+from gnomon.history.export import CLIENT_ID as EXPORT_CLIENT_ID
 from gnomon.history.export import RunExportPublisher
 from gnomon.metrics.projector import ProjectorMetrics
 from gnomon.retrying import Retry
@@ -102,13 +104,18 @@ class ProjectorStats:
 
 
 ROLE = "projector"  # Kafka principal User:projector of the production projector (gnomon.infra.acls)
+COMMIT_TIMEOUT_S = 10.0
+
+
+def _quiet(_tps: list[tuple[str, int]]) -> None:
+    """Rebalances need nothing of the projector: a new owner starts at the last commit."""
 
 
 class HistoryProjector:
     def __init__(
         self,
         store: ProjectionStore,
-        bootstrap: str = "",
+        log: EventLog,
         *,
         topics: Mapping[str, str] | None = None,
         group_id: str = GROUP_ID,
@@ -117,15 +124,16 @@ class HistoryProjector:
         write_attempts: int = 5,
         retry_backoff_s: float = 0.2,
         retry_backoff_max_s: float = 5.0,
-        consumer: Any = None,
-        consumer_extra: Mapping[str, Any] | None = None,
-        poison_sink: Callable[[Any, str], None] | None = None,
+        session_timeout_ms: int = 10_000,
+        consumer_config: Mapping[str, Any] | None = None,
+        poison_sink: Callable[[Record, str], None] | None = None,
         owns_store: bool = False,
-        kafka_role: str | None = None,
         exporter: RunExportPublisher | None = None,
     ) -> None:
-        """``topics`` maps roles ``jobs``/``runs``/``logs`` to topic names (default: the
-        topology's). ``consumer`` injects a ready, subscribed consumer (tests)."""
+        """``log``: the event log it reads (Kafka in production, the in-memory log in the
+        simulation and unit tests); ``topics`` maps roles ``jobs``/``runs``/``logs`` to
+        topic names (default: the topology's); ``consumer_config``: adapter tuning
+        (librdkafka keys)."""
         if batch_max < 1 or write_attempts < 1:
             raise ValueError("batch_max and write_attempts must be >= 1")
         self.store = store
@@ -149,52 +157,42 @@ class HistoryProjector:
         self.stats = ProjectorStats()
         self.metrics = ProjectorMetrics(group_id)  # a registry of its own; the CLI serves it
         self._stop = threading.Event()
-        if consumer is None:
-            from confluent_kafka import Consumer
-
-            from gnomon.adapters.kafka import consumer_config
-
-            if not bootstrap:
-                raise ValueError("bootstrap is required unless a consumer is given")
-            conf = consumer_config(bootstrap, group_id, role=kafka_role, **{
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": False,
-                **(consumer_extra or {}),
-            })
-            consumer = Consumer(conf)
-            consumer.subscribe(list(self.topics.values()))
-        self.consumer = consumer
+        self.consumer: GroupConsumer = log.group_consumer(group_id, client_id="gnomon-history",
+                                                          session_timeout_ms=session_timeout_ms,
+                                                          config=consumer_config)
+        self.consumer.subscribe(list(self.topics.values()), on_assign=_quiet, on_revoke=_quiet, on_lost=_quiet)
 
     @classmethod
     def from_settings(cls, settings: Any, **kwargs: Any) -> HistoryProjector:
         """The production projector: Cassandra from ``settings`` (schema applied if
-        missing), Kafka at ``settings.kafka_bootstrap``, finished runs published to the
-        run-exports topic."""
+        missing), Kafka at ``settings.kafka_bootstrap`` as principal ``projector``,
+        finished runs published to the run-exports topic."""
+        from gnomon.eventlog.kafka import KafkaEventLog
         from gnomon.history.cassandra import CassandraHistoryStore
 
-        kwargs.setdefault("kafka_role", ROLE)
+        log = KafkaEventLog(settings.kafka_bootstrap, role=ROLE)
         if "exporter" not in kwargs:
-            kwargs["exporter"] = RunExportPublisher.connect(settings.kafka_bootstrap, role=kwargs["kafka_role"])
+            kwargs["exporter"] = RunExportPublisher(log.producer(client_id=EXPORT_CLIENT_ID),
+                                                    load_topology().run_exports)
         store = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port, ensure_schema=True)
-        return cls(store, settings.kafka_bootstrap, owns_store=True, **kwargs)
+        return cls(store, log, owns_store=True, **kwargs)
 
     # ---- hooks ---------------------------------------------------------------------------
 
-    def on_poison(self, msg: Any, reason: str) -> None:
+    def on_poison(self, rec: Record, reason: str) -> None:
         """A record that cannot be projected; it is skipped after this returns."""
         self.stats.poison += 1
-        self.metrics.poison.labels(str(msg.topic())).inc()
-        log.warning("poison %s[%s]@%s skipped: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+        self.metrics.poison.labels(rec.topic).inc()
+        log.warning("poison %s[%s]@%s skipped: %s", rec.topic, rec.partition, rec.offset, reason)
         if self.poison_sink is not None:
-            self.poison_sink(msg, reason)
+            self.poison_sink(rec, reason)
 
     # ---- loop ----------------------------------------------------------------------------
 
     def run(self, stop_event: threading.Event, poll_timeout_s: float | None = None) -> None:
         """Project until ``stop_event`` is set; then close the consumer (and the store,
         if owned). Store outages are waited out (the batch is replayed, never skipped);
-        a fatal Kafka error raises ``EventLogError``."""
+        an event-log error raises ``EventLogError``."""
         if poll_timeout_s is not None:
             self.poll_timeout_s = poll_timeout_s
         self._stop = stop_event
@@ -217,37 +215,28 @@ class HistoryProjector:
         """Consume up to ``max_messages`` (at most ``batch_max``) records, waiting up to
         ``timeout_s`` for the first one; write them; commit. Returns records consumed."""
         n = max(1, min(max_messages, self.batch_max))
-        first = self.consumer.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        # the first record waits up to the timeout; the rest of the batch is what is there
+        # already (a consume of n waits until n come or the timeout passes)
+        recs = self.consumer.consume(1, self.poll_timeout_s if timeout_s is None else timeout_s)
         self.metrics.lag(self.consumer, list(self.topics.values()))
-        if first is None:
+        if not recs:
             return 0
-        msgs = [first]
         if n > 1:
-            msgs += self.consumer.consume(n - 1, 0)
-        return self._process(msgs)
+            recs += self.consumer.consume(n - 1, 0)
+        return self._process(recs)
 
-    def _process(self, msgs: Sequence[Any]) -> int:
-        from confluent_kafka import KafkaError
-
+    def _process(self, recs: Sequence[Record]) -> int:
         pending = _Pending()
         first: dict[tuple[str, int], int] = {}
         last: dict[tuple[str, int], int] = {}
         count = 0
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise EventLogError(f"history projector: fatal Kafka error: {err.str()}")
-                log.warning("consume error: %s", err.str())
-                continue
+        for rec in recs:
             count += 1
-            self.metrics.records.labels(str(msg.topic())).inc()
-            tp = (msg.topic(), msg.partition())
-            first.setdefault(tp, msg.offset())
-            last[tp] = msg.offset()
-            self._route(msg, pending)
+            self.metrics.records.labels(rec.topic).inc()
+            tp = (rec.topic, rec.partition)
+            first.setdefault(tp, rec.offset)
+            last[tp] = rec.offset
+            self._route(rec, pending)
         self.stats.records += count
         if not last:
             return count
@@ -263,20 +252,20 @@ class HistoryProjector:
         self._commit(last)
         return count
 
-    def _route(self, msg: Any, pending: _Pending) -> None:
+    def _route(self, msg: Record, pending: _Pending) -> None:
         from gnomon.codec import DecodeError, decode
 
-        role = self._role.get(msg.topic())
+        role = self._role.get(msg.topic)
         if role is None:
-            self.on_poison(msg, f"not a topic of the history projector: {msg.topic()}")
+            self.on_poison(msg, f"not a topic of the history projector: {msg.topic}")
             return
-        value = msg.value()
+        value = msg.value
         if value is None:
             if role != JOBS:
                 self.stats.ignored += 1  # runs stay in history after the ledger forgets them
                 return
             try:
-                job_id = (msg.key() or b"").decode()
+                job_id = (msg.key or b"").decode()
             except UnicodeDecodeError:
                 job_id = ""
             if not job_id:
@@ -331,21 +320,16 @@ class HistoryProjector:
 
     def _rewind(self, first: Mapping[tuple[str, int], int]) -> None:
         """Make the consumer read the failed batch again."""
-        from confluent_kafka import KafkaException, TopicPartition
-
         for (topic, partition), offset in first.items():
             try:
-                self.consumer.seek(TopicPartition(topic, partition, offset))
-            except KafkaException as exc:  # revoked meanwhile: its new owner starts at the commit
+                self.consumer.seek((topic, partition), offset)
+            except EventLogError as exc:  # revoked meanwhile: its new owner starts at the commit
                 log.warning("cannot rewind %s[%d] to %d: %s", topic, partition, offset, exc)
 
     def _commit(self, last: Mapping[tuple[str, int], int]) -> None:
-        from confluent_kafka import KafkaException, TopicPartition
-
-        offsets = [TopicPartition(t, p, off + 1) for (t, p), off in last.items()]
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:  # e.g. a rebalance: the records are replayed, idempotently
+            self.consumer.commit({tp: off + 1 for tp, off in last.items()}, COMMIT_TIMEOUT_S)
+        except EventLogError as exc:  # e.g. a rebalance: the records are replayed, idempotently
             self.stats.commit_failures += 1
             self.metrics.commit_failures.inc()
             log.warning("offset commit failed (records will be re-applied): %s", exc)

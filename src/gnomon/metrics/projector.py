@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gnomon.core.errors import EventLogError
+from gnomon.eventlog.port import GroupConsumer
 
 WRITE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -35,21 +37,22 @@ class ProjectorMetrics:
         self.consumer_lag = Gauge("gnomon_consumer_lag_records", "Records not yet consumed by the group, on the "
                                   "partitions this process consumes", ["group", "topic"], registry=r)
 
-    def lag(self, consumer: Any, topics: list[str], *, force: bool = False) -> None:
-        """Refresh the lag of ``consumer`` (a confluent-kafka Consumer) on its assignment."""
+    def lag(self, consumer: GroupConsumer, topics: list[str], *, force: bool = False) -> None:
+        """Refresh the lag of ``consumer`` on its assignment (cached high watermarks: no
+        broker round trip)."""
         now = self._monotonic()
         if not force and now - self._lag_at < self.lag_interval_s:
             return
         self._lag_at = now
         try:
             assignment = consumer.assignment()
-            positions = consumer.position(assignment) if assignment else []
+            positions = consumer.position(assignment) if assignment else {}
             lag = dict.fromkeys(topics, 0)
-            for tp in positions:
-                _, high = consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and high >= 0 and tp.topic in lag:
-                    lag[tp.topic] += max(0, high - tp.offset)
-        except Exception:  # an injected or closing consumer: keep the last values
+            for tp, pos in positions.items():
+                high = consumer.high_watermark(tp)
+                if pos >= 0 and high >= 0 and tp[0] in lag:
+                    lag[tp[0]] += max(0, high - pos)
+        except EventLogError:  # a closing consumer: keep the last values
             return
         for topic, n in lag.items():
             self.consumer_lag.labels(self.group_id, topic).set(n)

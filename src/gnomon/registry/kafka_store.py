@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gnomon.adapters.kafka import SyncProducer
 from gnomon.core.errors import EventLogError
+from gnomon.eventlog.kafka import SyncProducer
 from gnomon.eventlog.port import EventLog
 from gnomon.eventlog.port import Record as LogRecord
 from gnomon.feeds.compacted import CompactedFeed

@@ -409,7 +409,7 @@ class Worker:
             seq, gen = self._sends, self._producer_gen
             self._unacked[seq] = (topic, key, value, tries)
 
-            def on_delivery(err: str | None) -> None:
+            def on_delivery(err: str | None, _partition: int, _offset: int) -> None:
                 if gen != self._producer_gen:
                     return  # sent through a producer given up since: re-sent on its successor
                 if self._unacked.pop(seq, None) is None:
