@@ -27,6 +27,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gnomon.core.errors import InfraError
+
 KAFKA_ROLES: tuple[str, ...] = ("admin", "api", "processor", "worker", "projector", "connect", "registry", "alerter")
 """Kafka principals (``User:<role>``); admin is the super user. ACLs: gnomon.infra.acls."""
 KAFKA_BROKER = "kafka-broker"
@@ -48,7 +50,7 @@ class Credential:
     password: str = field(repr=False)
 
 
-class CredentialError(Exception):
+class CredentialError(InfraError):
     """A credentials file exists but cannot be used (unreadable, malformed)."""
 
 

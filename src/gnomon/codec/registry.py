@@ -31,6 +31,7 @@ from typing import Any
 from fastavro import parse_schema
 
 from gnomon._data import AVRO, data_path
+from gnomon.core.errors import InternalError
 
 Schema = Any  # a JSON-like Avro schema: str | list | dict
 
@@ -69,7 +70,7 @@ class SchemaVersion:
     schema: Schema = field(repr=False, compare=False)  # parsed, self-contained
 
 
-class RegistryError(Exception):
+class RegistryError(InternalError):
     """registry.json or a schema file is malformed (a build error, not a data error)."""
 
 

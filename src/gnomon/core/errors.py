@@ -9,13 +9,26 @@
     ├── TransitionError      a lifecycle transition that the state machine forbids
     │   ├── JobNotFound      ... on a job the sender cannot see (also a NotFound)
     │   └── RunNotFound      ... on a run the sender cannot see (also a NotFound)
+    ├── LimitExceeded        a tenant limit refuses it (API -> 422, or 429 with Retry-After)
     ├── InternalError        a bug of gnomon's own (e.g. codec.EncodeError): API -> 500
-    └── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)
-        ├── EventLogError    Kafka produce/consume/transaction failures
-        ├── StateStoreError  RocksDB failures
-        └── HistoryStoreError Cassandra failures
+    │   └── RegistryError    the packaged schema registry is unreadable (codec.registry)
+    ├── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)
+    │   ├── EventLogError    Kafka produce/consume/transaction failures
+    │   ├── StateStoreError  RocksDB failures
+    │   ├── HistoryStoreError Cassandra failures
+    │   ├── CredentialError  a credentials file unreadable or malformed (gnomon.credentials)
+    │   ├── SecretError      a tenant's secret missing or unsafe on a worker (outbound.secrets)
+    │   └── SandboxError     a sandbox or container runtime cannot be set up (worker.sandbox)
+    ├── PolicyError          a pool's policy file refused (worker.policy)
+    ├── TargetRefused        the outbound guard refused an HTTP target (outbound.netguard)
+    └── ApiError ...         the SDK's and the registry's answers (client, registry.errors)
 
 Adapters translate their library's exceptions into these, so callers catch one tree.
+A few exceptions are control flow, not errors, and stay outside it on purpose (HTTP
+answers of the web layer, the UI's redirects, a codec fast path's fallback, a record
+too large for its savepoint, which the processor turns into a poison record):
+``tests/unit/test_error_tree.py`` lists them and checks every other exception of
+``gnomon`` is in the tree.
 """
 
 from __future__ import annotations

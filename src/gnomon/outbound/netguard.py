@@ -15,6 +15,8 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gnomon.core.errors import GnomonError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -33,7 +35,7 @@ METADATA_ADDRESSES = frozenset({
 LINK_LOCAL_V4 = ipaddress.IPv4Network("169.254.0.0/16")  # all of it: clouds put more services there
 
 
-class TargetRefused(Exception):
+class TargetRefused(GnomonError):
     """The guard refused the destination; the message says which address and why."""
 
 

@@ -17,12 +17,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from gnomon.core.errors import InfraError
+
 SECRET_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 SIGNING_KEY_NAME = "http-signing-key"
 SECRET_MAX_BYTES = 64 * 1024
 
 
-class SecretError(Exception):
+class SecretError(InfraError):
     """A secret is missing, unreadable or too loosely protected."""
 
 

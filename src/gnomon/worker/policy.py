@@ -42,12 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnomon.core.errors import GnomonError
 from gnomon.core.model import TargetType
 from gnomon.outbound.http import HttpPolicy
 from gnomon.worker.sandbox import MIB, SandboxLimits
 
 
-class PolicyError(Exception):
+class PolicyError(GnomonError):
     """A policy file that cannot be used; the message names the key."""
 
 

@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gnomon.core.errors import InfraError
+
 log = logging.getLogger("gnomon.worker")
 
 MIB = 1024 * 1024
@@ -49,7 +51,7 @@ _ETC_NET_FILES = ("hosts", "resolv.conf", "ssl", "ca-certificates", "gai.conf", 
 _JOIN_CGROUPS = 'for f in $GNOMON_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"'
 
 
-class SandboxError(Exception):
+class SandboxError(InfraError):
     """The sandbox cannot be built on this host (bwrap missing, cgroups unusable)."""
 
 
