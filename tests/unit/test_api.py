@@ -551,6 +551,7 @@ def test_a_backfill_is_the_processors_decision_and_the_sdk_returns_its_plan(
                                                                "to": "2026-11-29T01:30:00Z"})
     assert http.status_code == 202 and http.json()["sent"] == 1 and http.headers["Location"].startswith(
         "/v1/commands/"), http.text
+    assert int(http.headers["content-length"]) == len(http.content)  # the merged body's own length
     producer.release()
     polls: list[float] = []
     monkeypatch.setattr(client_mod.time, "sleep", lambda s: (polls.append(s), producer.release()))

@@ -188,8 +188,9 @@ def add_backfill_route(app: FastAPI, *, history: HistoryStore, commands: _Sink, 
             decide(job_id, command)  # the processor's refusal is raised as its problem
         except Pending as exc:  # written, not answered in time: the plan, and where to poll
             waiting = pending_answer(exc)
+            # (only the Location: the pending body's own Content-Length is not this body's)
             return JSONResponse({**ack, **json.loads(bytes(waiting.body))}, status_code=202,
-                                headers=dict(waiting.headers.items()) if exc.command_id else None)
+                                headers={"Location": waiting.headers["location"]} if exc.command_id else None)
         return JSONResponse(ack)
 
     _document_body(app)
