@@ -42,6 +42,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
+from register import cpu_s  # (bench/register.py: a process's CPU seconds from /proc)
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, partition_for
@@ -57,16 +58,6 @@ PER_TENANT = 500_000  # jobs per tenant (a tenant's default jobs_max is 1,000,00
 ANSWERS_MAX_S = 3_600  # per chunk: the processor applies a chunk of 1M in a few minutes
 WARM_MAX_S = 1_800  # pB's restore and standbys
 NOOP = Target(TargetType.HANDLER, handler="noop")
-
-
-def cpu_s(pid: int) -> float:
-    """user + system CPU seconds of process ``pid`` (/proc/<pid>/stat fields 14 and 15)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = raw[raw.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def du(path: Path) -> int:

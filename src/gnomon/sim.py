@@ -306,26 +306,27 @@ class SimCluster:
         self.projector_down_until_ms = None
 
     def _project(self) -> None:
+        self._project_once()
+
+    def _project_once(self) -> int | None:
+        """One batch of the projector: records read, or None when the store refused the
+        write (rewound: the next call replays the batch) or the projector is down."""
         if self.projector is None:
-            return
+            return None
         try:
-            self.projector.run_once(self.projector.batch_max, 0.0)
+            return self.projector.run_once(self.projector.batch_max, 0.0)
         except HistoryStoreError:
-            self._count("history_write_failed")  # rewound: the next step replays the batch
+            self._count("history_write_failed")
+            return None
 
     def project_all(self) -> bool:
         """Let the projector read everything committed so far, without a step (nothing
         else moves meanwhile). False when it could not: it is down, or the store refused
         a write (the batch is rewound, as in a step)."""
-        if self.projector is None:
-            return False
         for _ in range(10_000):  # bounded: each call reads a batch or returns 0
-            try:
-                if self.projector.run_once(self.projector.batch_max, 0.0) == 0:
-                    return True
-            except HistoryStoreError:
-                self._count("history_write_failed")
-                return False
+            n = self._project_once()
+            if n is None or n == 0:
+                return n == 0
         return False
 
     def crash_projector(self, *, down_ms: int) -> None:
@@ -568,11 +569,7 @@ class SimCluster:
         committed states."""
         assert self.history is not None, "SimCluster(history=True) runs the projector"
         self.project_all()
-        runs: dict[str, R.RunState] = {}
-        for rec in self.log.records(self.topo.runs):
-            if rec.value is not None:
-                state = codec.decode(rec.value, topic=self.topo.runs)
-                runs[state.run_id] = state
+        runs = {state.run_id: state for state in self.ledger()}  # the last state of each
         jobs: dict[str, J.JobState | None] = {}
         for rec in self.log.records(self.topo.jobs):
             jobs[(rec.key or b"").decode()] = (None if rec.value is None

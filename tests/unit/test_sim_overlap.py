@@ -54,15 +54,26 @@ def _runs(sim: SimCluster, client: TestClient, job_id: str) -> list[dict[str, An
     return list(got.json()["items"])
 
 
-@pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
-def test_forbid_skips_slots_while_a_run_is_active(seed: int) -> None:
+def _run_then_pause(seed: int, overlap: str, run_ms: int) -> tuple[SimCluster, list[dict[str, Any]]]:
+    """Create the job over REST, run it ``run_ms`` under faults, heal, pause it, and read
+    its runs back from history."""
     sim, client = _cluster(seed)
-    job_id = _create(sim, client, "forbid")
-    sim.run_for(30_000)
+    job_id = _create(sim, client, overlap)
+    sim.run_for(run_ms)
     sim.heal(10_000)
     assert client.post(f"/v1/jobs/{job_id}:pause").status_code == 202
     sim.run_for(3_000, faults=False)
-    items = _runs(sim, client, job_id)
+    return sim, _runs(sim, client, job_id)
+
+
+def _clean(sim: SimCluster) -> None:
+    rep = sim.history_report()
+    assert rep.ok and rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()}\n{sim.describe()}"
+
+
+@pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
+def test_forbid_skips_slots_while_a_run_is_active(seed: int) -> None:
+    sim, items = _run_then_pause(seed, "forbid", 30_000)
     skipped = [r for r in items if r["status"] == "skipped"]
     assert len(skipped) >= 3 and all((r["reason"] or "").startswith("overlap:") for r in skipped), (
         [r["reason"] for r in skipped], sim.describe())
@@ -71,22 +82,14 @@ def test_forbid_skips_slots_while_a_run_is_active(seed: int) -> None:
     assert spans, "some slot ran"
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end, f"two runs overlapped: {spans}\n{sim.describe()}"
-    rep = sim.history_report()
-    assert rep.ok and rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()}\n{sim.describe()}"
+    _clean(sim)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
 def test_replace_cancels_the_running_one(seed: int) -> None:
-    sim, client = _cluster(seed)
-    job_id = _create(sim, client, "replace")
-    sim.run_for(24_000)
-    sim.heal(10_000)
-    assert client.post(f"/v1/jobs/{job_id}:pause").status_code == 202
-    sim.run_for(3_000, faults=False)
-    items = _runs(sim, client, job_id)
+    sim, items = _run_then_pause(seed, "replace", 24_000)
     cancelled = [r for r in items if r["status"] == "cancelled"]
     assert len(cancelled) >= 2, ([(r["status"], r["reason"]) for r in items], sim.describe())
     assert all("overlap: replace" in (r["reason"] or "") for r in cancelled), cancelled
     assert not [r for r in items if (r["reason"] or "").startswith("overlap:")]
-    rep = sim.history_report()
-    assert rep.ok and rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()}\n{sim.describe()}"
+    _clean(sim)

@@ -549,28 +549,34 @@ class MemoryProducer:
         self._held = []
         n = 0
         for item in queue:
-            topic, key, value, report = item
-            if faults is not None and topic in faults.topics and faults.p_reorder \
+            if faults is not None and item[0] in faults.topics and faults.p_reorder \
                     and faults.rng.random() < faults.p_reorder:
                 faults.reordered += 1
                 self._held.append(item)  # delivered after what follows it
                 continue
-            refused = self.log.refuse_writes.get(topic)
-            if refused is not None:  # the broker says no (e.g. not authorized): nothing written
-                if report is not None:
-                    report(refused, -1, -1)
-                continue
-            partition = partition_for((key or b"").decode(), self.log.partitions_of(topic))
-            offset = self.log.append(topic, key, value, partition)
-            if faults is not None and topic in faults.topics and faults.p_duplicate \
-                    and faults.rng.random() < faults.p_duplicate:
-                faults.duplicated += 1
-                self.log.append(topic, key, value, partition)  # a retry whose first send did land
-            self.sent += 1
-            n += 1
-            if report is not None:
-                report(None, partition, offset)
+            n += self._write(item, may_duplicate=True)
         return n
+
+    def _write(self, item: tuple[str, bytes | None, bytes | None, Delivery | None], *, may_duplicate: bool) -> int:
+        """Write one record (1), or report the broker's refusal (0); the delivery report
+        says where it went. ``may_duplicate``: the plain-producer fault may write it twice."""
+        topic, key, value, report = item
+        refused = self.log.refuse_writes.get(topic)
+        if refused is not None:  # the broker says no (e.g. not authorized): nothing written
+            if report is not None:
+                report(refused, -1, -1)
+            return 0
+        partition = partition_for((key or b"").decode(), self.log.partitions_of(topic))
+        offset = self.log.append(topic, key, value, partition)
+        faults = self.log.plain_faults
+        if may_duplicate and faults is not None and topic in faults.topics and faults.p_duplicate \
+                and faults.rng.random() < faults.p_duplicate:
+            faults.duplicated += 1
+            self.log.append(topic, key, value, partition)  # a retry whose first send did land
+        self.sent += 1
+        if report is not None:
+            report(None, partition, offset)
+        return 1
 
     def poll(self, timeout_s: float) -> int:
         return self._deliver()
@@ -578,12 +584,8 @@ class MemoryProducer:
     def flush(self, timeout_s: float) -> int:
         self._deliver()
         held, self._held = self._held, []
-        for topic, key, value, report in held:  # a flush waits for every record
-            partition = partition_for((key or b"").decode(), self.log.partitions_of(topic))
-            offset = self.log.append(topic, key, value, partition)
-            self.sent += 1
-            if report is not None:
-                report(None, partition, offset)
+        for item in held:  # a flush waits for every record
+            self._write(item, may_duplicate=False)
         return 0
 
     def pending(self) -> int:
