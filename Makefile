@@ -4,6 +4,14 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The chaos suite in two lanes side by side (tests/lanes.sh): the tests on Kafka brokers of
+# their own (marker own_brokers), and those on the local stack (its broker, consumer group
+# and Cassandra), each lane one test at a time. `make test` adds a third: the simulation's
+# seed sweeps (marker sweep: pure CPU, no services) at low priority, on the cores the chaos
+# suite leaves idle while it waits on its faults.
+CHAOS_OWN := "$(BIN)/python -m pytest tests/chaos -q -m 'chaos and own_brokers' -s --durations=5"
+CHAOS_SHARED := "$(BIN)/python -m pytest tests/chaos -q -m 'chaos and not own_brokers' -s --durations=5"
+SWEEPS := "nice -n 10 $(BIN)/python -m pytest tests/unit -q -n 2 -m sweep"
 
 .DEFAULT_GOAL := help
 .PHONY: help setup sysdeps testdeps run test test-security test-unit test-integration test-chaos test-long lint typecheck bench infra-up infra-down clean
@@ -51,17 +59,17 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	@set -u; out=$$(mktemp -d); \
 	echo "gnomon: starting Kafka and Cassandra in the background (log: $$out/infra-up.log)"; \
 	( $(BIN)/python -m gnomon.infra up >$$out/infra-up.log 2>&1; echo $$? >$$out/infra-up.rc ) & infra=$$!; \
-	$(BIN)/python -m pytest tests/unit -q -n 2 && $(BIN)/python -m pytest tests/security -q -n 2 -m "not integration"; rc=$$?; \
+	$(BIN)/python -m pytest tests/unit -q -n 2 -m "not sweep" && $(BIN)/python -m pytest tests/security -q -n 2 -m "not integration"; rc=$$?; \
 	wait $$infra; cat $$out/infra-up.log; \
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
 	$(BIN)/python -m pytest tests/integration tests/security -q -m integration --durations=10
 	$(BIN)/python -m pytest tests/e2e -q -m integration --durations=15
-	$(BIN)/python -m pytest tests/chaos -q -m chaos -s --durations=15
+	tests/lanes.sh sweeps $(SWEEPS) chaos-own-brokers $(CHAOS_OWN) chaos $(CHAOS_SHARED)
 
 test-chaos: setup ## the chaos suite alone, as CI runs it (starts Kafka and Cassandra if they are down)
-	$(BIN)/python -m pytest tests/chaos -q -m chaos -s
+	tests/lanes.sh chaos-own-brokers $(CHAOS_OWN) chaos $(CHAOS_SHARED)
 
-test-long: setup ## the chaos suite with its faults at full length (2-minute outages), outside CI
+test-long: setup ## the chaos suite with its faults at full length (2-minute outages), outside CI, one test at a time
 	GNOMON_CHAOS_LONG=1 $(BIN)/python -m pytest tests/chaos -q -m chaos -s
 
 test-security: setup sysdeps ## the security suite that needs no services (sandboxes, SSRF, API contract)

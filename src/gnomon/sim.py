@@ -34,11 +34,21 @@ Faults (``SimFaults``), drawn per step from ``random.Random(seed)`` during ``run
   faults apply to it: ``projector_crash`` (it vanishes without a commit; a new one in
   its group takes over once the session lapses and replays from the last commit) and
   ``history_outage`` (the store refuses writes for up to ``history_outage_ms``: the
-  batch is rewound and replayed; the processor does not purge what history lacks).
+  batch is rewound and replayed; the processor does not purge what history lacks);
+* with ``alerts=True`` the alerter runs too (``gnomon.alerts.Alerter``, group
+  ``gnomon-alerter`` on the same log, its configs read from the alert-configs topic) and
+  calls a simulated webhook (``SimWebhook``). Its deliveries are queued and run at its
+  next step (``StepExecutor``, no thread; the waits between a delivery's calls are not
+  slept), so a crash between steps loses deliveries in flight, as a kill -9 does. Three
+  more faults: ``alerter_crash`` (it vanishes without a commit; a new one replays from
+  the group's last commit once the session lapses), ``webhook_fail`` (per call) and
+  ``webhook_outage`` (every call fails for up to ``webhook_outage_ms``).
 
 ``history_report()`` runs ``gnomon.checker.HistoryChecker`` over what was committed to
 the run ledger and the worker inbox (as the chaos suite reads Kafka); ``history_gaps()``
-compares the projected history with the committed ledger and job states.
+compares the projected history with the committed ledger and job states;
+``alert_gaps()`` compares the alerts the webhook saw with those the committed ledger
+raises (``gnomon.core.alerts.decide`` over each run's states in order).
 """
 
 from __future__ import annotations
@@ -46,15 +56,20 @@ from __future__ import annotations
 import heapq
 import json
 import random
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gnomon import codec
+from gnomon.alerts.sender import AlertDeliveryError
+from gnomon.alerts.service import Alerter
 from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
+from gnomon.core.alerts import Alert, AlertBook, AlertConfig, AlertMemory, DeliveryPolicy
 from gnomon.core.clock import Clock, FakeClock
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.model import Target
@@ -167,11 +182,16 @@ class SimFaults:
     projector_crash: float = 0.0  # with history=True
     history_outage: float = 0.0
     history_outage_ms: int = 5_000
+    alerter_crash: float = 0.0  # with alerts=True
+    webhook_fail: float = 0.0  # per webhook call
+    webhook_outage: float = 0.0
+    webhook_outage_ms: int = 5_000
 
     @classmethod
     def mixed(cls) -> SimFaults:
         return cls(abort=0.02, kill=0.01, rebalance=0.01, zombie=0.01, worker_crash=0.01, duplicate=0.05,
-                   reorder=0.05, skew_ms=1_500, projector_crash=0.01, history_outage=0.01)
+                   reorder=0.05, skew_ms=1_500, projector_crash=0.01, history_outage=0.01, alerter_crash=0.01,
+                   webhook_fail=0.1, webhook_outage=0.005)
 
 
 @dataclass
@@ -196,6 +216,10 @@ def _zero() -> float:
     return 0.0
 
 
+def _no_wait(_s: float) -> None:
+    """The wait between a simulated delivery's calls: none (the simulation steps time)."""
+
+
 class SimHistoryStore(InMemoryHistoryStore):
     """The in-memory history store with outages: ``write_batch`` fails until ``down_until_ms``."""
 
@@ -210,6 +234,67 @@ class SimHistoryStore(InMemoryHistoryStore):
             self.refused += 1
             raise HistoryStoreError("history store down (simulated outage)")
         super().write_batch(batch)
+
+
+class StepExecutor(Executor):
+    """The alerter's deliveries, queued at submit and run, in order, when the simulation
+    steps the alerter (``run_pending``); a crash drops what is queued."""
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = deque()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._queue.append((future, fn, args, kwargs))
+        return future
+
+    def run_pending(self) -> int:
+        """Run what was queued before this call (a delivery's follow-up runs next time)."""
+        n = len(self._queue)
+        for _ in range(n):
+            future, fn, args, kwargs = self._queue.popleft()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except Exception as exc:  # the alerter's delivery handles its own errors; kept as the pool would
+                future.set_exception(exc)
+        return n
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._queue.clear()  # a clean stop: what was not delivered is read again after a restart
+
+
+class SimWebhook:
+    """The tenants' alert receiver. Counts each call and each delivery by the alert's
+    idempotency key; a call fails with probability ``p_fail`` (drawn from the seed) or
+    while the receiver is down (``down_until_ms``)."""
+
+    def __init__(self, clock: Clock, rng: random.Random, p_fail: float = 0.0) -> None:
+        self.clock = clock
+        self.rng = rng
+        self.p_fail = p_fail
+        self.down_until_ms = 0
+        self.calls: dict[str, int] = {}
+        self.delivered: dict[str, Alert] = {}
+        self.repeats = 0  # deliveries of a key already delivered (at-least-once; receivers drop them)
+
+    def send(self, alert: Alert, url: str, timeout_s: float) -> int:
+        self.calls[alert.key] = self.calls.get(alert.key, 0) + 1
+        if self.clock.now_ms() < self.down_until_ms:
+            raise AlertDeliveryError("HTTP 503 (simulated outage)")
+        if self.p_fail and self.rng.random() < self.p_fail:
+            raise AlertDeliveryError("HTTP 500 (simulated)")
+        if alert.key in self.delivered:
+            self.repeats += 1
+        self.delivered[alert.key] = alert
+        return 200
+
+
+SIM_WEBHOOK_URL = "https://hooks.sim.invalid/gnomon"
+SIM_DELIVERY = DeliveryPolicy(attempts_max=3, backoff_base_s=0.5, backoff_cap_s=2.0, in_flight_max=1_000,
+                              tenant_in_flight_max=1_000, tenant_backlog_max=10_000)
 
 
 class _LogSink:
@@ -233,7 +318,7 @@ class SimCluster:
                  run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
                  duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
                  overload_budget_per_tick: int | None = None, worker_stage_max: int | None = None,
-                 history: bool = False) -> None:
+                 history: bool = False, alerts: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = FakeClock()
@@ -270,6 +355,21 @@ class SimCluster:
         self._projectors = 0
         if self.history is not None:
             self._start_projector()
+        # the alerter and its webhook, when asked for
+        self.webhook: SimWebhook | None = None
+        self.alerter: Alerter | None = None
+        self.alerter_down_until_ms: int | None = None
+        self.given_up: dict[str, str] = {}  # alert key -> why, as the alerter logged it
+        self._alerters = 0
+        self._deliveries = StepExecutor()
+        if alerts:
+            self.webhook = SimWebhook(self.clock, random.Random(f"{seed}/webhook"), self.faults.webhook_fail)
+            self._start_alerter()
+            # its first poll joins the group and commits where it starts (the ledger's end,
+            # now the start): a crash later resumes there. (A group that never committed
+            # starts at the end, by design: the scenarios alert from their beginning.)
+            assert self.alerter is not None
+            self.alerter.run_once(0.0)
 
     # ---- members --------------------------------------------------------------------------
 
@@ -342,6 +442,63 @@ class SimCluster:
         self._count("history_outage")
         self._event(f"history store down for {ms} ms")
 
+    def _start_alerter(self) -> None:
+        from gnomon.alerts.feed import AlertFeed
+
+        assert self.webhook is not None
+        self._alerters += 1
+        self._deliveries = StepExecutor()
+        book = AlertBook()
+        feed = AlertFeed("", self.topo, book, log=self.log)
+        self.alerter = Alerter(book, self.webhook, SIM_DELIVERY, log=self.log, feed=feed, clock=self.clock,  # type: ignore[arg-type]
+                               batch_max=200, poll_timeout_s=0.0, executor=self._deliveries, retry_sleep=_no_wait,
+                               on_given_up=self._given_up)
+        self.alerter_down_until_ms = None
+
+    def _given_up(self, alert: Alert, why: str) -> None:
+        self.given_up[alert.key] = why
+
+    def _alert(self) -> None:
+        """One step of the alerter: deliver what the last step queued, then read the
+        ledger (queueing its alerts) and commit what is settled."""
+        assert self.alerter is not None
+        self._deliveries.run_pending()
+        self.alerter.run_once(0.0)
+
+    def alert_all(self) -> bool:
+        """Let the alerter read everything committed so far and run every delivery it
+        queues, without a step (nothing else moves meanwhile). False when it is down."""
+        if self.alerter is None:
+            return False
+        for _ in range(10_000):  # bounded: each round reads a batch or delivers what is queued
+            ran = self._deliveries.run_pending()
+            if self.alerter.run_once(0.0) == 0 and ran == 0 and self._deliveries.pending() == 0:
+                return True
+        return False
+
+    def set_alerts(self, late_s: int | None = None, tenant: str = TENANT) -> None:
+        """The tenant's alert config, on the alert-configs topic (as ``PUT /v1/alerts``)."""
+        from gnomon.adapters.kafka import partition_for
+
+        config = AlertConfig(tenant=tenant, url=SIM_WEBHOOK_URL, late_s=late_s, updated_at_ms=self.clock.now_ms())
+        topic = self.topo.alert_configs
+        self.log.append(topic, tenant.encode(), codec.encode(config, topic),
+                        partition_for(tenant, self.log.partitions_of(topic)))
+
+    def crash_alerter(self, *, down_ms: int) -> None:
+        """The alerter vanishes (no commit, no close, its queued deliveries lost)."""
+        self.alerter = None
+        self._deliveries = StepExecutor()
+        self.alerter_down_until_ms = self.clock.now_ms() + down_ms
+        self._count("alerter_crash")
+        self._event("alerter crashed")
+
+    def webhook_outage(self, ms: int) -> None:
+        assert self.webhook is not None
+        self.webhook.down_until_ms = self.clock.now_ms() + ms
+        self._count("webhook_outage")
+        self._event(f"webhook down for {ms} ms")
+
     def _duration(self, ctx: AttemptContext) -> int:
         lo, hi = self.duration_range
         return random.Random(f"{self.seed}/{ctx.run_id}/{ctx.attempt}").randint(lo, hi)
@@ -397,6 +554,8 @@ class SimCluster:
                 members.append(self._worker_step(w.worker, w.runner))
         if self.projector is not None:
             members.append(self._project)
+        if self.alerter is not None:
+            members.append(self._alert)
         self.rng.shuffle(members)
         for member in members:
             member()
@@ -441,6 +600,11 @@ class SimCluster:
             self.projector_down_until_ms = now
         if self.history is not None:
             self.history.down_until_ms = 0
+        if self.alerter_down_until_ms is not None:
+            self.alerter_down_until_ms = now
+        if self.webhook is not None:
+            self.webhook.down_until_ms = 0
+            self.webhook.p_fail = 0.0
         self.run_for(settle_ms, faults=False)
 
     # ---- faults ---------------------------------------------------------------------------
@@ -519,6 +683,11 @@ class SimCluster:
                 self.crash_projector(down_ms=rng.randint(0, 5_000))
             if rng.random() < f.history_outage and now >= self.history.down_until_ms:
                 self.history_outage(rng.randint(500, max(500, f.history_outage_ms)))
+        if self.webhook is not None:  # (no draws without it, as above)
+            if self.alerter is not None and rng.random() < f.alerter_crash:
+                self.crash_alerter(down_ms=rng.randint(0, 5_000))
+            if rng.random() < f.webhook_outage and now >= self.webhook.down_until_ms:
+                self.webhook_outage(rng.randint(500, max(500, f.webhook_outage_ms)))
 
     def _revive(self, now: int) -> None:
         for s in self.procs:
@@ -537,6 +706,9 @@ class SimCluster:
         if self.projector is None and self.projector_down_until_ms is not None and now >= self.projector_down_until_ms:
             self._start_projector()
             self._event("projector restarted")
+        if self.alerter is None and self.alerter_down_until_ms is not None and now >= self.alerter_down_until_ms:
+            self._start_alerter()
+            self._event("alerter restarted")
 
     # ---- inspection -----------------------------------------------------------------------
 
@@ -587,6 +759,37 @@ class SimCluster:
                             f"history {'none' if seen is None else seen.status.value}")
         return gaps
 
+    def expected_alerts(self) -> dict[str, Alert]:
+        """The alerts the committed ledger raises, by key: each run's states in log
+        order through one ``AlertMemory``, under the config each tenant has at the end
+        (the scenarios set it before their first run)."""
+        book = AlertBook()
+        for rec in self.log.records(self.topo.alert_configs):
+            book.apply((rec.key or b"").decode(), None if rec.value is None
+                       else codec.decode(rec.value, topic=self.topo.alert_configs))
+        memory, out = AlertMemory(), {}
+        for rec in self.log.records(self.topo.runs):
+            if rec.value is None:
+                memory.forget((rec.key or b"").decode())
+                continue
+            state = codec.decode(rec.value, topic=self.topo.runs)
+            for alert in memory.observe(state, book.get(state.tenant), self.clock.now_ms()):
+                out[alert.key] = alert
+        return out
+
+    def alert_gaps(self) -> list[str]:
+        """Where the alerts the webhook received (or the alerter gave up, logged) differ
+        from those the committed ledger raises: missing ones, and ones no committed state
+        raises. Empty when each was delivered or given up, and nothing else was sent."""
+        assert self.webhook is not None, "SimCluster(alerts=True) runs the alerter"
+        self.alert_all()
+        expected = self.expected_alerts()
+        seen = set(self.webhook.delivered) | set(self.given_up)
+        gaps = [f"alert {key} ({a.kind.value}) neither delivered nor given up"
+                for key, a in sorted(expected.items()) if key not in seen]
+        gaps += [f"alert {key} sent but no committed state raises it" for key in sorted(seen - set(expected))]
+        return gaps
+
     # ---- the API ----------------------------------------------------------------------------
 
     def api(self, tokens: dict[str, str] | None = None) -> Any:
@@ -598,6 +801,8 @@ class SimCluster:
         then read the answer at its Location (``GET /v1/commands/{id}``). History: the
         projector's store with ``history=True``, else an in-memory store nothing
         writes (reads find only the API's own accepted writes)."""
+        from gnomon.alerts.feed import AlertFeed
+        from gnomon.api.alerts import AlertService
         from gnomon.api.answers import CommandAnswers
         from gnomon.api.app import CommandSink, create_app
         from gnomon.web.auth import Authenticator
@@ -605,9 +810,11 @@ class SimCluster:
         answers = CommandAnswers(self.log.reader("sim-api-answers"), self.topo.command_results, self.topo.partitions)
         answers.position_at_end()
         history = self.history if self.history is not None else InMemoryHistoryStore()
+        feed = AlertFeed("", self.topo, AlertBook(), log=self.log)
+        alerts = AlertService(feed.book, writer=_LogSink(self.log), topic=self.topo.alert_configs, feed=feed)
         return create_app(history=history, commands=CommandSink(_LogSink(self.log), self.topo.job_commands),
                           auth=Authenticator(tokens or {"sim-token": TENANT}), topology=self.topo, clock=self.clock,
-                          answers=answers, answer_timeout_s=0.0)
+                          answers=answers, answer_timeout_s=0.0, alerts=alerts)
 
     def describe(self) -> str:
         """The seed, the faults injected and the counters: for a failing scenario's message."""

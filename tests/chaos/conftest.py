@@ -7,10 +7,18 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def infra() -> None:
+    """The local stack, up (started if it is not). The suite runs on two xdist workers:
+    a file lock keeps them from starting it twice at once."""
+    import fcntl
+
     from gnomon.config import load
     from gnomon.infra import manager
 
-    manager.up(load())
+    settings = load()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.state_dir / "chaos-infra.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manager.up(settings)
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.runs import RunStatus
 from gnomon.infra import fetch, kafka, manager, procs
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_brokers]
 
 
 def java_hash(text: str) -> int:

@@ -23,7 +23,7 @@ from outagelib import Result, own_cluster, pct, run_outages
 
 from gnomon.core.runs import RunStatus
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_brokers]
 
 RESUME_S = 30.0  # runs start again within this after the brokers are back
 LAG_P99_S = 1.0  # start lag p99 of the slots from RESUME_S after the return on

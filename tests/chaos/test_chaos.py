@@ -4,7 +4,8 @@ then every ledger and inbox record of the scenario goes through the history chec
 Timeline (lease 8 s, lookahead 10 s so the scenario fits CI):
   two processors, two workers, 40 jobs (every 2/3/5 s; some attempts take 3 s;
   catch-up policies skip/once/all) ->
-  kill -9 processor A; restart it 15 s later ->
+  kill -9 processor A (B takes its partitions over from warm standby copies, as the
+  restore lines of B's log must say); restart A 15 s later ->
   SIGSTOP worker 2 past its lease, SIGCONT (its late completions must be rejected) ->
   kill -9 worker 1 mid-attempt (its leases lapse, others retry); start worker 3 ->
   kill -9 both processors, keep them down 45 s past a 20 s misfire grace (120 s past the
@@ -18,6 +19,7 @@ import secrets
 import signal
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from chaoslib import LONG, Scenario, log
@@ -30,6 +32,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 OUTAGE_S = 120 if LONG else 45  # every processor down: longer than the grace, so catch-up applies
 GRACE_S = 60 if LONG else 20  # the processors' --misfire-grace-s
+
+
+def _restored_since(path: Path, offset: int) -> list[str]:
+    """The "partition N restored:" lines ``path`` has after byte ``offset``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return [ln for ln in f.read().decode(errors="replace").splitlines() if "restored:" in ln]
 
 
 def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -57,8 +66,11 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
         sc.flush()
         log("registered 40 jobs")
         time.sleep(15)
-        sc.signal("pA", signal.SIGKILL)
+        survivor_log = sc.logs / "pB.log"
+        before_kill = survivor_log.stat().st_size
+        sc.signal("pA", signal.SIGKILL)  # pB takes pA's partitions over from its warm standbys
         time.sleep(15)
+        takeover = _restored_since(survivor_log, before_kill)
         sc.processor("pA")
         time.sleep(8)
         sc.signal("w2", signal.SIGSTOP)
@@ -85,6 +97,8 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
         end_ms = int(time.time() * 1000)
     finally:
         sc.stop_all()
+    log("takeover after kill -9: " + "; ".join(ln.split(": ", 1)[-1] for ln in takeover))
+    assert takeover and all("from a warm standby" in ln for ln in takeover), takeover
     report, runs, _last = sc.check(end_ms)
     assert report.ok, report.summary()
     assert report.slots > 1000 and report.duplicates == 0 and report.missed == 0

@@ -19,7 +19,7 @@ from gnomon.core.clock import iso_to_ms, ms_to_iso
 from gnomon.core.runs import RunStatus
 from gnomon.sim import HANDLER, SimCluster, SimFaults
 
-SEEDS = 40
+SEEDS = 200
 AUTH = {"Authorization": "Bearer sim-token"}
 OTHER = {"Authorization": "Bearer other-token"}
 
@@ -88,6 +88,7 @@ def _status(answer: dict[str, Any]) -> int:
     return 200 if answer["status"] == "accepted" else int(answer["problem"]["status"])
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
 def test_retries_with_backoff_then_dead_letter_then_replay(seed: int) -> None:
     sc = Scenario(seed)
@@ -120,6 +121,7 @@ def test_retries_with_backoff_then_dead_letter_then_replay(seed: int) -> None:
     assert rep.ok and rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()}\n{sim.describe()}"
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
 def test_cancel_a_run_staged_ahead_of_its_slot_it_never_runs(seed: int) -> None:
     # faults for the first 8 s (processors killed, stalled, restored), settled before the

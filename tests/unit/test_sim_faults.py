@@ -156,6 +156,30 @@ def test_a_clean_stop_checkpoints_and_the_restart_resumes_from_the_checkpoints()
     assert_clean(c)
 
 
+def test_a_processor_stopped_after_its_partitions_moved_away_does_not_checkpoint_its_stale_store() -> None:
+    """A process frozen past its session (SIGSTOP) and then told to stop: its partitions
+    went to p0, which wrote more to their changelogs meanwhile. Its clean stop must not
+    checkpoint its stores as holding the changelogs to their ends (found by the purge
+    scenario: the restart trusted the stale stores and a finished run went back to
+    RUNNING); the group refuses its commit, so it drops them and rebuilds on the next open."""
+    c = cluster(7, standbys=False)
+    for i in range(8):
+        c.register(f"j{i}", "*/5 * * * * *")
+    c.run_for(4_000, faults=False)
+    had = set(c.processor("p1").tasks)
+    assert had and all(c.log.end_offset(c.topo.runs, p) > 0 for p in had)
+    c.stall("p1", c.cfg.session_timeout_ms + 3_000)
+    c.run_for(c.cfg.session_timeout_ms + 2_500, faults=False)
+    assert all(c.owner(p) == "p0" for p in had), "p0 took the stalled processor's partitions"
+    c.stop("p1", down_ms=500)  # the stop it was told while frozen, handled once it thaws
+    assert c._slot("p1").stores.checkpoints == {}, "a stale store was checkpointed"
+    c.run_for(3_000, faults=False)
+    assert set(c.processor("p1").tasks) == had  # back, rebuilt from the changelogs
+    assert every_owned_partition_matches_its_changelog(c) == c.topo.partitions
+    c.heal(8_000)
+    assert_clean(c)
+
+
 def test_duplicated_and_reordered_deliveries_are_absorbed() -> None:
     c = cluster(6, faults=SimFaults(duplicate=0.3, reorder=0.3))
     c.run_for(15_000)

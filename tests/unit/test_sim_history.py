@@ -1,10 +1,13 @@
-"""The history projector in the whole-system simulation (``SimCluster(history=True)``): the
-real ``HistoryProjector`` reads the in-memory log beside the real processors and workers,
-under every fault of ``SimFaults.mixed()`` plus its own (it crashes without committing;
-the history store refuses writes for a while). After a quiet period, history must hold
-exactly the last committed state of every run and job, every final run must have been
-exported, and the checker must account for every slot once. Then the REST API reads that
-history. A failing seed replays: ``pytest tests/unit/test_sim_history.py -k 'seed-17'``."""
+"""The history projector and the alerter in the whole-system simulation
+(``SimCluster(history=True, alerts=True)``): the real ``HistoryProjector`` and ``Alerter``
+read the in-memory log beside the real processors and workers, under every fault of
+``SimFaults.mixed()`` plus their own (each crashes without committing; the history store
+refuses writes for a while; the alert webhook fails calls and goes down). After a quiet
+period, history must hold exactly the last committed state of every run and job, every
+final run must have been exported, every alert the committed ledger raises must have
+been delivered or given up (and nothing else sent), and the checker must account for
+every slot once. Then the REST API reads that history. A failing seed replays:
+``pytest tests/unit/test_sim_history.py -k 'seed-17'``."""
 
 from __future__ import annotations
 
@@ -38,9 +41,11 @@ def _jobs(c: SimCluster) -> None:
     c.at(now + 10_000, lambda: c.submit(J.DeleteJob("d", TENANT, c.clock.now_ms())))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
-def test_history_converges_to_the_ledger_under_faults(seed: int) -> None:
-    c = SimCluster(seed, faults=SimFaults.mixed(), history=True, step_ms=200, standbys=seed % 3 != 0)
+def test_history_and_alerts_converge_to_the_ledger_under_faults(seed: int) -> None:
+    c = SimCluster(seed, faults=SimFaults.mixed(), history=True, alerts=True, step_ms=200, standbys=seed % 3 != 0)
+    c.set_alerts(late_s=1)
     _jobs(c)
     c.run_for(FAULT_MS)
     c.heal(SETTLE_MS)
@@ -55,6 +60,8 @@ def test_history_converges_to_the_ledger_under_faults(seed: int) -> None:
                 for r in c.log.records(c.topo.run_exports) if r.value is not None}
     assert exported == final, f"not exported: {sorted(final - exported)[:5]}\n{why}"
     assert c.history.list_dead_letters(TENANT, 100, None).items, "x's exhausted runs are dead letters"
+    assert c.alert_gaps() == [], why
+    assert any(key.endswith(":dead_letter:0") for key in c.expected_alerts()), why
 
 
 def test_the_projector_faults_are_really_injected() -> None:
@@ -147,3 +154,55 @@ def test_a_backfill_is_decided_by_the_processor_not_by_history() -> None:
     assert refused["status"] == "refused" and refused["problem"]["status"] == 409, refused
     assert "paused" in refused["problem"]["detail"]
     assert not [s for s in sim.ledger() if s.job_id == job_id and s.slot_ms < t0]  # nothing ran
+
+
+def test_the_alerter_faults_are_really_injected() -> None:
+    """Over a few seeds of the scenario above, the alerter crashes with deliveries queued,
+    the webhook fails calls and goes down: alerts are retried, sent again after a crash
+    (the same key: receivers drop repeats) and some given up, all accounted for."""
+    crashes = outages = repeats = retries = 0
+    given_up: set[str] = set()
+    for seed in range(12):
+        c = SimCluster(seed, faults=SimFaults.mixed(), history=True, alerts=True, step_ms=200,
+                       standbys=seed % 3 != 0)
+        c.set_alerts(late_s=1)
+        _jobs(c)
+        c.run_for(FAULT_MS)
+        c.heal(SETTLE_MS)
+        assert c.alert_gaps() == [], c.describe()
+        assert c.webhook is not None and c.alerter is not None
+        crashes += c.counts.get("alerter_crash", 0)
+        outages += c.counts.get("webhook_outage", 0)
+        repeats += c.webhook.repeats
+        retries += c.alerter.stats.retries
+        given_up |= set(c.given_up)
+    assert crashes > 0 and outages > 0 and repeats > 0 and retries > 0 and given_up, \
+        (crashes, outages, repeats, retries, len(given_up))
+
+
+def test_alerts_set_over_rest_reach_the_webhook_with_what_the_ledger_says() -> None:
+    """``PUT /v1/alerts`` on the API goes to the alert-configs topic; the alerter reads it
+    and sends a dead-letter alert for the exhausted run, a skipped alert for the slot
+    missed while paused, and late alerts for the runs that started after the threshold while no worker was up."""
+    c = SimCluster(3, history=True, alerts=True, step_ms=200, duration_ms=(100, 300))
+    client = TestClient(c.api(), headers={"Authorization": "Bearer sim-token"})
+    r = client.put("/v1/alerts", json={"url": "https://hooks.example.com/gnomon", "lateS": 1})
+    assert r.status_code == 200, r.text
+    c.register("x", "*/4 * * * * *", fail_attempts=9, max_attempts=2)
+    c.register("p", "*/2 * * * * *")
+    now = c.clock.now_ms()
+    c.at(now + 3_000, lambda: c.submit(J.PauseJob("p", TENANT, c.clock.now_ms())))
+    c.at(now + 7_000, lambda: c.submit(J.ResumeJob("p", TENANT, c.clock.now_ms())))
+    for w in (0, 1):  # both workers gone for 4 s: the slots of then start late
+        c.at(now + 12_000, lambda w=w: c.crash_worker(w, down_ms=4_000))  # type: ignore[misc]
+    c.run_for(24_000, faults=False)
+    assert c.alert_gaps() == [], c.describe()
+    assert c.webhook is not None
+    kinds = {a.kind.value for a in c.webhook.delivered.values()}
+    assert kinds == {"dead_letter", "skipped", "late"}, kinds
+    dead = next(a for a in c.webhook.delivered.values() if a.kind.value == "dead_letter")
+    assert dead.job_id == "x" and dead.attempts == 2 and dead.tenant == TENANT
+    skipped = next(a for a in c.webhook.delivered.values() if a.kind.value == "skipped")
+    assert skipped.job_id == "p" and skipped.reason
+    late = next(a for a in c.webhook.delivered.values() if a.kind.value == "late")
+    assert late.lag_ms is not None and late.lag_ms > 1_000 and late.threshold_s == 1

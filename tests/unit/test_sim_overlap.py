@@ -22,14 +22,15 @@ from fastapi.testclient import TestClient
 from gnomon.core.clock import iso_to_ms
 from gnomon.sim import HANDLER, SimCluster, SimFaults
 
-SEEDS = 50
+SEEDS = 200
 AUTH = {"Authorization": "Bearer sim-token"}
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def _cluster(seed: int) -> tuple[SimCluster, TestClient]:
-    sim = SimCluster(seed, faults=replace(SimFaults.mixed(), skew_ms=0), history=True, duration_ms=(10_000, 10_000))
+    sim = SimCluster(seed, faults=replace(SimFaults.mixed(), skew_ms=0), history=True, duration_ms=(10_000, 10_000),
+                     step_ms=200)
     return sim, TestClient(sim.api(), headers=AUTH)
 
 
@@ -71,10 +72,12 @@ def _clean(sim: SimCluster) -> None:
     assert rep.ok and rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()}\n{sim.describe()}"
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
 def test_forbid_skips_slots_while_a_run_is_active(seed: int) -> None:
     sim, items = _run_then_pause(seed, "forbid", 30_000)
-    skipped = [r for r in items if r["status"] == "skipped"]
+    # (the pause at the end skips the slots in its lookahead: "paused")
+    skipped = [r for r in items if r["status"] == "skipped" and r["reason"] != "paused"]
     assert len(skipped) >= 3 and all((r["reason"] or "").startswith("overlap:") for r in skipped), (
         [r["reason"] for r in skipped], sim.describe())
     spans = sorted((iso_to_ms(r["startedAt"]), iso_to_ms(r["finishedAt"]) if r["finishedAt"] else 10**15)
@@ -85,6 +88,7 @@ def test_forbid_skips_slots_while_a_run_is_active(seed: int) -> None:
     _clean(sim)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed-{s}")
 def test_replace_cancels_the_running_one(seed: int) -> None:
     sim, items = _run_then_pause(seed, "replace", 24_000)

@@ -68,6 +68,7 @@ def run_scenario(seed: int) -> tuple[SimCluster, str]:
     return c, name
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", range(200), ids=lambda s: f"seed-{s}")
 def test_seeded_faults_lose_nothing_and_double_nothing(seed: int) -> None:
     c, mix = run_scenario(seed)

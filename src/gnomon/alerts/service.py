@@ -26,7 +26,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,10 +129,15 @@ class Alerter:
         poll_timeout_s: float = 0.5,
         kafka_role: str | None = ROLE,
         on_given_up: Callable[[Alert, str], None] | None = None,
+        executor: Executor | None = None,
+        retry_sleep: Callable[[float], object] | None = None,
     ) -> None:
         """``log``: the event log it reads (default: Kafka at ``bootstrap`` as principal
         ``kafka_role``; the in-memory log in tests); ``feed``: anything with ``poll()``
-        that fills ``book`` (an ``AlertFeed``)."""
+        that fills ``book`` (an ``AlertFeed``). ``executor`` runs the deliveries (default:
+        a pool of ``in_flight_max`` threads) and ``retry_sleep`` is the wait between a
+        delivery's calls (default: until the stop); the simulation passes its own, so
+        deliveries run when it steps them and nothing sleeps."""
         self.book = book
         self.sender = sender
         self.policy = policy or DeliveryPolicy()
@@ -152,7 +157,9 @@ class Alerter:
         self._tenant_in_flight: dict[str, int] = {}
         self._backlog: dict[str, deque[tuple[Alert, str, TP, int]]] = {}
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(self.policy.in_flight_max, thread_name_prefix="gnomon-alert")
+        self._pool: Executor = executor or ThreadPoolExecutor(self.policy.in_flight_max,
+                                                              thread_name_prefix="gnomon-alert")
+        self._retry_sleep = retry_sleep
         if log is None:
             from gnomon.eventlog.kafka import KafkaEventLog
 
@@ -279,7 +286,7 @@ class Alerter:
         p = self.policy
         retry = Retry(p.attempts_max, p.backoff_base_s, p.backoff_cap_s,
                       retriable=lambda exc: isinstance(exc, AlertDeliveryError) and not self._stop.is_set(),
-                      sleep=self._stop.wait)
+                      sleep=self._retry_sleep or self._stop.wait)
 
         def call() -> int:
             with self._lock:

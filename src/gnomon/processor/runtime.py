@@ -62,6 +62,7 @@ log = logging.getLogger("gnomon.processor")
 GROUP_ID = "gnomon-processor"
 ROLE = "processor"  # Kafka principal User:processor (ACLs: gnomon.infra.acls)
 _WRITTEN_AT = "written_at_ms"  # checkpoint file: when it was written (processor clock)
+MEMBERSHIP_CHECK_TIMEOUT_S = 5.0  # a stop's check that the group still counts it the owner
 
 
 # the overload governor hears no start lags for this long after a gap in this processor's
@@ -229,8 +230,19 @@ class Processor:
 
     def _close(self) -> None:
         self.attempts.clear()  # a stop, not a death in a record: nothing to count
-        for p in list(self.tasks):
-            self._release(p)  # clean stop: checkpoint, so a restart only replays the tail
+        # Clean stop: checkpoint, so a restart only replays the tail. The checkpoint says
+        # "this store holds the changelogs up to their ends", true only while no one else
+        # has written them: the ends are read first, then the group must still count this
+        # processor as the owner (a process stopped past its session, e.g. SIGSTOP, then
+        # told to stop, has lost its partitions to another that wrote more; its store is
+        # stale and is dropped, rebuilt on its next open).
+        ends = {p: self._changelog_ends(p) for p in sorted(self.tasks)}
+        if ends and not self._still_owner():
+            log.warning("stopping after the group moved partitions %s away (a stalled process): no checkpoint, "
+                        "their next open rebuilds them", sorted(ends))
+            ends = dict.fromkeys(ends)
+        for p, at in ends.items():
+            self._release(p, checkpoint=at is not None, ends=at)
         if self.standbys is not None:
             checkpoints = self.standbys.checkpoints()
             self.standbys.close()
@@ -284,9 +296,33 @@ class Processor:
     # it), so after a crash (kill -9, a failed commit) the state is rebuilt from the start
     # of the compacted changelogs instead.
 
-    def _release(self, partition: int, *, checkpoint: bool = True) -> None:
+    def _changelog_ends(self, partition: int) -> dict[str, int] | None:
+        try:
+            return {t: self.log.end_offset(t, partition) for t in (self.topo.jobs, self.topo.runs)}
+        except EventLogError as exc:
+            log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
+            return None
+
+    def _still_owner(self) -> bool:
+        """Whether the group still counts this processor as its partitions' owner: its
+        positions (what its last transaction committed, when clean) are committed again
+        with its generation, which the group refuses from a member it has dropped."""
+        if not self._clean:
+            return False
+        try:
+            tps = {tp: off for tp, off in self.consumer.position(self.consumer.assignment()).items() if off >= 0}
+            if not tps:
+                return False
+            self.consumer.commit(tps, MEMBERSHIP_CHECK_TIMEOUT_S)
+        except EventLogError as exc:
+            log.warning("the group no longer counts this processor as the owner (%s)", exc)
+            return False
+        return True
+
+    def _release(self, partition: int, *, checkpoint: bool = True, ends: dict[str, int] | None = None) -> None:
         """Give up an owned partition. Clean (revoked, stopping, after a commit): its store
-        stays warm as a standby, or is checkpointed to disk. Otherwise it is dropped."""
+        stays warm as a standby, or is checkpointed to disk with the changelog ``ends`` it
+        holds (read now if not given). Otherwise it is dropped."""
         task = self.tasks.pop(partition, None)
         self.quota.close(partition)
         self.usage.forget(partition)
@@ -295,12 +331,10 @@ class Processor:
         if checkpoint and not self._clean:
             log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
             checkpoint = False
-        ends: dict[str, int] | None = None
-        if checkpoint:
-            try:
-                ends = {t: self.log.end_offset(t, partition) for t in (self.topo.jobs, self.topo.runs)}
-            except EventLogError as exc:
-                log.warning("no checkpoint for partition %d (%s); next open rebuilds it", partition, exc)
+        if not checkpoint:
+            ends = None
+        elif ends is None:
+            ends = self._changelog_ends(partition)
         if ends is not None and self.standbys is not None:
             self.standbys.adopt(partition, task, ends)
             return
