@@ -318,7 +318,8 @@ class SimCluster:
                  run_cfg: R.RunConfig | None = None, sched_cfg: J.SchedulerConfig | None = None,
                  duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
                  overload_budget_per_tick: int | None = None, worker_stage_max: int | None = None,
-                 history: bool = False, alerts: bool = False) -> None:
+                 history: bool = False, alerts: bool = False,
+                 worker_tenants: tuple[str, ...] = (TENANT,)) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = FakeClock()
@@ -328,6 +329,9 @@ class SimCluster:
         self.step_ms = step_ms
         self.worker_slots = worker_slots
         self.worker_stage_max = worker_stage_max  # None: the Worker's default
+        # worker i serves worker_tenants[i % n] alone: a pool shared by tenants runs only
+        # sandboxed targets, and the simulation's handlers run in process
+        self.worker_tenants = worker_tenants
         self.duration_range = duration_ms
         self.run_cfg = run_cfg or R.RunConfig(lease_ms=8_000, stage_ahead_ms=3_000, timeout_grace_ms=5_000)
         self.sched_cfg = sched_cfg or J.SchedulerConfig(lookahead_ms=5_000)
@@ -385,7 +389,7 @@ class SimCluster:
         runner = StepRunner(clock, self._duration)
         executor = SimExecutor({})
         worker = Worker("default", worker_id=f"w{w.index}.{w.generation}", concurrency_max=self.worker_slots,
-                        clock=clock, topology=self.topo, tenants=[TENANT], log=self.log,
+                        clock=clock, topology=self.topo, tenants=[self.worker_tenants[w.index % len(self.worker_tenants)]], log=self.log,
                         executor=executor, runner=runner, advert_interval_ms=1_000, handback_after_ms=1_000,
                         stage_max=self.worker_stage_max)
         worker.handler(HANDLER)(sim_handler)
@@ -522,14 +526,29 @@ class SimCluster:
         self.client.produce(self.topo.job_commands, cmd.job_id.encode(), codec.encode(cmd))
 
     def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
-                 timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None) -> None:
+                 timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
+                 tenant: str = TENANT, run_at_ms: int | None = None) -> None:
+        """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time), as the API
+        registers it."""
         from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, TargetType
 
-        spec = JobSpec(name=job_id, schedule=Schedule(cron=cron), target=Target(TargetType.HANDLER, handler=HANDLER),
+        schedule = Schedule(run_at_ms=run_at_ms) if run_at_ms is not None else Schedule(cron=cron)
+        spec = JobSpec(name=job_id, schedule=schedule, target=Target(TargetType.HANDLER, handler=HANDLER),
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
                        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),
                        priority=Priority(priority), late_max_s=late_max_s)
-        self.submit(J.RegisterJob(job_id, TENANT, spec, self.clock.now_ms()))
+        self.submit(J.RegisterJob(job_id, tenant, spec, self.clock.now_ms()))
+
+    def set_limits(self, tenant: str, **limits: int) -> None:
+        """The tenant's limits on the tenants topic (as ``PUT /v1/tenants/{tenant}``);
+        the processors read them between batches."""
+        from gnomon.adapters.kafka import partition_for
+        from gnomon.core.tenants import TenantLimits
+
+        topic = self.topo.tenants
+        record = TenantLimits(tenant, **limits, updated_at_ms=self.clock.now_ms())
+        self.log.append(topic, tenant.encode(), codec.encode(record, topic),
+                        partition_for(tenant, self.log.partitions_of(topic)))
 
     # ---- time -----------------------------------------------------------------------------
 

@@ -1,28 +1,23 @@
-"""Tenant quotas and admission on the real stack (API -> Kafka -> processor -> workers ->
-Cassandra -> API), limits set through the admin API and read by the processor from
-gnomon.tenants without a restart.
+"""Tenant limits and admission on the real stack (API -> Kafka -> processor -> Cassandra ->
+API), limits set through the admin API and read by the API and the processor from
+gnomon.tenants without a restart: refusals name the limit, and every job write answers
+the processor's decision.
 
-Tenant quota (a tenant of this test alone, so no other test's runs hold its quota) gets a
-concurrency quota of 2 and 20 runs of 4 s due at once; tenant other's 5 runs are due at
-the same second on the same shared pool. quota never has more than 2 running (spans from
-history), its waiting runs say why, all 20 finish, and other's runs start on time.
+The concurrency quota under faults (a tenant at its quota never exceeds it while another
+starts on time) moved into the simulation: tests/unit/test_sim_quota.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from harness import ADMIN_TOKEN, NEVER_DUE, OTHER_TOKEN, QUOTA_TOKEN, Stack, wait_for
+from harness import ADMIN_TOKEN, NEVER_DUE, OTHER_TOKEN, Stack, wait_for
 
 from gnomon.client import ApiError, Client
-from gnomon.core.clock import iso_to_ms, ms_to_iso
 
 pytestmark = pytest.mark.integration
 
@@ -41,67 +36,6 @@ def limits(stack: Stack) -> Iterator[httpx.Client]:
         for tenant in ("quota", "other"):
             c.delete(f"/v1/tenants/{tenant}")
         time.sleep(1)  # the processor polls gnomon.tenants between batches
-
-
-@pytest.fixture
-def shared_worker(stack: Stack) -> Iterator[None]:
-    """A worker serving both tenants (the session worker serves acme only)."""
-    stack.start("quota-worker", "worker", "--worker-id", "e2e-quota-w", "--concurrency", "16",
-                "--tenant", "quota", "--tenant", "other", "--policy", str(Path(__file__).parent / "quota-policy.toml"))
-    time.sleep(3)  # its adverts reach the processor
-    yield
-    stack.stop("quota-worker")
-
-
-def one_time(client: Client, tag: str, at_ms: int) -> str:
-    body = {"name": f"e2e-quota-{tag}-{secrets.token_hex(3)}", "runAt": ms_to_iso(at_ms),
-            "target": {"type": "command", "argv": ["sleep", str(RUN_S)]}, "timeoutS": 60, "retry": {"max": 1}}
-    return str(client.create_job(body)["id"])
-
-
-def runs_of(client: Client, job_ids: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for job_id in job_ids:
-        try:
-            out.extend(client.list_runs(job_id, limit=10)["items"])
-        except ApiError as exc:
-            if exc.status != 404:  # (history has not seen the job yet)
-                raise
-    return out
-
-
-def test_a_tenant_at_quota_never_exceeds_it_while_another_starts_on_time(
-        stack: Stack, limits: httpx.Client, shared_worker: None) -> None:
-    r = limits.put("/v1/tenants/quota", json={"concurrencyMax": 2})
-    assert r.status_code == 200, r.text
-    time.sleep(1.5)
-    quota = Client(stack.api_url, QUOTA_TOKEN)
-    other = Client(stack.api_url, OTHER_TOKEN)
-    slot = int(time.time() * 1000) + 12_000
-    a_jobs = [one_time(quota, f"a{i}", slot) for i in range(20)]
-    b_jobs = [one_time(other, f"b{i}", slot) for i in range(5)]
-
-    def waiting_reasons() -> list[str]:
-        return [r["reason"] for r in runs_of(quota, a_jobs)
-                if r["status"] == "ready" and (r.get("reason") or "").startswith("waiting for quota")]
-
-    seen_waiting = wait_for(waiting_reasons, 30, "tenant quota's runs shown waiting for quota")
-    assert seen_waiting
-    done = wait_for(lambda: [r for r in runs_of(quota, a_jobs) if r["status"] == "succeeded"]
-                    if len([r for r in runs_of(quota, a_jobs) if r["status"] == "succeeded"]) == 20 else None,
-                    20 * RUN_S / 2 + 60, "all 20 of tenant quota's runs to succeed")
-    spans = sorted((iso_to_ms(r["startedAt"]), iso_to_ms(r["finishedAt"])) for r in done)
-    events = sorted(itertools.chain(((s, 1) for s, _ in spans), ((f, -1) for _, f in spans)),
-                    key=lambda e: (e[0], e[1]))  # an end before a start at the same ms
-    running = peak = 0
-    for _, d in events:
-        running += d
-        peak = max(peak, running)
-    assert peak == 2, f"tenant quota ran {peak} at once with a quota of 2: {spans}"
-    b_runs = runs_of(other, b_jobs)
-    assert len(b_runs) == 5 and all(r["status"] == "succeeded" for r in b_runs), b_runs
-    lags = [r["startLagS"] for r in b_runs]
-    assert max(lags) < 1.0, f"tenant other started late while tenant quota was at its quota: {lags}"
 
 
 def test_admission_refusals_name_the_limit(stack: Stack, limits: httpx.Client) -> None:
