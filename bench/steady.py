@@ -21,7 +21,7 @@ sampled every 5 s (records, and seconds at the ledger's write rate).
 
 Overload (issue 22): ``--high-fraction 0.1`` registers that share of the jobs with priority
 high (the rest normal) and reports, per priority, start lag, slots not started and slots
-recorded skipped with reason ``overload`` (read back from gnomon.run-history), so every
+recorded skipped with reason ``overload`` (read back from the run ledger, gnomon.runs), so every
 measured slot is accounted for:
 
     .venv/bin/python bench/steady.py --jobs 4000 --duration-s 180 --high-fraction 0.1 --api
@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from spike import gnomon_records  # bench/ is on sys.path: the script's own directory
@@ -92,11 +93,12 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 def skipped_slots(bootstrap: str, topic: str, since: dict[int, int], job_ids: set[str], lo_ms: int,
                   hi_ms: int) -> Counter[tuple[str, str]]:
-    """(job, reason) -> slots in [lo_ms, hi_ms) recorded skipped on ``topic`` after ``since``
-    (every-second jobs: a range counts its seconds inside the window)."""
+    """(job, reason) -> slots in [lo_ms, hi_ms) recorded skipped on ``topic`` (the run
+    ledger) after ``since`` (every-second jobs: a range counts its seconds inside the
+    window); a run's last skipped state counts once, however often it was written."""
     ends = end_offsets(bootstrap, topic)
     c = Consumer({**consumer_config(bootstrap, f"bench-{secrets.token_hex(4)}"), "enable.auto.commit": False})
-    out: Counter[tuple[str, str]] = Counter()
+    last: dict[str, Any] = {}
     try:
         c.assign([TopicPartition(topic, p, since.get(p, 0)) for p in ends if ends[p] > since.get(p, 0)])
         left = {p for p in ends if ends[p] > since.get(p, 0)}
@@ -112,14 +114,16 @@ def skipped_slots(bootstrap: str, topic: str, since: dict[int, int], job_ids: se
                 if m.value() is None:
                     continue
                 st = codec.decode(m.value(), topic=topic)
-                if st.status.value != "skipped" or st.job_id not in job_ids:
-                    continue
-                first = st.skipped_from_ms if st.skipped_from_ms is not None else st.slot_ms
-                n = max(0, (min(st.slot_ms, hi_ms - 1) - max(first, lo_ms)) // 1000 + 1)
-                if n:
-                    out[(st.job_id, "overload" if st.reason == "overload" else "other")] += n
+                if st.status.value == "skipped" and st.job_id in job_ids:
+                    last[st.run_id] = st
     finally:
         c.close()
+    out: Counter[tuple[str, str]] = Counter()
+    for st in last.values():
+        first = st.skipped_from_ms if st.skipped_from_ms is not None else st.slot_ms
+        n = max(0, (min(st.slot_ms, hi_ms - 1) - max(first, lo_ms)) // 1000 + 1)
+        if n:
+            out[(st.job_id, "overload" if st.reason == "overload" else "other")] += n
     return out
 
 
@@ -273,7 +277,7 @@ def main() -> None:
                        target=Target(TargetType.HANDLER, handler="noop"), timeout_s=60)
         high_spec = replace(spec, priority=Priority.HIGH)
         t_reg = int(time.time() * 1000)
-        history_from = end_offsets(s.kafka_bootstrap, topo.run_history)
+        history_from = end_offsets(s.kafka_bootstrap, topo.runs)
         for job_id in job_ids:
             while True:
                 try:
@@ -351,7 +355,7 @@ def main() -> None:
         print(f"start lag s (handler start - slot): p50={pct(lags, 50):.3f} p95={pct(lags, 95):.3f} "
               f"p99={pct(lags, 99):.3f} max={max(lags):.3f} min={min(lags):.3f}")
     if high:
-        skipped = skipped_slots(s.kafka_bootstrap, topo.run_history, history_from, set(job_ids), lo, hi)
+        skipped = skipped_slots(s.kafka_bootstrap, topo.runs, history_from, set(job_ids), lo, hi)
         for prio, members in (("high", high), ("normal", set(job_ids) - high)):
             mine = {rid: ms for rid, ms in wanted.items() if rid.partition("@")[0] in members}
             plags = [(ms - mine[rid]) / 1000 for rid, ms in starts if rid in mine]

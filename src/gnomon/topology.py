@@ -30,7 +30,7 @@ from gnomon.config import load
 
 # Topology attribute names, one per topic role (the dispatch family aside).
 ROLES: tuple[str, ...] = (
-    "job_commands", "command_results", "run_events", "jobs", "runs", "run_history", "run_exports", "worker_inbox",
+    "job_commands", "command_results", "run_events", "jobs", "runs", "run_exports", "worker_inbox",
     "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas", "alert_configs",
 )
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
@@ -97,7 +97,6 @@ class Topology:
     jobs: str = field(default_factory=_packaged("jobs"))
     runs: str = field(default_factory=_packaged("runs"))
     run_exports: str = field(default_factory=_packaged("run_exports"))  # core.exports, key run_id
-    run_history: str = field(default_factory=_packaged("run_history"))
     worker_inbox: str = field(default_factory=_packaged("worker_inbox"))
     run_logs: str = field(default_factory=_packaged("run_logs"))
     dead_letters: str = field(default_factory=_packaged("dead_letters"))

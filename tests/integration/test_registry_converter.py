@@ -107,8 +107,8 @@ def test_struct_mode_maps_records_enums_and_optional_fields(classpath: str, regi
     history = replace(_finished_run(), reason="exit code 2")  # one line each in Struct.toString()
     export = export_of(history)
     assert export is not None
-    # and a whole RunState (nested JobSpec, arrays, enums) from the history stream
-    values = [encode(export, EXPORTS), encode(history, load_topology().run_history)]
+    # and a whole RunState (nested JobSpec, arrays, enums), as on the dead-letters topic
+    values = [encode(export, EXPORTS), encode(history, load_topology().dead_letters)]
     got = _decode(classpath, registry_url, values, tmp_path, "struct")
     assert got.returncode == 0, got.stderr[-3000:]
     lines = got.stdout.splitlines()

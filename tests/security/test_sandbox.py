@@ -97,6 +97,24 @@ def test_cancel_kills_the_whole_sandbox() -> None:
     assert wait_until(lambda: not procs_with(marker), 5)
 
 
+def test_a_cancelled_shell_never_runs_its_next_command() -> None:
+    """Killed one by one, the sandbox's processes could let ``sleep`` die before its shell,
+    which then ran ``echo after`` before its own turn (seen in the e2e cancel test): every
+    process is stopped before any is killed."""
+    leaked = []
+    for i in range(12):
+        run = Run(["sh", "-c", f"echo started; sleep 60; echo after-{i}"], timeout_s=60)
+        timer = threading.Timer(0.3, run.ctx.request_stop, args=("cancelled: by the test",))
+        timer.start()
+        result = run()
+        timer.join()
+        assert result.outcome is Outcome.FAILED and "cancelled" in (result.error or ""), result
+        assert "started" in run.out(), run.lines
+        if "after-" in run.out():
+            leaked.append(i)
+    assert leaked == [], f"the shell ran past its killed child in rounds {leaked}"
+
+
 def test_the_worker_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GNOMON_API_TOKENS", "canary-token-123:acme")
     monkeypatch.setenv("GNOMON_KAFKA_PASSWORD", "canary-kafka-456")

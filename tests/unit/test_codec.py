@@ -365,19 +365,19 @@ def test_schema_for_topic_returns_a_copy() -> None:
 
 def test_reframe_reuses_the_body_under_the_other_topics_schema_id() -> None:
     on_runs = encode(RUN, "gnomon.runs")
-    again = default_codec.reframe(on_runs, RUN, "gnomon.runs", "gnomon.run-history")
-    assert again == encode(RUN, "gnomon.run-history")  # byte for byte: the same schema, another id
+    again = default_codec.reframe(on_runs, RUN, "gnomon.runs", "gnomon.dead-letters")
+    assert again == encode(RUN, "gnomon.dead-letters")  # byte for byte: the same schema, another id
     assert again[:5] != on_runs[:5]
-    assert_identical(decode(again, "gnomon.run-history"), RUN)
+    assert_identical(decode(again, "gnomon.dead-letters"), RUN)
 
 
 def test_reframe_encodes_when_the_bytes_or_the_schemas_differ() -> None:
-    foreign = encode(RUN, "gnomon.run-history")  # not the runs ledger's header: encoded afresh
-    assert default_codec.reframe(foreign, RUN, "gnomon.runs", "gnomon.run-history") == foreign
+    foreign = encode(RUN, "gnomon.dead-letters")  # not the runs ledger's header: encoded afresh
+    assert default_codec.reframe(foreign, RUN, "gnomon.runs", "gnomon.dead-letters") == foreign
     codec = Codec(default_codec.registry)
-    key = ("gnomon.runs", "gnomon.run-history", RunState)
-    codec._same_body[key] = False  # as if run-history's subject held another schema version
-    assert codec.reframe(b"\0\0\0\0\0junk", RUN, "gnomon.runs", "gnomon.run-history") == foreign
+    key = ("gnomon.runs", "gnomon.dead-letters", RunState)
+    codec._same_body[key] = False  # as if dead-letters' subject held another schema version
+    assert codec.reframe(b"\0\0\0\0\0junk", RUN, "gnomon.runs", "gnomon.dead-letters") == foreign
 
 
 # ---- a state's spec written once: the spliced encoding is Avro's own ------------------------
@@ -395,7 +395,7 @@ def _plain(obj: Any, topic: str) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize(("cls", "topic"), [(RunState, "gnomon.runs"), (RunState, "gnomon.run-history"),
+@pytest.mark.parametrize(("cls", "topic"), [(RunState, "gnomon.runs"), (RunState, "gnomon.dead-letters"),
                                             (JobState, "gnomon.jobs")], ids=lambda x: getattr(x, "__name__", x))
 @settings(max_examples=80, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())

@@ -27,10 +27,9 @@ def _rendered(path: Path) -> dict[str, str]:
     return connect.parse_properties(connect.render_properties(path.read_text(), VARIABLES))
 
 
-def test_the_run_exports_sinks_and_the_history_sink_are_started_but_not_the_examples() -> None:
+def test_the_run_exports_sinks_are_started_but_not_the_examples() -> None:
     names = {p.name for p in TEMPLATES}
-    assert {"runs-postgres-sink.properties", "runs-jsonl-file-sink.properties",
-            "history-runs-file-sink.properties"} <= names
+    assert names == {"runs-postgres-sink.properties", "runs-jsonl-file-sink.properties"}
     assert not any("s3" in n for n in names)  # connectors/examples/ is documentation only
 
 

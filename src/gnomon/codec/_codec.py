@@ -95,7 +95,6 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("jobs", (JobState,), None),
     ("runs", (RunState,), None),
     ("dead_letters", (RunState,), None),
-    ("run_history", (RunState,), None),
     ("run_exports", (RunExport,), None),
     ("dispatch", (DispatchRun,), None),  # the family of every dispatch topic
     ("worker_inbox", (Grant, Stop, LeaseAck), f"{NAMESPACE}.WorkerMessage"),
@@ -108,10 +107,15 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("alert_configs", (AlertConfig,), None),
 )
 _TOPOLOGY = load_topology()
-TOPICS: tuple[TopicSchema, ...] = tuple(
+# Topics no longer written, whose subjects stay registered (their ids are reserved, and
+# what an old cluster still holds decodes): docs/operations.md, "Migrations".
+RETIRED: tuple[TopicSchema, ...] = (
+    TopicSchema("gnomon.run-history", (RunState,), None),  # until 2026-12-04: exports read run-exports
+)
+TOPICS: tuple[TopicSchema, ...] = (*(
     TopicSchema(_TOPOLOGY.dispatch_family if role == "dispatch" else getattr(_TOPOLOGY, role), types, envelope)
     for role, types, envelope in _VALUES
-)
+), *RETIRED)
 # Types that are not a topic's value but are registered (as references) and decodable.
 _EXTRA_TYPES: tuple[type, ...] = (JobSpec,)
 _BY_TOPIC = {t.topic: t for t in TOPICS}
@@ -352,7 +356,7 @@ class Codec:
     def reframe(self, data: bytes, obj: Any, from_topic: str, to_topic: str) -> bytes:
         """``obj`` encoded for ``to_topic``, given ``data``: ``obj`` encoded for
         ``from_topic``. When both topics' subjects hold the same latest schema (a run's
-        final state on the ledger and on the run-history stream), the body is the same
+        state on the ledger and on the dead-letters topic), the body is the same
         bytes under the other schema id: no second encode. Otherwise ``encode``."""
         key = (topic_schema(from_topic).topic, topic_schema(to_topic).topic, type(obj))
         same = self._same_body.get(key)

@@ -33,8 +33,8 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "api": ("tenants", "tenant_usage", "command_results", "alert_configs"),
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
-    # connectors/history-runs-file-sink.properties; the run-exports sinks (JSON lines, JDBC)
-    "connect": ("run_history", "run_exports"),
+    # the run-exports sinks (JSON lines, JDBC)
+    "connect": ("run_exports",),
     "registry": ("schemas",),  # the schema registry reads its store at start (gnomon.registry)
     "alerter": ("runs", "alert_configs"),  # the ledger and the tenants' webhooks (gnomon.alerts)
 }
@@ -42,7 +42,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
     # alert configs: PUT /v1/alerts (api/alerts.py)
     "api": ("job_commands", "run_events", "tenants", "alert_configs"),
-    "processor": ("run_events", "jobs", "runs", "run_history", "worker_inbox", "dead_letters", "poison",
+    "processor": ("run_events", "jobs", "runs", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),
     "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)

@@ -11,7 +11,7 @@ file is ``<state_dir>/connect/connect.offsets``, exports go to ``<state_dir>/exp
 and the full log to ``<state_dir>/logs/connect/connect.log``.
 
 Authentication: the worker connects to Kafka as the role ``connect`` (SCRAM; read
-``gnomon.run-history``, groups ``connect-*``: ``gnomon.infra.acls``); its credentials are
+``gnomon.run-exports``, groups ``connect-*``: ``gnomon.infra.acls``); its credentials are
 rendered into ``worker.properties`` (``sasl.jaas.config`` and the ``producer.``/
 ``consumer.``/``admin.`` copies), which is therefore written 0600.
 
@@ -26,21 +26,15 @@ exports (``gnomon.run-exports``) go to PostgreSQL (``runs-postgres-sink``, the s
 registry converter against ``Settings.registry_url`` (``$GNOMON_REGISTRY_URL``, default
 http://127.0.0.1:8081, the registry ``gnomon infra up`` starts).
 
-The older run-history export (``connectors/history-runs-file-sink.properties``) holds one
-line per ``gnomon.run-history`` record: the record value, Confluent-framed Avro, in base64.
-:func:`read_export` decodes such a file; ``python -m gnomon.infra.connect decode FILE``
-prints it as JSON lines. See ``connectors/README.md``.
+(The older export of ``gnomon.run-history`` as base64 lines, and its ``decode`` command,
+were removed with that topic on 2026-12-04.) See ``connectors/README.md``.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import json
 import os
 import re
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -438,62 +432,3 @@ def status(settings: Settings, port: int | None = None) -> dict[str, Any]:
 def connect_version(settings: Settings) -> str | None:
     jars = sorted(fetch.lib_dir(settings.state_dir, COMPONENT).glob("connect-runtime-*.jar"))
     return jars[-1].name.removeprefix("connect-runtime-").removesuffix(".jar") if jars else None
-
-
-# --- reading an export --------------------------------------------------------------
-
-
-def iter_export(path: Path) -> Iterator[bytes]:
-    """The record values of a base64 export file (one line each), as on the topic."""
-    with open(path, encoding="ascii") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield base64.b64decode(line, validate=True)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not base64: {line[:40]!r}") from exc
-
-
-def read_export(path: Path) -> list[Any]:
-    """Every record of a base64 export, decoded with ``gnomon.codec`` (RunState, ...)."""
-    from gnomon.codec import decode
-
-    return [decode(value) for value in iter_export(path)]
-
-
-def latest_by_run(records: Sequence[Any]) -> dict[str, Any]:
-    """run_id -> the last RunState for it in ``records`` (an export is append-only and
-    at-least-once: a run appears once per change, possibly repeated after a restart)."""
-    return {r.run_id: r for r in records}
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, bytes):
-        return base64.b64encode(obj).decode("ascii")
-    raise TypeError(f"cannot serialise {type(obj).__name__}")
-
-
-def to_json(record: Any) -> str:
-    """One decoded record as a JSON object (dataclass fields; enums as their values)."""
-    is_instance = dataclasses.is_dataclass(record) and not isinstance(record, type)
-    body = dataclasses.asdict(record) if is_instance else record
-    return json.dumps(
-        {"type": type(record).__name__, **body}, default=_json_default, sort_keys=True
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gnomon.infra.connect decode FILE``: an export as JSON lines on stdout."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0] != "decode":
-        print("usage: python -m gnomon.infra.connect decode FILE", file=sys.stderr)
-        return 2
-    for record in read_export(Path(args[1])):
-        print(to_json(record))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -141,11 +141,11 @@ class ProcessorMetrics:
             if not isinstance(value, RunState):
                 continue
             pool = value.spec.pool
-            if o.topic == topo.run_history:
+            if o.topic == topo.runs and o.final:
                 finished[(value.status.value, pool, value.spec.priority.value)] += 1
                 if value.status is RunStatus.SKIPPED:
                     skipped[(skip_reason(value.reason), pool)] += max(1, value.skipped_count)
-            elif o.topic == topo.dead_letters:
+            if o.topic == topo.dead_letters:
                 other[(self.dead_letters, (pool,))] += 1
             elif o.topic == topo.runs and value.status in (RunStatus.RETRY_WAIT, RunStatus.FAILED):
                 if value.status is RunStatus.RETRY_WAIT:

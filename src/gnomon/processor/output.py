@@ -15,3 +15,4 @@ class Output:
     value: Any  # a codec-encodable object, or None for a tombstone
     partition: int | None = None
     encoded: bytes | None = None  # ``value`` already encoded for ``topic`` (state writes reuse it)
+    final: bool = False  # a ledger write of a run that has just become final (metrics count it)

@@ -515,11 +515,8 @@ class PartitionTask:
         self.in_flight_runs = max(0, self.in_flight_runs + _in_flight(new) - _in_flight(old))
         for k in new_keys - old_keys:
             self._put_index(k)
-        out.append(Output(self.topo.runs, new.run_id, new, self.partition, raw))
-        if new.status.terminal and (old is None or old.status is not new.status):
-            # the history stream (not compacted, never tombstoned): what exports read
-            out.append(Output(self.topo.run_history, new.run_id, new, self.partition,
-                              codec.reframe(raw, new, self.topo.runs, self.topo.run_history)))
+        final = new.status.terminal and (old is None or old.status is not new.status)
+        out.append(Output(self.topo.runs, new.run_id, new, self.partition, raw, final=final))
 
     # ---- restore from changelogs -------------------------------------------------------
 

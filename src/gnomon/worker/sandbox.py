@@ -140,17 +140,20 @@ class Cgroups:
         return found
 
     def kill_all(self, wait_s: float = 5.0) -> bool:
-        """SIGKILL every process left in the groups; True once they are empty."""
+        """SIGKILL every process left in the groups; True once they are empty. Each is
+        stopped (SIGSTOP) before any is killed: killed one by one, a child could die first
+        and its shell run its next command (``sleep 60; echo after``) before its own turn."""
         deadline = time.monotonic() + wait_s
         while True:
-            left = self.pids()
+            left = sorted(self.pids())
             if not left:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
             time.sleep(0.01)
 
     def peak_pids(self) -> int:
