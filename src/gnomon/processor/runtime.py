@@ -305,12 +305,17 @@ class Processor:
 
     def _still_owner(self) -> bool:
         """Whether the group still counts this processor as its partitions' owner: its
-        positions (what its last transaction committed, when clean) are committed again
-        with its generation, which the group refuses from a member it has dropped."""
+        positions (what its last transaction committed, when clean; the group's commits
+        where it has read nothing since its assignment) are committed again with its
+        generation, which the group refuses from a member it has dropped."""
         if not self._clean:
             return False
         try:
-            tps = {tp: off for tp, off in self.consumer.position(self.consumer.assignment()).items() if off >= 0}
+            assigned = self.consumer.assignment()
+            tps = {tp: off for tp, off in self.consumer.position(assigned).items() if off >= 0}
+            if not tps:
+                tps = {tp: off for tp, off in self.consumer.committed(assigned, MEMBERSHIP_CHECK_TIMEOUT_S).items()
+                       if off is not None and off >= 0}
             if not tps:
                 return False
             self.consumer.commit(tps, MEMBERSHIP_CHECK_TIMEOUT_S)
