@@ -85,10 +85,7 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
                 client.delete(job_id)
             except Exception as exc:  # the test's outcome is decided; say what was left behind
                 print(f"demo job {job_id} not deleted: {exc}")
-        # the demo alone (not its process group, as a terminal's Ctrl-C would): it deletes its
-        # jobs while `gnomon dev` still answers, then stops it; with the whole group
-        # interrupted at once each delete waited out the API's answer bound (~45 s in all)
-        os.kill(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
         try:
             proc.wait(45)
         except subprocess.TimeoutExpired:
