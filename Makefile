@@ -73,7 +73,7 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	tests/lanes.sh sweeps $(SWEEPS) integration-e2e $(REAL_STACK)
 	$(BIN)/python -m pytest tests/chaos -q -m chaos -s --durations=15
 
-test-chaos: setup chaos-lanes ## the chaos suite alone, as CI runs it (starts Kafka and Cassandra if they are down)
+test-chaos: setup chaos-lanes ## the chaos suite alone, in two lanes side by side (CI runs it one test at a time; starts Kafka and Cassandra if they are down)
 
 chaos-lanes:
 	tests/lanes.sh chaos-own-brokers $(CHAOS_OWN) chaos $(CHAOS_SHARED)
