@@ -364,7 +364,6 @@ class SimCluster:
         self.alerter: Alerter | None = None
         self.alerter_down_until_ms: int | None = None
         self.given_up: dict[str, str] = {}  # alert key -> why, as the alerter logged it
-        self._alerters = 0
         self._deliveries = StepExecutor()
         if alerts:
             self.webhook = SimWebhook(self.clock, random.Random(f"{seed}/webhook"), self.faults.webhook_fail)
@@ -450,7 +449,6 @@ class SimCluster:
         from gnomon.alerts.feed import AlertFeed
 
         assert self.webhook is not None
-        self._alerters += 1
         self._deliveries = StepExecutor()
         book = AlertBook()
         feed = AlertFeed("", self.topo, book, log=self.log)
