@@ -4,19 +4,20 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# `make test-chaos`: the chaos suite in two lanes side by side (tests/lanes.sh), the tests on
-# Kafka brokers of their own (marker own_brokers) and those on the local stack (its broker,
-# consumer group and Cassandra), each lane one test at a time: 341 s instead of ~700 s on a
-# fresh stack. `make test` runs the suite one test at a time: after e2e on the same stack,
-# the two lanes starved each other's start-lag bounds in two fresh-clone runs (p99 14-59 s
-# against 1-2 s), not yet explained.
+# The chaos suite runs in two lanes side by side (tests/lanes.sh), in `make test` and in
+# `make test-chaos`: the tests on Kafka brokers of their own (marker own_brokers) and those on
+# the local stack (its broker, consumer group and Cassandra), each lane one test at a time:
+# ~345 s instead of ~700 s. The lanes need a local stack with no job left active by earlier
+# suites: e2e's leftovers (per-second jobs of tenants whose workers had stopped) once pushed
+# both lanes' start-lag p99 to 40-43 s against bounds of 1-2 s; with them deleted (the e2e
+# session now deletes what it leaves) the same run gave 0.06-0.15 s (docs/testing.md).
 CHAOS_OWN := "$(BIN)/python -m pytest tests/chaos -q -m 'chaos and own_brokers' -s --durations=5"
 CHAOS_SHARED := "$(BIN)/python -m pytest tests/chaos -q -m 'chaos and not own_brokers' -s --durations=5"
 # `make test` runs the simulation's seed sweeps (marker sweep: pure CPU, no services) at idle
 # priority (tests/idle.sh) beside integration and e2e, on the cores those leave idle while
-# they wait on processes and brokers; the chaos suite runs after both, alone (beside it,
-# even at idle priority, the sweeps pushed the broker-outage test's start lag p99 to 0.94 s
-# of its 1 s bound).
+# they wait on processes and brokers; the chaos suite runs after both, without them (beside
+# it, even at idle priority, the sweeps pushed the broker-outage test's start lag p99 to
+# 0.94 s of its 1 s bound).
 SWEEPS := "tests/idle.sh $(BIN)/python -m pytest tests/unit -q -n 2 -m sweep"
 REAL_STACK := "$(BIN)/python -m pytest tests/integration tests/security -q -m integration --durations=10 \
 	&& $(BIN)/python -m pytest tests/e2e -q -m integration --durations=15"
@@ -58,9 +59,8 @@ run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a dem
 	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
 
 # CI time: the services start (first run: fetched from Maven Central) while the pure suites
-# run on both cores (pytest-xdist). The chaos suite runs serially: the broker-loss test's own
-# 3-broker cluster, started beside the other chaos tests, starved them of CPU on a 2-core
-# machine (a takeover after kill -9 outlasted its scenario; runs stayed unpurged).
+# run on both cores (pytest-xdist); then integration and e2e beside the seed sweeps, then the
+# chaos suite in its two lanes.
 test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security, integration + e2e + chaos on real Kafka and Cassandra
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src
@@ -71,9 +71,9 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	wait $$infra; cat $$out/infra-up.log; \
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
 	tests/lanes.sh sweeps $(SWEEPS) integration-e2e $(REAL_STACK)
-	$(BIN)/python -m pytest tests/chaos -q -m chaos -s --durations=15
+	tests/lanes.sh chaos-own-brokers $(CHAOS_OWN) chaos $(CHAOS_SHARED)
 
-test-chaos: setup chaos-lanes ## the chaos suite alone, in two lanes side by side (CI runs it one test at a time; starts Kafka and Cassandra if they are down)
+test-chaos: setup chaos-lanes ## the chaos suite alone, in its two lanes side by side, as CI runs it (starts Kafka and Cassandra if they are down)
 
 chaos-lanes:
 	tests/lanes.sh chaos-own-brokers $(CHAOS_OWN) chaos $(CHAOS_SHARED)

@@ -1,1 +1,1 @@
-from harness import callback_server, stack  # noqa: F401  (fixtures)
+from harness import callback_server, no_jobs_left_behind, stack  # noqa: F401  (fixtures)

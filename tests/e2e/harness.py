@@ -116,6 +116,20 @@ class Recorder(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_jobs_left_behind() -> Iterator[None]:
+    """Whatever jobs the session's tests (and the demo) leave active or paused are deleted
+    when it ends (``delete_jobs_since``)."""
+    from gnomon.config import load
+    from gnomon.infra import manager
+    from gnomon.topology import load_topology
+
+    manager.up(load())
+    start = end_offsets(load().kafka_bootstrap, load_topology().jobs)
+    yield
+    print(f"\ndeleted {delete_jobs_since(start)} job(s) the e2e tests left behind")
+
+
 @pytest.fixture(scope="session")
 def callback_server() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
@@ -171,6 +185,61 @@ def end_offsets(bootstrap: str, topic: str) -> list[Any]:
                 for p in sorted(md.topics[topic].partitions)]
     finally:
         c.close()
+
+
+def delete_jobs_since(start: list[Any], timeout_s: float = 60) -> int:
+    """Delete every job whose state was written from ``start`` (offsets of gnomon.jobs) on
+    and is not deleted or done: the jobs the session's tests (and the demo) left behind.
+    Left active on the shared stack, their runs would pile up for workers that are gone and
+    load the processors of whatever runs next (the chaos suite). Returns how many."""
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    from gnomon import codec
+    from gnomon.adapters.kafka import consumer_config, producer_config
+    from gnomon.codec import DecodeError
+    from gnomon.config import load
+    from gnomon.core.jobs import DeleteJob, JobState, JobStatus
+    from gnomon.topology import load_topology
+
+    bootstrap, topo = load().kafka_bootstrap, load_topology()
+    ends = {tp.partition: tp.offset for tp in end_offsets(bootstrap, topo.jobs)}
+    pending = {tp.partition for tp in start if ends[tp.partition] > tp.offset}
+    last: dict[str, JobState] = {}
+    c = Consumer(consumer_config(bootstrap, "e2e-leftovers", **{"enable.partition.eof": True}))
+    try:
+        c.assign(start)
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF and (msg.offset() or 0) >= ends[msg.partition() or 0]:
+                    pending.discard(msg.partition() or 0)
+                continue
+            if (msg.offset() or 0) + 1 >= ends[msg.partition() or 0]:
+                pending.discard(msg.partition() or 0)
+            if msg.value() is None:  # a deleted job's tombstone
+                last.pop((msg.key() or b"").decode(), None)
+                continue
+            try:
+                state = codec.decode(msg.value())
+            except DecodeError:
+                continue
+            if isinstance(state, JobState):
+                last[state.job_id] = state
+    finally:
+        c.close()
+    left = [j for j in last.values() if j.status in (JobStatus.ACTIVE, JobStatus.PAUSED)]
+    for j in left:
+        print(f"left behind: {j.job_id} ({j.tenant}, {j.status.value}, {j.spec.name})")
+    producer = Producer(producer_config(bootstrap))
+    now = int(time.time() * 1000)
+    for j in left:
+        producer.produce(topo.job_commands, key=j.job_id.encode(), value=codec.encode(DeleteJob(j.job_id, j.tenant, now)))
+    producer.flush(30)
+    return len(left)
 
 
 class LedgerWatch:

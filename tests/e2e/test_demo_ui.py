@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,18 +80,20 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         wait_for(registered, 90, "the demo's jobs")
         yield url, ids
     finally:
-        client = Client(url, dev_token(load()))
-        for job_id in ids.values():
-            try:
-                client.delete(job_id)
-            except Exception as exc:  # the test's outcome is decided; say what was left behind
-                print(f"demo job {job_id} not deleted: {exc}")
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        # as a terminal's Ctrl-C (to the demo's process group; `gnomon dev` runs in a session
+        # of its own): the demo deletes its jobs while the API still answers, then stops
+        interrupted = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(45)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        print(f"\ndemo output in {out}; `gnomon dev` logs in {load().state_dir / 'logs'}")
+        stopped_s = time.monotonic() - interrupted
+        print(f"\ndemo stopped {stopped_s:.1f} s after Ctrl-C; its output in {out}; "
+              f"`gnomon dev` logs in {load().state_dir / 'logs'}")
+        said = out.read_text(errors="replace")
+        if ids and "deleted the 4 demo jobs" not in said:
+            pytest.fail("Ctrl-C did not delete the demo's jobs:\n" + said[-1500:])
 
 
 def test_every_ui_page_over_the_demos_own_jobs(demo: tuple[str, dict[str, str]]) -> None:

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import ConfigResource
 
 from gnomon.adapters.kafka import aiokafka_security, security_config
 from gnomon.config import Settings
-from gnomon.infra import cassandra, fetch, kafka, manager, topics
+from gnomon.infra import cassandra, kafka, manager, topics
 
 pytestmark = pytest.mark.integration
 
@@ -141,47 +140,6 @@ def test_confluent_producer_and_aiokafka_transactions_interoperate(infra: Settin
     assert got == [b"from-confluent", b"from-aiokafka-tx"]
 
 
-@pytest.mark.slow
-def test_three_node_cluster(infra: Settings, tmp_path: Path) -> None:
-    """Three KRaft nodes on other ports: replication factor 3, min ISR 2; then down."""
-    settings = Settings(state_dir=tmp_path, kafka_port=19092, kafka_controller_port=19093,
-                        credentials_path=infra.credentials_dir)  # the same users: clients just work
-    (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "kafka").symlink_to(fetch.lib_dir(infra.state_dir, "kafka"))  # no refetch
-    try:
-        st = manager.up(settings, kafka_nodes=3, components=("kafka",))
-        assert st["kafka"]["state"] == "up" and len(st["kafka"]["pids"]) == 3
-        client = kafka.admin(kafka.bootstrap(settings, 3))
-        md = client.list_topics(timeout=10)
-        for _ in range(20):  # the broker this client asks may learn of new topics a moment later
-            if "gnomon.runs" in md.topics:
-                break
-            time.sleep(0.5)
-            md = client.list_topics(timeout=10)
-        assert sorted(md.brokers) == [1, 2, 3]
-        assert all(len(p.replicas) == 3 for p in md.topics["gnomon.runs"].partitions.values())
-        res = ConfigResource("topic", "gnomon.runs")
-        for attempt in range(20):  # the broker asked may not know the topic yet (seen in CI)
-            try:
-                configs = client.describe_configs([res])[res].result()
-                break
-            except KafkaException:
-                if attempt == 19:
-                    raise
-                time.sleep(0.5)
-        assert configs["min.insync.replicas"].value == "2"
-        # authentication and ACLs hold on three nodes too (inter-broker SCRAM, PLAIN quorum)
-        from confluent_kafka import Consumer, KafkaError
-
-        from gnomon.adapters.kafka import consumer_config
-
-        c = Consumer(consumer_config(kafka.bootstrap(settings, 3), "gnomon-worker-inbox", role="worker"))
-        try:
-            err = c.list_topics("gnomon.jobs", timeout=10).topics["gnomon.jobs"].error
-            assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
-        finally:
-            c.close()
-    finally:
-        stopped = manager.down(settings)
-    assert sorted(stopped) == ["kafka-1", "kafka-2", "kafka-3"]
-    assert manager.status(settings)["kafka"]["state"] == "down"
+# Three KRaft nodes (replication factor 3, min ISR 2, authentication and ACLs on three
+# nodes, then down): checked in tests/chaos/test_broker_loss.py, which starts such a cluster
+# anyway (`three_nodes_up`), rather than starting one more here.

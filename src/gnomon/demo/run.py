@@ -5,11 +5,18 @@
 Starts Kafka and Cassandra (fetched from Maven Central on first use), then `gnomon dev`
 (processor, worker, projector, API), registers four jobs and refreshes a table of their
 latest runs every 2 s. Ctrl-C deletes the demo's jobs and stops everything it started.
+
+`gnomon dev` runs in a session of its own, so a terminal's Ctrl-C reaches the demo alone:
+the demo deletes its jobs while the API and the processor still answer, then stops
+`gnomon dev` (which stops its children). Were they in the terminal's process group, the
+interrupt would stop the API before the deletes. Should the demo die without stopping it,
+`gnomon dev` gets SIGTERM from the kernel (the parent-death signal) and stops too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import signal
 import subprocess
@@ -24,7 +31,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gnomon.client import Client
+from gnomon.client import ApiError, Client
 from gnomon.config import load
 from gnomon.core.clock import ms_to_iso
 
@@ -83,6 +90,9 @@ def _delete_demo(client: Client | None, ids: dict[str, str]) -> None:
     for job_id in ids.values():
         try:
             client.delete(job_id)
+        except ApiError as exc:
+            if exc.status != 404:  # 404: deleted already (`gnomon jobs delete`, the UI)
+                left.append(job_id)
         except Exception:  # the API or Kafka is away: say so, keep stopping
             left.append(job_id)
     if left:
@@ -119,6 +129,18 @@ def table(client: Client, ids: dict[str, str]) -> Table:
     return t
 
 
+def _terminate_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the demo's process dies (Linux prctl
+    PR_SET_PDEATHSIG), however it dies; elsewhere nothing."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=float, default=0, help="stop after this long (0 = until Ctrl-C)")
@@ -134,7 +156,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGHUP, interrupt)
-    dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"])
+    dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"],
+                           start_new_session=True, preexec_fn=_terminate_with_parent)
     ids: dict[str, str] = {}
     client: Client | None = None
     try:
@@ -162,7 +185,7 @@ def main() -> None:
             try:
                 dev.wait(30)
             except subprocess.TimeoutExpired:
-                dev.kill()
+                os.killpg(dev.pid, signal.SIGKILL)  # its session: `gnomon dev` and its children
         server.shutdown()
         console.print("stopped gnomon (Kafka and Cassandra keep running: `make infra-down` stops them)")
 
