@@ -94,12 +94,15 @@ def _exit_if_stalled(dog: Watchdog | None) -> None:
 
 def _interrupt_on_signals() -> None:
     """SIGTERM and SIGHUP (a closed terminal) stop like Ctrl-C: a supervisor killed without
-    stopping its children would leave them running, holding their ports."""
+    stopping its children would leave them running, holding their ports. SIGINT is set
+    too: a non-interactive shell starts its background jobs with SIGINT ignored, and
+    Python then installs no KeyboardInterrupt for it."""
     def handler(_sig: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stop_on_signals(stop: threading.Event | object) -> None:

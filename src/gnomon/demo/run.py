@@ -156,6 +156,10 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGHUP, interrupt)
+    # Ctrl-C too, even when SIGINT came in ignored: a non-interactive shell starts its
+    # background jobs (`make run &`, a CI script's) with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt for it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"],
                            start_new_session=True, preexec_fn=_terminate_with_parent)
     ids: dict[str, str] = {}
