@@ -75,7 +75,9 @@ def fuzz_settings(examples: int) -> settings:
                     phases=phases, print_blob=False, suppress_health_check=list(HealthCheck))
 
 
-pytestmark = pytest.mark.usefixtures("quiet_logs")
+# pure CPU and the slowest of the unit suite (~40 s): `make test` runs it with the seed
+# sweeps, at idle priority beside integration and e2e, not on the path to the services
+pytestmark = [pytest.mark.usefixtures("quiet_logs"), pytest.mark.sweep]
 
 
 @dataclass
