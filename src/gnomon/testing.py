@@ -31,7 +31,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import FakeClock, SystemClock
 from gnomon.core.errors import GnomonError
-from gnomon.core.messages import DispatchRun, Grant, Stop
+from gnomon.core.messages import Grant, Stop
 from gnomon.core.priorities import WeightedPicker
 from gnomon.core.quota import QuotaBook
 from gnomon.core.replies import CommandResult
@@ -180,7 +180,6 @@ class InMemoryCluster:
     policy: FakeWorkerPolicy = field(default_factory=FakeWorkerPolicy)
     workers: int = 3
     encode_through_codec: bool = True
-    staging: bool = True  # False: the legacy pull path (dispatch hints + claims)
     worker_slots: int = 100
     advert_interval_ms: int = 1000
     # history (the projector) has every ledger record older than this: finished runs past
@@ -192,9 +191,8 @@ class InMemoryCluster:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.topo = Topology(partitions=self.partitions, pools=("default", "batch"),
-                             priorities=("high", "normal", "low"), dispatch_format=load_topology().dispatch_format)
-        self.directory = WorkerDirectory() if self.staging else None
+        self.topo = Topology(partitions=self.partitions, pools=("default", "batch"))
+        self.directory = WorkerDirectory()
         self.tenants = self.tenants or TenantBook()
         self.quota = QuotaBook(self.tenants, self.partitions)
         self.tasks = {p: PartitionTask(p, FloorKV(MemoryKV()), self.topo, self.sched_cfg, self.run_cfg,
@@ -207,7 +205,6 @@ class InMemoryCluster:
         self.started: list[tuple[str, int, str]] = []  # (run_id, start ms, worker) as a handler would see it
         self._last_advert_ms = -(10**15)
         self.inputs: dict[int, deque[Any]] = {p: deque() for p in range(self.partitions)}
-        self.dispatch: deque[DispatchRun] = deque()
         self.inbox: deque[Grant | Stop] = deque()
         self.attempts: dict[tuple[str, str], _Attempt] = {}
         self.log: list[tuple[int, Any]] = []  # (time, record) of every input and output
@@ -236,9 +233,6 @@ class InMemoryCluster:
             if o.topic == self.topo.run_events:
                 assert o.partition is not None
                 self._enqueue(o.partition, o.value)
-            elif self.topo.is_dispatch(o.topic):
-                self.log.append((self.clock.now_ms(), o.value))
-                self.dispatch.append(o.value)
             elif o.topic == self.topo.worker_inbox:
                 self.log.append((self.clock.now_ms(), o.value))
                 self.inbox.append(o.value)
@@ -288,7 +282,7 @@ class InMemoryCluster:
             del self.attempts[key]
 
     def _advertise(self, now: int) -> None:
-        if self.directory is None or now - self._last_advert_ms < self.advert_interval_ms:
+        if now - self._last_advert_ms < self.advert_interval_ms:
             return
         self._last_advert_ms = now
         for i in range(self.workers):
@@ -315,11 +309,6 @@ class InMemoryCluster:
     def _workers_step(self) -> bool:
         now = self.clock.now_ms()
         busy = False
-        while self.dispatch:
-            busy = True
-            hint = self.dispatch.popleft()
-            worker = f"w{self.rng.randrange(self.workers)}"
-            self.submit(R.ClaimRun(hint.run_id, worker, now))
         while self.inbox:
             busy = True
             msg = self.inbox.popleft()

@@ -6,8 +6,9 @@ topic names are written.
 * every topic's name by its *role* (``topo.job_commands``, ``topo.runs``, ...): each
   ``[topics."<name>"]`` table says ``role = "<attribute>"``, and every role of
   :data:`ROLES` must be declared exactly once;
-* every topic's Kafka spec (:class:`TopicSpec`, ``topo.topics``), the ``[dispatch]``
-  family expanded to one topic per pool x priority through ``name_format``;
+* every topic's Kafka spec (:class:`TopicSpec`, ``topo.topics``);
+* the worker pools a job may name (``[pools]``, ``topo.pools``) and the priority tiers
+  (``topo.priorities``, the :class:`~gnomon.core.model.Priority` values);
 * what each processor consumes and produces (``[processors.<name>]``,
   ``topo.processors``), checked against the declared topics;
 * ``[defaults]``: ``partitions`` (1 if not given), ``replication_factor`` and
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from gnomon.config import load
+from gnomon.core.model import Priority
 
-# Topology attribute names, one per topic role (the dispatch family aside).
+# Topology attribute names, one per topic role.
 ROLES: tuple[str, ...] = (
     "job_commands", "command_results", "run_events", "jobs", "runs", "run_exports", "worker_inbox",
     "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas", "alert_configs",
@@ -36,8 +38,7 @@ ROLES: tuple[str, ...] = (
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
 CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs")
 _TOPIC_KEYS = frozenset({"role", "key", "partitions", "cleanup_policy", "retention_ms", "config"})
-_DISPATCH_KEYS = frozenset({"pools", "priorities", "name_format", "partitions", "cleanup_policy", "retention_ms",
-                            "config"})
+_POOLS_KEYS = frozenset({"names"})
 _PROCESSOR_KEYS = frozenset({"consumes", "changelog", "consumes_also", "produces"})
 
 
@@ -48,7 +49,7 @@ class TopicSpec:
     cleanup_policy: str = "delete"
     retention_ms: int | None = None
     extra_config: dict[str, str] = field(default_factory=dict)
-    role: str | None = None  # its Topology attribute; None for a dispatch topic
+    role: str | None = None  # its Topology attribute
 
     def config(self, min_insync_replicas: int) -> dict[str, str]:
         """Topic-level Kafka configs (strings, as the admin API wants them)."""
@@ -89,8 +90,6 @@ def _packaged(role: str) -> Callable[[], str]:
 class Topology:
     partitions: int
     pools: tuple[str, ...]
-    priorities: tuple[str, ...]
-    dispatch_format: str
     job_commands: str = field(default_factory=_packaged("job_commands"))
     command_results: str = field(default_factory=_packaged("command_results"))  # core.replies, key job_id
     run_events: str = field(default_factory=_packaged("run_events"))
@@ -106,34 +105,19 @@ class Topology:
     tenant_usage: str = field(default_factory=_packaged("tenant_usage"))  # per-partition usage, "<tenant>/<p>"
     schemas: str = field(default_factory=_packaged("schemas"))  # the schema registry's store (gnomon.registry)
     alert_configs: str = field(default_factory=_packaged("alert_configs"))  # alert webhooks (core.alerts), key tenant
-    topics: tuple[TopicSpec, ...] = ()  # every topic, dispatch ones included ((): not from a file)
+    topics: tuple[TopicSpec, ...] = ()  # every topic ((): not from a file)
     processors: tuple[ProcessorSpec, ...] = ()
     replication_factor: int = 1
     min_insync_replicas: int = 1
 
-    def dispatch_topic(self, pool: str, priority: str) -> str:
-        return self.dispatch_format.format(pool=pool, priority=priority)
-
-    def dispatch_topics(self, pool: str) -> list[str]:
-        return [self.dispatch_topic(pool, p) for p in self.priorities]
-
     @property
-    def dispatch_prefix(self) -> str:
-        """What every dispatch topic's name starts with: ``name_format`` up to its first ``{``."""
-        return self.dispatch_format.split("{", 1)[0]
-
-    @property
-    def dispatch_family(self) -> str:
-        """The dispatch topics' common name (the prefix without its separator), which
-        names their one value subject ``<family>-value``."""
-        return self.dispatch_prefix.rstrip(".-_")
+    def priorities(self) -> tuple[str, ...]:
+        """The priority tiers, highest first (the :class:`~gnomon.core.model.Priority` values)."""
+        return tuple(p.value for p in Priority)
 
     def roles(self) -> dict[str, str]:
         """Role (attribute) -> topic name, for every role of :data:`ROLES`."""
         return {role: str(getattr(self, role)) for role in ROLES}
-
-    def is_dispatch(self, topic: str) -> bool:
-        return topic.startswith(self.dispatch_prefix)
 
 
 def _str_list(value: Any, where: str) -> tuple[str, ...]:
@@ -184,14 +168,16 @@ def parse_topology(data: Mapping[str, Any], source: str = "topology") -> Topolog
         spec = next(s for s in specs if s.role == role)
         if spec.partitions != parts:
             raise ValueError(f"{source}: {spec.name} must have {parts} partitions (co-partitioned by job_id)")
-    dispatch = data.get("dispatch")
-    if not isinstance(dispatch, Mapping) or "name_format" not in dispatch:
-        raise ValueError(f"{source}: [dispatch] with a name_format is required")
-    _unknown_keys(dispatch, _DISPATCH_KEYS, f"{source}: [dispatch]")
-    fmt = str(dispatch["name_format"])
-    pools = _str_list(dispatch.get("pools", []), f"{source}: [dispatch].pools")
-    priorities = _str_list(dispatch.get("priorities", []), f"{source}: [dispatch].priorities")
-    specs += [_spec(fmt.format(pool=pool, priority=p), dispatch, parts, None) for pool in pools for p in priorities]
+    if "dispatch" in data:
+        raise ValueError(f"{source}: [dispatch] is gone (the old pull path's topics); name the pools in "
+                         "[pools] names = [...]: docs/operations.md, \"Migrations\"")
+    pools_table = data.get("pools")
+    if not isinstance(pools_table, Mapping) or "names" not in pools_table:
+        raise ValueError(f"{source}: [pools] with names = [...] is required")
+    _unknown_keys(pools_table, _POOLS_KEYS, f"{source}: [pools]")
+    pools = _str_list(pools_table["names"], f"{source}: [pools].names")
+    if not pools:
+        raise ValueError(f"{source}: [pools].names must name at least one pool")
     all_names = [s.name for s in specs]
     dupes = sorted({n for n in all_names if all_names.count(n) > 1})
     if dupes:
@@ -217,8 +203,6 @@ def parse_topology(data: Mapping[str, Any], source: str = "topology") -> Topolog
     return Topology(
         partitions=parts,
         pools=pools,
-        priorities=priorities,
-        dispatch_format=fmt,
         **names,
         topics=tuple(specs),
         processors=tuple(processors),

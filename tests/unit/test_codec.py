@@ -168,6 +168,7 @@ def test_topic_choice() -> None:
     assert decode(dead, topic="gnomon.dead-letters") == RUN
     with pytest.raises(DecodeError, match=r"not gnomon\.runs-value"):
         decode(dead, topic="gnomon.runs")
+    # retired (the old pull path's hints): what an old cluster holds still decodes
     dispatch = DispatchRun("r", "j", "t", 1, "batch", "low", 1, 2)
     assert decode(encode(dispatch, topic="gnomon.dispatch.batch.low"), topic="gnomon.dispatch.default.high") == dispatch
     with pytest.raises(EncodeError):

@@ -171,8 +171,7 @@ def test_patches_are_merged_by_the_processor_in_log_order() -> None:
 
 
 def test_the_processor_checks_patches_against_its_topologys_pools() -> None:
-    topo = Topology(partitions=1, pools=("default", "gpu"), priorities=("high", "normal", "low"),
-                    dispatch_format="gnomon.dispatch.{pool}.{priority}")
+    topo = Topology(partitions=1, pools=("default", "gpu"))
     task = PartitionTask(0, MemoryKV(), topo)
     task.handle(J.RegisterJob("job1", "t", spec(), 0), 0)
     task.handle(J.PatchJob("job1", "t", J.canonical_patch({"pool": "gpu"}), 1, 1), 1)

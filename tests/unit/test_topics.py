@@ -18,27 +18,26 @@ TOPOLOGY = REPO_ROOT / "streams" / "topology.toml"
 
 
 def _doc(**over: Any) -> dict[str, Any]:
-    """A minimal valid topology document: one topic per role, one dispatch topic."""
+    """A minimal valid topology document: one topic per role, one pool."""
     doc: dict[str, Any] = {
         "defaults": {"partitions": 4},
         "topics": {f"t.{role}": {"role": role} for role in ROLES},
-        "dispatch": {"pools": ["p"], "priorities": ["hi"], "name_format": "t.dispatch.{pool}.{priority}"},
+        "pools": {"names": ["p"]},
     }
     doc.update(over)
     return doc
 
 
-def test_repo_topology_expands_dispatch_and_defaults() -> None:
+def test_repo_topology_declares_its_topics_pools_and_defaults() -> None:
     specs = {s.name: s for s in topic_specs(TOPOLOGY)}
     topo = load_topology(TOPOLOGY)
     assert specs[topo.runs] == TopicSpec(topo.runs, 8, "compact", None,
                                          {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
                                           "delete.retention.ms": "3600000"}, role="runs")
     assert specs[topo.job_commands].retention_ms == 604800000
-    dispatch = sorted(n for n in specs if topo.is_dispatch(n))
-    assert len(dispatch) == 6 and topo.dispatch_topic("batch", "low") in dispatch
-    assert specs[topo.dispatch_topic("default", "high")].retention_ms == 86400000
-    assert specs[topo.dispatch_topic("default", "high")].role is None
+    assert all(s.role is not None for s in specs.values()) and len(specs) == len(ROLES)
+    assert not any(n.startswith("gnomon.dispatch") for n in specs)  # the old pull path's topics are gone
+    assert topo.pools == ("default", "batch") and topo.priorities == ("high", "normal", "low")
 
 
 def test_every_role_is_a_declared_topic_and_the_names_come_from_the_file() -> None:
@@ -46,11 +45,9 @@ def test_every_role_is_a_declared_topic_and_the_names_come_from_the_file() -> No
     topo = load_topology(TOPOLOGY)
     assert topo.roles() == {t["role"]: name for name, t in data["topics"].items()}
     assert set(topo.roles()) == set(ROLES)
-    assert topo.dispatch_format == data["dispatch"]["name_format"]
-    assert topo.dispatch_prefix == data["dispatch"]["name_format"].split("{")[0]
-    assert topo.dispatch_family + "." == topo.dispatch_prefix
+    assert topo.pools == tuple(data["pools"]["names"])
     # a Topology built by hand (tests) gets the packaged names
-    assert Topology(1, ("default",), ("high",), topo.dispatch_format).runs == topo.runs
+    assert Topology(1, ("default",)).runs == topo.runs
 
 
 def test_partitions_default_and_override() -> None:
@@ -61,7 +58,6 @@ def test_partitions_default_and_override() -> None:
     specs = {s.name: s for s in topo.topics}
     assert specs["t.jobs"] == TopicSpec("t.jobs", 4, "compact", role="jobs")
     assert specs["t.workers"] == TopicSpec("t.workers", 2, "delete", 10, role="workers")
-    assert specs["t.dispatch.p.hi"] == TopicSpec("t.dispatch.p.hi", 4)
     assert (topo.partitions, topo.replication_factor, topo.min_insync_replicas) == (4, 1, 1)
     no_defaults = parse_topology(_doc(defaults={}))
     assert no_defaults.partitions == 1 and {s.partitions for s in no_defaults.topics} == {1}
@@ -72,10 +68,11 @@ def test_file_is_read(tmp_path: Path) -> None:
     lines = ["[defaults]", "partitions = 3"]
     for role in ROLES:
         lines += [f'[topics."x.{role}"]', f'role = "{role}"']
-    lines += ["[dispatch]", 'pools = ["a"]', 'priorities = ["b"]', 'name_format = "x.d.{pool}.{priority}"']
+    lines += ["[pools]", 'names = ["a"]']
     path.write_text("\n".join(lines) + "\n")
     specs = topic_specs(path)
-    assert len(specs) == len(ROLES) + 1 and {s.partitions for s in specs} == {3}
+    assert len(specs) == len(ROLES) and {s.partitions for s in specs} == {3}
+    assert load_topology(path).pools == ("a",)
     assert load_topology(path).runs == "x.runs"
 
 
@@ -86,9 +83,10 @@ def test_file_is_read(tmp_path: Path) -> None:
     (lambda d: d["topics"].update({"t.other": {"role": "runs"}}), "role runs is already t.runs"),
     (lambda d: d["topics"]["t.runs"].update(partitions=2), "co-partitioned"),
     (lambda d: d["topics"]["t.runs"].update(partition=2), "unknown keys partition"),
-    (lambda d: d.pop("dispatch"), "name_format"),
-    (lambda d: d["topics"].update({"t.dispatch.p.hi": {"role": "poison"}}) or d["topics"].pop("t.poison"),
-     "twice: t.dispatch.p.hi"),
+    (lambda d: d.pop("pools"), "pools. with names"),
+    (lambda d: d["pools"].update(names=[]), "at least one pool"),
+    (lambda d: d["pools"].update(name=["p"]), "unknown keys name"),
+    (lambda d: d.update(dispatch={"name_format": "t.d.{pool}.{priority}"}), "dispatch. is gone"),
     (lambda d: d.update(processors={"x": {"consumes": ["t.nope"]}}), "not declared in .topics.: t.nope"),
     (lambda d: d.update(processors={"x": {"consume": ["t.runs"]}}), "unknown keys consume"),
     (lambda d: d.update(processors={"x": {"consumes": "t.runs"}}), "must be a list of strings"),
@@ -108,7 +106,7 @@ def test_co_partitioned_roles_share_the_default_partition_count() -> None:
 
 def test_processors_section_matches_the_processor_acls() -> None:
     """[processors.*] says what the processors read and write; the processor role's
-    Kafka ACLs grant exactly that (dispatch topics aside: a prefixed grant)."""
+    Kafka ACLs grant exactly that."""
     topo = load_topology(TOPOLOGY)
     assert {p.name for p in topo.processors} == {"scheduler", "runs"}
     names = topo.roles()

@@ -1,11 +1,10 @@
 """Topic names are written in one place, ``streams/topology.toml``: no string literal in
 src/ or bench/ spells one (code takes names from ``gnomon.topology.Topology``).
 
-The names are read from the TOML itself: every ``[topics."<name>"]``, every dispatch
-topic of ``[dispatch]``, and the dispatch family (``name_format`` up to its first ``{``,
-with and without its trailing separator). A literal counts when a name appears in it
-as a whole (``"gnomon.runs"``, ``"gnomon.runs-value"``, ``"gnomon.dispatch.{pool}"``),
-not inside a longer word. Not counted: comments, docstrings, and the name given to
+The names are read from the TOML itself: every ``[topics."<name>"]``. A literal counts
+when a name appears in it as a whole (``"gnomon.runs"``, ``"gnomon.runs-value"``), not
+inside a longer word. (Retired topics, gone from the TOML, may be named: the codec keeps
+their subjects.) Not counted: comments, docstrings, and the name given to
 ``logging.getLogger`` (a logger may be called like a topic: ``gnomon.tenants``).
 """
 
@@ -28,13 +27,7 @@ PENDING: dict[str, str] = {}  # files not yet moved to the topology (none left)
 
 def topic_names(path: Path = TOPOLOGY) -> set[str]:
     data = tomllib.loads(path.read_text())
-    names = set(data["topics"])
-    dispatch = data["dispatch"]
-    fmt = dispatch["name_format"]
-    names |= {fmt.format(pool=pool, priority=p) for pool in dispatch["pools"] for p in dispatch["priorities"]}
-    prefix = fmt.split("{", 1)[0]
-    names |= {prefix, prefix.rstrip(".-_")}
-    return {n for n in names if n}
+    return {n for n in data["topics"] if n}
 
 
 def _pattern(names: set[str]) -> re.Pattern[str]:
@@ -78,7 +71,8 @@ def literals_with_topic_names(source: str, names: set[str], filename: str = "<so
 
 def test_the_topology_declares_the_names_scanned_for() -> None:
     names = topic_names()
-    assert {"gnomon.runs", "gnomon.job-commands", "gnomon.dispatch", "gnomon.dispatch.batch.low"} <= names
+    assert {"gnomon.runs", "gnomon.job-commands", "gnomon.worker-inbox"} <= names
+    assert not any(n.startswith("gnomon.dispatch") for n in names)
 
 
 def test_the_scanner_finds_literals_and_skips_docs_and_logger_names() -> None:

@@ -6,8 +6,8 @@ Wire format (Confluent framing)::
     bytes 1-4  schema id, big-endian: an id of schemas/avro/registry.json
     bytes 5-   Avro binary (fastavro ``schemaless_writer``) of the topic's value schema
 
-One value schema per topic, like the Confluent subject ``<topic>-value`` (all
-``gnomon.dispatch.*`` topics share ``gnomon.dispatch-value``). A topic carrying several
+One value schema per topic, like the Confluent subject ``<topic>-value`` (the retired
+``gnomon.dispatch.*`` topics shared ``gnomon.dispatch-value``). A topic carrying several
 message types wraps them in an envelope record whose ``body`` is a union:
 ``gnomon.JobCommand``, ``gnomon.RunCommand``, ``gnomon.WorkerMessage``.
 
@@ -57,7 +57,7 @@ __all__ = [
 
 
 def subject_for_topic(topic: str) -> str:
-    """``<topic>-value``, but ``gnomon.dispatch-value`` for every ``gnomon.dispatch.*``."""
+    """``<topic>-value`` (``gnomon.dispatch-value`` for every retired ``gnomon.dispatch.*``)."""
     return topic_schema(topic).subject
 
 

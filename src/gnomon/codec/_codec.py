@@ -74,7 +74,7 @@ class EncodeError(InternalError):
 
 @dataclass(frozen=True)
 class TopicSchema:
-    topic: str  # exact name, or the dispatch family (Topology.dispatch_family: every dispatch topic)
+    topic: str  # exact name (a retired family: the common prefix of its topics' names)
     types: tuple[type, ...]  # the dataclasses that travel on it
     envelope: str | None  # the Avro record whose `body` is a union of `types`, if several
 
@@ -96,7 +96,6 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("runs", (RunState,), None),
     ("dead_letters", (RunState,), None),
     ("run_exports", (RunExport,), None),
-    ("dispatch", (DispatchRun,), None),  # the family of every dispatch topic
     ("worker_inbox", (Grant, Stop, LeaseAck), f"{NAMESPACE}.WorkerMessage"),
     ("run_logs", (LogLine,), None),
     ("poison", (PoisonRecord,), None),
@@ -111,10 +110,13 @@ _TOPOLOGY = load_topology()
 # what an old cluster still holds decodes): docs/operations.md, "Migrations".
 RETIRED: tuple[TopicSchema, ...] = (
     TopicSchema("gnomon.run-history", (RunState,), None),  # until 2026-12-04: exports read run-exports
+    # until 2026-12-04, the old pull path's hints on gnomon.dispatch.<pool>.<priority>: one
+    # subject for the family (``_RETIRED_FAMILY``)
+    TopicSchema("gnomon.dispatch", (DispatchRun,), None),
 )
+_RETIRED_FAMILY = "gnomon.dispatch."
 TOPICS: tuple[TopicSchema, ...] = (*(
-    TopicSchema(_TOPOLOGY.dispatch_family if role == "dispatch" else getattr(_TOPOLOGY, role), types, envelope)
-    for role, types, envelope in _VALUES
+    TopicSchema(getattr(_TOPOLOGY, role), types, envelope) for role, types, envelope in _VALUES
 ), *RETIRED)
 # Types that are not a topic's value but are registered (as references) and decodable.
 _EXTRA_TYPES: tuple[type, ...] = (JobSpec,)
@@ -124,8 +126,8 @@ _BY_SUBJECT = {t.subject: t for t in TOPICS}
 
 def topic_schema(topic: str) -> TopicSchema:
     """What travels on ``topic``. Raises ``KeyError`` for a topic without a value schema."""
-    if _TOPOLOGY.is_dispatch(topic):
-        return _BY_TOPIC[_TOPOLOGY.dispatch_family]
+    if topic.startswith(_RETIRED_FAMILY):
+        return _BY_TOPIC[_RETIRED_FAMILY.rstrip(".")]
     try:
         return _BY_TOPIC[topic]
     except KeyError:
@@ -333,7 +335,7 @@ class Codec:
         """Confluent-framed Avro of ``obj`` with the latest schema of its topic.
 
         ``topic`` picks among the topics the type travels on (RunState: the runs ledger
-        by default, or the dead letters); any dispatch topic's name works.
+        by default, or the dead letters).
         """
         try:
             if topic is None:

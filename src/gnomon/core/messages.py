@@ -10,8 +10,9 @@ from gnomon.core.model import JobSpec
 
 @dataclass(frozen=True)
 class DispatchRun:
-    """On gnomon.dispatch.<pool>.<priority>: "this run wants a worker". A disposable hint:
-    the run processor decides who gets it (Claim -> Grant)."""
+    """Retired (2026-12-04): was on gnomon.dispatch.<pool>.<priority>, "this run wants a
+    worker", the old pull path's hint (Claim -> Grant). Nothing writes it; its subject
+    stays registered so what an old cluster holds still decodes (codec ``RETIRED``)."""
 
     run_id: str
     job_id: str

@@ -371,7 +371,7 @@ class RunBuffered:
 
 @dataclass(frozen=True)
 class RunReleased:
-    """Ready for a worker: the processor puts it on gnomon.dispatch.<pool>.<priority>."""
+    """Ready for a worker: the processor stages it on one with room, or it waits for room."""
 
     run_id: str
     attempt: int  # the attempt a claim will get

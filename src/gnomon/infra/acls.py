@@ -48,8 +48,6 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)
     "registry": ("schemas",),
 }
-# Topics written by prefix: the processor's legacy dispatch topics (gnomon.dispatch.<pool>.<priority>).
-DISPATCH_WRITERS: tuple[str, ...] = ("processor",)
 
 # role -> (group id, pattern, operation). READ lets a member join and commit; DESCRIBE
 # only reads committed offsets (the processor watches the projector's position).
@@ -93,11 +91,6 @@ class Grant:
         return f"User:{self.role}"
 
 
-def dispatch_prefix(topo: Topology) -> str:
-    """What every dispatch topic's name starts with (:attr:`Topology.dispatch_prefix`)."""
-    return topo.dispatch_prefix
-
-
 def grants(topo: Topology) -> list[Grant]:
     """The whole ACL table for ``topo`` (sorted, no duplicates)."""
     out: set[Grant] = set()
@@ -105,8 +98,6 @@ def grants(topo: Topology) -> list[Grant]:
         out.update(Grant(role, TOPIC, getattr(topo, a), LITERAL, "READ") for a in attrs)
     for role, attrs in TOPIC_WRITES.items():
         out.update(Grant(role, TOPIC, getattr(topo, a), LITERAL, "WRITE") for a in attrs)
-    for role in DISPATCH_WRITERS:
-        out.add(Grant(role, TOPIC, dispatch_prefix(topo), PREFIXED, "WRITE"))
     for role, groups in GROUPS.items():
         out.update(Grant(role, GROUP, name, pattern, op) for name, pattern, op in groups)
     for role, ids in TRANSACTIONAL_IDS.items():

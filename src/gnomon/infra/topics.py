@@ -3,7 +3,7 @@
 The file is parsed by :func:`gnomon.topology.parse_topology` (the only parser): its
 ``Topology.topics`` are the :class:`TopicSpec` s created here (``[topics."<name>"]``
 tables: ``partitions``, default ``[defaults].partitions``, ``cleanup_policy``, optionally
-``retention_ms`` and ``config``; ``[dispatch]`` expanded to one topic per pool x priority).
+``retention_ms`` and ``config``).
 
 :func:`sync_topics` creates the missing topics and sets, on the existing ones, every
 declared config whose value differs (:func:`config_diff`); keys the topology does not

@@ -69,7 +69,7 @@ from gnomon.core.errors import (
     TransitionError,
     ValidationError,
 )
-from gnomon.core.messages import DispatchRun, Grant, LeaseAck, PoisonRecord, Stop, StopReason
+from gnomon.core.messages import Grant, LeaseAck, PoisonRecord, Stop, StopReason
 from gnomon.core.model import OverlapPolicy
 from gnomon.core.overload import OVERLOAD_RETRY_AFTER_S, TickBudget
 from gnomon.core.priorities import WeightedPicker
@@ -270,8 +270,9 @@ class PartitionTask:
         self.sched_cfg = sched_cfg or J.SchedulerConfig()
         self.run_cfg = run_cfg or R.RunConfig()
         self.due_max = due_max
-        # Where runs are staged. None: the legacy pull path (DispatchRun hints + Claim).
-        self.directory = directory
+        # Where runs are staged: the processor's workers, shared by its partitions (a task
+        # made alone, in a test, gets a directory of its own, with no worker in it).
+        self.directory = directory if directory is not None else WorkerDirectory()
         # Tenant limits and counts shared by the partitions of this processor instance;
         # None: no limits (the counting index entries are written all the same).
         self.quota = quota
@@ -482,7 +483,7 @@ class PartitionTask:
         if run is None:
             return set()
         keys = set()
-        if run.status is R.RunStatus.READY and self.directory is not None:
+        if run.status is R.RunStatus.READY:
             keys.add(_waiting_key(run, self.sched_cfg.misfire_grace_ms))  # waits for room, not for time
         else:
             t = run.timer_ms(self.run_cfg)
@@ -872,7 +873,7 @@ class PartitionTask:
             for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active, buffered=buffered):
                 new = R.evolve(new, ev)
                 out.extend(self._messages_for(new, ev))
-        if new.status is R.RunStatus.READY and self.directory is not None:
+        if new.status is R.RunStatus.READY:
             new = self._assign(new, now_ms, out)
         if new != state:
             self._store_run(state, new, out)
@@ -931,7 +932,6 @@ class PartitionTask:
         in the ``rw/`` index with them, and the next tick grants oldest first
         (``processor.waiting``), so a run released now never takes the room of a run
         that has waited since before."""
-        assert self.directory is not None
         if run.spec.pool in self.directory.queued_pools:
             return run
         new, result = self._try_assign(run, now_ms, out)
@@ -941,7 +941,6 @@ class PartitionTask:
 
     def _try_assign(self, run: R.RunState, now_ms: int, out: list[Output]) -> tuple[R.RunState, str]:
         """(the run after, "granted" | "quota" | "room")."""
-        assert self.directory is not None
         if self.quota is not None:
             decision = self.quota.may_grant(run.tenant, run.spec.pool)
             if not decision.allowed:
@@ -978,12 +977,7 @@ class PartitionTask:
             return [Output(inbox, tell, Stop(tell, ev.run_id, ev.token, StopReason.REVOKED, ev.reason, ev.at_ms))]
         if isinstance(ev, R.RunReleased):
             self.stats.releases += 1
-            if self.directory is not None:
-                return []  # staged by the processor (``_assign``): no dispatch hint
-            topic = self.topo.dispatch_topic(run.spec.pool, run.spec.priority.value)
-            msg = DispatchRun(run.run_id, run.job_id, run.tenant, ev.attempt, run.spec.pool,
-                              run.spec.priority.value, run.not_before_ms, ev.at_ms)
-            return [Output(topic, run.run_id, msg)]
+            return []  # staged by the processor on a worker's inbox (``_assign``)
         if isinstance(ev, R.AttemptGranted):
             self.stats.grants += 1
             grant = Grant(ev.worker_id, run.run_id, run.job_id, run.tenant, ev.attempt, ev.token,

@@ -56,7 +56,7 @@ class Queues(Protocol):
     so the task and the assignment across partitions do not import each other."""
 
     @property
-    def directory(self) -> WorkerDirectory | None: ...
+    def directory(self) -> WorkerDirectory: ...
 
     @property
     def run_cfg(self) -> RunConfig: ...
@@ -72,7 +72,7 @@ def assign_waiting(tasks: Sequence[Queues], now_ms: int, pickers: dict[str, Weig
     partitions' ``assign_misses_per_tick_max`` (runs tried without room, not counting
     those of a tenant already found without room now; the partitions' scans bound those)."""
     out: list[Output] = []
-    if not tasks or tasks[0].directory is None:
+    if not tasks:
         return out
     directory = tasks[0].directory
     weights = tasks[0].run_cfg.priority_weights
