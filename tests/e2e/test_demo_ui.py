@@ -80,7 +80,7 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         wait_for(registered, 90, "the demo's jobs")
         yield url, ids
     finally:
-        # as a terminal's Ctrl-C (to the demo's process group; `gnomon dev` runs in a session
+        # as a terminal's Ctrl-C (to the demo's process group; `gnomon dev` runs in a group
         # of its own): the demo deletes its jobs while the API still answers, then stops
         interrupted = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)

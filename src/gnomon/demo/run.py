@@ -6,11 +6,11 @@ Starts Kafka and Cassandra (fetched from Maven Central on first use), then `gnom
 (processor, worker, projector, API), registers four jobs and refreshes a table of their
 latest runs every 2 s. Ctrl-C deletes the demo's jobs and stops everything it started.
 
-`gnomon dev` runs in a session of its own, so a terminal's Ctrl-C reaches the demo alone:
-the demo deletes its jobs while the API and the processor still answer, then stops
+`gnomon dev` runs in a process group of its own, so a terminal's Ctrl-C reaches the demo
+alone: the demo deletes its jobs while the API and the processor still answer, then stops
 `gnomon dev` (which stops its children). Were they in the terminal's process group, the
-interrupt would stop the API before the deletes. Should the demo die without stopping it,
-`gnomon dev` gets SIGTERM from the kernel (the parent-death signal) and stops too.
+interrupt would stop the API before the deletes. (A demo killed with SIGKILL leaves
+`gnomon dev` running: stop it with Ctrl-C in its terminal or `kill -INT -<its pid>`.)
 """
 
 from __future__ import annotations
@@ -129,18 +129,6 @@ def table(client: Client, ids: dict[str, str]) -> Table:
     return t
 
 
-def _terminate_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the demo's process dies (Linux prctl
-    PR_SET_PDEATHSIG), however it dies; elsewhere nothing."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=float, default=0, help="stop after this long (0 = until Ctrl-C)")
@@ -160,8 +148,7 @@ def main() -> None:
     # background jobs (`make run &`, a CI script's) with SIGINT ignored, and Python then
     # installs no KeyboardInterrupt for it
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"],
-                           start_new_session=True, preexec_fn=_terminate_with_parent)
+    dev = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", "dev", "--no-infra"], process_group=0)
     ids: dict[str, str] = {}
     client: Client | None = None
     try:
@@ -189,7 +176,7 @@ def main() -> None:
             try:
                 dev.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(dev.pid, signal.SIGKILL)  # its session: `gnomon dev` and its children
+                os.killpg(dev.pid, signal.SIGKILL)  # its group: `gnomon dev` and its children
         server.shutdown()
         console.print("stopped gnomon (Kafka and Cassandra keep running: `make infra-down` stops them)")
 
