@@ -30,7 +30,7 @@ from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.codec import DecodeError
 from gnomon.config import load
 from gnomon.core.jobs import DeleteJob, JobState, RegisterJob
-from gnomon.core.runs import RunState
+from gnomon.core.runs import RunState, RunStatus
 from gnomon.topology import load_topology
 
 LONG = os.environ.get("GNOMON_CHAOS_LONG") == "1"
@@ -211,6 +211,57 @@ class Scenario:
         tenants = [arg for t in self.worker_tenants for arg in ("--tenant", t)]
         self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),
                    "--pool", pool, *tenants, "--policy", str(Path(__file__).parent / "worker-policy.toml"))
+
+    def wait_ready(self, *names: str, timeout_s: float = 60) -> None:
+        """Until each named process says in its log that it serves: a processor has restored
+        every partition of its latest assignment, a worker serves its pool, the projector
+        has subscribed, the API answers. Where a fixed sleep guessed, this waits what it
+        takes (2-4 s on a quiet box) and fails with the process's log tail if it never does."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(names)
+        while pending:
+            pending = [n for n in pending if not self._ready(n)]
+            if not pending:
+                break
+            for n in pending:
+                if self.procs[n].poll() is not None:
+                    raise AssertionError(f"{n} exited ({self.procs[n].returncode}): {self.log_tail(n)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not ready in {timeout_s:.0f} s: {pending}; "
+                                     + "; ".join(f"{n}: {self.log_tail(n)}" for n in pending))
+            time.sleep(0.25)
+        log(f"ready: {', '.join(names)}")
+
+    def log_tail(self, name: str, lines: int = 5) -> str:
+        path = self.logs / f"{name}.log"
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+
+    def _ready(self, name: str) -> bool:
+        path = self.logs / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if "Uvicorn running on" in text or "serving pool" in text or "history projector: group" in text:
+            return True
+        assigned = text.rfind("assigned partitions [")
+        if assigned < 0:
+            return False
+        after = text[assigned:]
+        wanted = after[len("assigned partitions ["):after.index("]")]
+        return all(f"partition {p.strip()} restored:" in after for p in wanted.split(",") if p.strip())
+
+    def wait_runs(self, succeeded: int, timeout_s: float = 60) -> list[RunState]:
+        """Until the tap has seen ``succeeded`` runs of the scenario finish: load is flowing
+        end to end (processor, worker, ledger). Returns the finished runs."""
+        deadline = time.monotonic() + timeout_s
+        prefix = f"{self.tag}-"
+        while True:
+            runs = _decoded(self.tap.records(self.topo.runs))
+            done = {r.run_id: r for r in runs if r.job_id.startswith(prefix) and r.status is RunStatus.SUCCEEDED}
+            if len(done) >= succeeded:
+                log(f"{len(done)} runs succeeded: load flows")
+                return list(done.values())
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {len(done)} of {succeeded} runs succeeded in {timeout_s:.0f} s")
+            time.sleep(0.5)
 
     def signal(self, name: str, sig: int) -> None:
         p = self.procs[name]

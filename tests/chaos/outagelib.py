@@ -3,9 +3,10 @@
 
 ``run_outages`` starts one processor and one worker on it, registers per-second jobs
 (catch-up ``once``), stops every broker for each outage in turn and starts them again,
-optionally freezes the processor past its session (SIGSTOP, then SIGCONT), and returns
-what happened: per outage, when runs started again and the start lag after that; the
-history checker's report; whether every process is alive and says so on /healthz.
+optionally freezes the processor past its session (SIGSTOP, then SIGCONT; ``thawed_s`` of
+load after the thaw), and returns what happened: per outage, when runs started again and
+the start lag after that; the history checker's report; whether every process is alive
+and says so on /healthz.
 Used by tests/chaos/test_broker_outage.py and bench/broker_outage.py (a long outage)."""
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def _lags(runs: list[RunState], jobs: set[str], frm: int, until: int) -> tuple[l
 
 
 def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[float], *, jobs_n: int = 20,
-                after_s: float = 45.0, freeze_s: float | None = None, misfire_grace_s: int = 60) -> Result:
+                after_s: float = 45.0, freeze_s: float | None = None, thawed_s: float | None = None,
+                misfire_grace_s: int = 60) -> Result:
     tag = "out" + secrets.token_hex(3)
     sc = Scenario(tag, logs, lease_s=8, lookahead_s=10)
     ports = {"p1": free_port(), "w1": free_port()}
@@ -144,14 +146,15 @@ def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[
         sc.processor("p1")
         sc.start("w1", "worker", "--worker-id", f"{tag}-w1", "--concurrency", "64", "--tenant", "chaos",
                  "--policy", str(Path(__file__).parent / "worker-policy.toml"), "--metrics-port", str(ports["w1"]))
-        time.sleep(12)
+        sc.wait_ready("p1", "w1")
         now = int(time.time() * 1000)
         spec = JobSpec(name="out", schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
                        timeout_s=20, catch_up=CatchUp.ONCE)
         for job_id in sorted(jobs):
             sc.send(RegisterJob(job_id, "chaos", spec, now))
         sc.flush()
-        time.sleep(15)
+        sc.wait_runs(succeeded=3 * jobs_n)
+        time.sleep(3)  # steady load before the fault
         for o in outages:
             o.down_at_ms = int(time.time() * 1000)
             manager.down(settings, components=("kafka",))
@@ -169,7 +172,7 @@ def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[
             freeze["thawed_at_ms"] = thawed = int(time.time() * 1000)  # (before: it acts at once)
             sc.signal("p1", signal.SIGCONT)
             freeze["frozen_s"] = (thawed - frozen_at) / 1000
-            time.sleep(after_s)
+            time.sleep(after_s if thawed_s is None else thawed_s)
             freeze["until_ms"] = int(time.time() * 1000)
         alive = {n: p.poll() is None for n, p in sc.procs.items()}
         healthy = {n: healthz(port) for n, port in ports.items()}

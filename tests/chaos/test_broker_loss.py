@@ -91,7 +91,7 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
     try:
         sc.processor("p1")
         sc.worker("w1")
-        time.sleep(12)
+        sc.wait_ready("p1", "w1")
         now = int(time.time() * 1000)
         spec = JobSpec(name="brk", schedule=Schedule(cron="*/2 * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
                        timeout_s=20, retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2))
@@ -99,7 +99,8 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         for job_id in jobs:
             sc.send(RegisterJob(job_id, "chaos", spec, now))
         sc.flush()
-        time.sleep(12)
+        sc.wait_runs(succeeded=2 * len(jobs))
+        time.sleep(3)  # steady load before the fault
         # the harshest broker to lose: the processor's transaction coordinator
         coordinator = transaction_coordinator(kafka.bootstrap(settings, 3), f"gnomon-processor-{tag}-p1")
         victim = next(n.name for n in kafka.nodes(settings, 3) if n.node_id == coordinator)
@@ -108,11 +109,11 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         killed_at = int(time.time() * 1000)
         os.kill(pid, signal.SIGKILL)
         log(f"killed broker {victim} (pid {pid})")
-        time.sleep(25)
+        time.sleep(20)
         manager.up(settings, kafka_nodes=3, components=("kafka",))
         back_at = int(time.time() * 1000)
         log(f"broker {victim} is back")
-        time.sleep(12)
+        time.sleep(8)
         now = int(time.time() * 1000)
         for job_id in jobs:
             sc.send(PauseJob(job_id, "chaos", now))

@@ -45,7 +45,7 @@ def assert_rode_out(res: Result) -> None:
 def test_single_broker_down_then_back_then_processor_frozen(tmp_path: Path) -> None:
     with own_cluster(tmp_path / "kafka1", 1, 24092) as settings:
         # CI's 30 s outage must outlast the misfire grace for catch-up to apply: 20 s here
-        res = run_outages(tmp_path, settings, 1, (30, 120) if LONG else (30,), after_s=40, freeze_s=12,
+        res = run_outages(tmp_path, settings, 1, (30, 120) if LONG else (30,), after_s=40, freeze_s=12, thawed_s=30,
                           misfire_grace_s=60 if LONG else 20)
     assert_rode_out(res)
     # frozen past its session (3 s) and its transaction timeout (5 s): fenced out of the
