@@ -108,6 +108,9 @@ def test_output_is_capped(image: str) -> None:
     run = Run(("sh", "-c", "head -c 1073741824 /dev/zero"), timeout_s=120)
     result = run()
     assert result.outcome is Outcome.FAILED and "output limit exceeded" in (result.error or "")
+    # `podman run` ended by itself once its container was removed (137: the container's
+    # SIGKILL), not killed at the kill timeout (-9) while blocked on a pipe nobody read
+    assert result.exit_code == 137, result
     assert leftovers() == []
 
 

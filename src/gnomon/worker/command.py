@@ -75,7 +75,8 @@ def pump_lines(stream: IO[bytes], emit: Callable[[str], None], meter: OutputMete
         if not chunk:
             break
         if not meter.take(len(chunk)):
-            return  # the attempt is being killed; the rest is not read
+            _drain(fd)  # the attempt is being killed; the rest is read and dropped
+            return
         partial += chunk
         *lines, rest = bytes(partial).split(b"\n")
         for line in lines:
@@ -83,6 +84,17 @@ def pump_lines(stream: IO[bytes], emit: Callable[[str], None], meter: OutputMete
         partial = bytearray(rest[: LINE_MAX_CHARS + 1])  # a newline-less flood stays bounded
     if partial:
         emit(bytes(partial[:LINE_MAX_CHARS]).decode("utf-8", "replace"))
+
+
+def _drain(fd: int) -> None:
+    """Read and drop a pipe to its end. A writer blocked on a full pipe never exits: `podman
+    run` (a container target) copies the container's output to it and waited there, past the
+    container's removal, until the kill timeout (30 s) had its client killed."""
+    try:
+        while os.read(fd, READ_CHUNK_BYTES):
+            pass
+    except OSError:
+        pass  # closed under us once the child is reaped
 
 
 class SandboxedCommandExecutor:
