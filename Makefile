@@ -75,8 +75,7 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	wait $$infra; cat $$out/infra-up.log; \
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
 	tests/lanes.sh sweeps $(SWEEPS) integration-e2e $(REAL_STACK)
-	tests/lanes.sh $(CHAOS_PAIR)
-	$(CHAOS_ALONE)
+	@$(MAKE) --no-print-directory chaos-lanes
 
 test-chaos: setup chaos-lanes ## the chaos suite alone, as CI runs it: a pair side by side, then two one at a time (starts Kafka and Cassandra if they are down)
 

@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # topic_reading
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))  # chaoslib
 from outagelib import own_cluster, run_outages
 
 

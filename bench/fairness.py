@@ -33,7 +33,8 @@ from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, Target, 
 from gnomon.core.runs import RunState
 from gnomon.core.tenants import TenantLimits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # topic_reading
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))  # chaoslib
 from chaoslib import Scenario
 
 TIERS = ("high", "normal", "low")

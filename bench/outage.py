@@ -32,7 +32,8 @@ from gnomon.core.jobs import PauseJob, RegisterJob
 from gnomon.core.model import CatchUp, JobSpec, Schedule, Target, TargetType
 from gnomon.core.runs import RunStatus
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # topic_reading
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))  # chaoslib
 from chaoslib import Scenario
 
 

@@ -49,7 +49,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # topic_reading
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))  # chaoslib
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -20,7 +20,8 @@ from confluent_kafka import TopicPartition
 from gnomon.config import load
 from gnomon.topology import load_topology
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # topic_reading
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))  # chaoslib
 from chaoslib import end_offsets, read_range
 
 

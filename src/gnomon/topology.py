@@ -178,10 +178,6 @@ def parse_topology(data: Mapping[str, Any], source: str = "topology") -> Topolog
     pools = _str_list(pools_table["names"], f"{source}: [pools].names")
     if not pools:
         raise ValueError(f"{source}: [pools].names must name at least one pool")
-    all_names = [s.name for s in specs]
-    dupes = sorted({n for n in all_names if all_names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"{source}: declares these topics twice: {', '.join(dupes)}")
     declared = {s.name for s in specs if s.role is not None}
     processors = []
     for pname, table in data.get("processors", {}).items():

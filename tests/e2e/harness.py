@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from gnomon.client import Client
+from topic_reading import end_offsets, read_messages
 
 API_PORT = int(os.environ.get("GNOMON_TEST_API_PORT", "18787"))
 # /metrics of the session stack's processor, projector and worker (tests/e2e/test_metrics.py);
@@ -172,65 +173,32 @@ def own_stack(logs: Path, env: dict[str, str] | None = None) -> Stack:
     return Stack("", Client("http://127.0.0.1:9", TOKEN), {}, logs, full)
 
 
-def end_offsets(bootstrap: str, topic: str) -> list[Any]:
-    """The end offset of every partition of ``topic`` (TopicPartition list)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from gnomon.adapters.kafka import consumer_config
-
-    c = Consumer(consumer_config(bootstrap, "e2e-offsets"))
-    try:
-        md = c.list_topics(topic, timeout=10)
-        return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), 10)[1])
-                for p in sorted(md.topics[topic].partitions)]
-    finally:
-        c.close()
-
-
 def delete_jobs_since(start: list[Any], timeout_s: float = 60) -> int:
     """Delete every job whose state was written from ``start`` (offsets of gnomon.jobs) on
     and is not deleted or done: the jobs the session's tests (and the demo) left behind.
     Left active on the shared stack, their runs would pile up for workers that are gone and
     load the processors of whatever runs next (the chaos suite). Returns how many."""
-    from confluent_kafka import Consumer, KafkaError, Producer
+    from confluent_kafka import Producer
 
     from gnomon import codec
-    from gnomon.adapters.kafka import consumer_config, producer_config
+    from gnomon.adapters.kafka import producer_config
     from gnomon.codec import DecodeError
     from gnomon.config import load
     from gnomon.core.jobs import DeleteJob, JobState, JobStatus
     from gnomon.topology import load_topology
 
     bootstrap, topo = load().kafka_bootstrap, load_topology()
-    ends = {tp.partition: tp.offset for tp in end_offsets(bootstrap, topo.jobs)}
-    pending = {tp.partition for tp in start if ends[tp.partition] > tp.offset}
     last: dict[str, JobState] = {}
-    c = Consumer(consumer_config(bootstrap, "e2e-leftovers", **{"enable.partition.eof": True}))
-    try:
-        c.assign(start)
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            msg = c.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF and (msg.offset() or 0) >= ends[msg.partition() or 0]:
-                    pending.discard(msg.partition() or 0)
-                continue
-            if (msg.offset() or 0) + 1 >= ends[msg.partition() or 0]:
-                pending.discard(msg.partition() or 0)
-            if msg.value() is None:  # a deleted job's tombstone
-                last.pop((msg.key() or b"").decode(), None)
-                continue
-            try:
-                state = codec.decode(msg.value())
-            except DecodeError:
-                continue
-            if isinstance(state, JobState):
-                last[state.job_id] = state
-    finally:
-        c.close()
+    for msg in read_messages(bootstrap, start, timeout_s, group="e2e-leftovers"):
+        if msg.value() is None:  # a deleted job's tombstone
+            last.pop((msg.key() or b"").decode(), None)
+            continue
+        try:
+            state = codec.decode(msg.value())
+        except DecodeError:
+            continue
+        if isinstance(state, JobState):
+            last[state.job_id] = state
     left = [j for j in last.values() if j.status in (JobStatus.ACTIVE, JobStatus.PAUSED)]
     for j in left:
         print(f"left behind: {j.job_id} ({j.tenant}, {j.status.value}, {j.spec.name})")
