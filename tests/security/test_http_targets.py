@@ -388,6 +388,21 @@ def test_a_trickling_answer_times_out_at_the_attempt_deadline(serve: Callable[..
     assert time.monotonic() - started < 4.0  # not the 6 s the server takes
 
 
+def test_a_trickling_webhook_holds_an_alert_delivery_no_longer_than_its_timeout(serve: Callable[..., Server]) -> None:
+    """Issue 24, finding 4: httpx's timeout is per read, so a server trickling one byte at a
+    time held an alert delivery for as long as it trickled (60 s with ``timeout_s=2``)."""
+    from gnomon.alerts.sender import AlertDeliveryError, AlertSender
+    from gnomon.core.alerts import Alert, AlertKind
+
+    srv = serve()
+    alert = Alert(AlertKind.DEAD_LETTER, "k-1", "acme", "job-1@1000", "job-1", "nightly", "failed", 1000, 1000, 2000)
+    started = time.monotonic()
+    with pytest.raises(AlertDeliveryError, match="within 1s"):
+        AlertSender(OPEN).send(alert, srv.url + "/trickle", timeout_s=1.0)
+    assert time.monotonic() - started < 4.0  # not the 6 s the server takes
+    assert [r.path for r in srv.requests] == ["/trickle"]
+
+
 def test_cancel_ends_an_http_attempt_at_once(serve: Callable[..., Server]) -> None:
     srv = serve()
     lines: list[tuple[LogStream, str]] = []

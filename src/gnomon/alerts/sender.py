@@ -23,7 +23,16 @@ import httpx
 from gnomon.core.alerts import Alert
 from gnomon.core.clock import ms_to_iso
 from gnomon.core.errors import InfraError
-from gnomon.outbound.http import HttpPolicy, pin, redact_text, redact_url, sign, url_secrets
+from gnomon.outbound.http import (
+    CallAborted,
+    HttpPolicy,
+    pin,
+    redact_text,
+    redact_url,
+    sign,
+    url_secrets,
+    within_deadline,
+)
 from gnomon.outbound.netguard import Resolver, TargetRefused, system_resolver
 from gnomon.outbound.secrets import SecretStore
 
@@ -91,22 +100,31 @@ class AlertSender:
         return {**headers, "X-Gnomon-Timestamp": timestamp, "X-Gnomon-Signature": sign(key, timestamp, body)}
 
     def send(self, alert: Alert, url: str, timeout_s: float) -> int:
-        """POST ``alert`` to ``url``; the HTTP status on 2xx, else ``AlertDeliveryError``."""
+        """POST ``alert`` to ``url``; the HTTP status on 2xx, else ``AlertDeliveryError``.
+        ``timeout_s`` bounds the whole call (``within_deadline``), not each read: a server
+        trickling its answer cannot hold a delivery place."""
         secrets = url_secrets(url)
         body = self.body(alert)
         headers = self.headers(alert, body)
         deadline = time.monotonic() + timeout_s
-        try:
+
+        def call(on_client: Callable[[httpx.Client], None]) -> int:
             pinned = pin(httpx.URL(url), self.policy, self.resolver)
-            with httpx.Client(verify=self._tls, trust_env=False, follow_redirects=False, timeout=timeout_s) as client, \
-                    client.stream("POST", pinned.url, content=body, headers={**headers, **pinned.headers},
-                                  extensions=pinned.extensions) as resp:
-                seen = 0
-                for chunk in resp.iter_raw():  # read a little of the answer, never all of it
-                    seen += len(chunk)
-                    if seen >= RESPONSE_MAX_BYTES or time.monotonic() > deadline:
-                        break
-                status = resp.status_code
+            with httpx.Client(verify=self._tls, trust_env=False, follow_redirects=False, timeout=timeout_s) as client:
+                on_client(client)
+                with client.stream("POST", pinned.url, content=body, headers={**headers, **pinned.headers},
+                                   extensions=pinned.extensions) as resp:
+                    seen = 0
+                    for chunk in resp.iter_raw():  # read a little of the answer, never all of it
+                        seen += len(chunk)
+                        if seen >= RESPONSE_MAX_BYTES or time.monotonic() > deadline:
+                            break
+                    return resp.status_code
+
+        try:
+            status = within_deadline(call, timeout_s, name=f"alert-{alert.key}")
+        except CallAborted:
+            raise AlertDeliveryError(f"no complete answer from {redact_url(url)} within {timeout_s:g}s") from None
         except TargetRefused as exc:
             raise AlertDeliveryError(redact_text(f"webhook refused: {exc}", secrets)) from None
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:

@@ -12,12 +12,15 @@ tenant's ``http-signing-key`` so the receiver can tell gnomon's calls from forge
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
@@ -31,6 +34,8 @@ from gnomon.outbound.netguard import (
     resolve_checked,
     system_resolver,
 )
+
+T = TypeVar("T")
 
 SIGNATURE_VERSION = "v1"
 SIGNATURE_TOLERANCE_S = 300
@@ -154,3 +159,48 @@ def pin(url: httpx.URL, policy: HttpPolicy, resolver: Resolver = system_resolver
     named_tls = url.scheme == "https" and literal_address(host) is None
     return Pinned(url=url.copy_with(host=str(dest.address), username=None, password=None, fragment=None),
                    headers=headers, extensions={"sni_hostname": host} if named_tls else {})
+
+
+class CallAborted(Exception):
+    """``within_deadline`` closed the call's connection: ``stopped`` says whether a stop
+    request did (else the deadline passed)."""
+
+    def __init__(self, stopped: bool) -> None:
+        super().__init__("stopped" if stopped else "deadline passed")
+        self.stopped = stopped
+
+
+ABORT_JOIN_S = 1.0  # after closing its client, how long the aborted call may take to unwind
+
+
+def within_deadline(call: Callable[[Callable[[httpx.Client], None]], T], timeout_s: float,
+                    stop: threading.Event | None = None, name: str = "outbound-call") -> T:
+    """``call(on_client)`` with one overall deadline. httpx's timeouts are per read: a
+    server trickling its status line a byte a second would hold the call for as long as it
+    likes. The call runs in a thread and hands its client to ``on_client``; at
+    ``timeout_s`` (or once ``stop`` is set) that client is closed, its socket under the
+    reader, and ``CallAborted`` raised. Whatever ``call`` raises is raised here."""
+    result: list[T] = []
+    error: list[BaseException] = []
+    clients: list[httpx.Client] = []
+
+    def run() -> None:
+        try:
+            result.append(call(clients.append))
+        except BaseException as exc:  # handed to the caller's thread
+            error.append(exc)
+
+    t = threading.Thread(target=run, daemon=True, name=name)
+    t.start()
+    deadline = time.monotonic() + timeout_s
+    while t.is_alive() and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        t.join(0.05)
+    if not t.is_alive():
+        if error:
+            raise error[0]
+        return result[0]
+    for client in clients:  # abort the exchange: its socket closes under the reader
+        with contextlib.suppress(Exception):
+            client.close()
+    t.join(ABORT_JOIN_S)
+    raise CallAborted(stopped=stop is not None and stop.is_set())

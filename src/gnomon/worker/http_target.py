@@ -10,9 +10,7 @@ so the receiver can tell gnomon's calls from forgeries (see ``verify_signature``
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
 from collections.abc import Callable
 
@@ -23,6 +21,7 @@ from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
 from gnomon.outbound.http import (
     REDIRECT_STATUSES,
+    CallAborted,
     HttpPolicy,
     Pinned,
     pin,
@@ -30,6 +29,7 @@ from gnomon.outbound.http import (
     redact_url,
     sign,
     url_secrets,
+    within_deadline,
 )
 from gnomon.outbound.netguard import Resolver, TargetRefused, system_resolver
 from gnomon.outbound.secrets import SecretStore
@@ -52,33 +52,23 @@ class HttpExecutor:
 
     def execute(self, target: Target, ctx: AttemptContext) -> AttemptResult:
         assert target.url is not None
-        result: list[AttemptResult] = []
-        clients: list[httpx.Client] = []
+        url = target.url
 
-        def call() -> None:
+        def call(on_client: Callable[[httpx.Client], None]) -> AttemptResult:
             try:
-                result.append(self.attempt(target.url or "", ctx, clients.append))
+                return self.attempt(url, ctx, on_client)
             except Exception as exc:
-                result.append(AttemptResult(Outcome.FAILED, None, f"http target: {type(exc).__name__}"))
+                return AttemptResult(Outcome.FAILED, None, f"http target: {type(exc).__name__}")
 
-        t = threading.Thread(target=call, daemon=True, name=f"http-{ctx.run_id}")
-        t.start()
-        # One overall deadline (httpx's timeout is per read: a server that trickles its
-        # answer would never time out), and cancel honoured at once.
-        deadline = time.monotonic() + ctx.timeout_s
-        while t.is_alive() and time.monotonic() < deadline and not ctx.stop.is_set():
-            t.join(0.05)
-        if result:
-            return result[0]
-        for client in clients:  # abort the exchange: its socket closes under the reader
-            with contextlib.suppress(Exception):
-                client.close()
-        t.join(1.0)
-        if ctx.stop.is_set():
-            ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; connection closed")
-            return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
-        ctx.log(LogStream.SYSTEM, f"no complete answer within {ctx.timeout_s:g}s; connection closed")
-        return AttemptResult(Outcome.TIMED_OUT, None, f"no response within {ctx.timeout_s:g}s")
+        # one overall deadline, and cancel honoured at once (within_deadline)
+        try:
+            return within_deadline(call, ctx.timeout_s, ctx.stop, name=f"http-{ctx.run_id}")
+        except CallAborted as aborted:
+            if aborted.stopped:
+                ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; connection closed")
+                return AttemptResult(Outcome.FAILED, None, f"stopped: {ctx.stop_reason}")
+            ctx.log(LogStream.SYSTEM, f"no complete answer within {ctx.timeout_s:g}s; connection closed")
+            return AttemptResult(Outcome.TIMED_OUT, None, f"no response within {ctx.timeout_s:g}s")
 
     def attempt(self, url: str, ctx: AttemptContext,
                 on_client: Callable[[httpx.Client], None] = lambda _c: None) -> AttemptResult:
