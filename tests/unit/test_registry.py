@@ -215,7 +215,7 @@ def test_versions_parse_like_confluent() -> None:
 @pytest.fixture()
 def http() -> TestClient:
     reg, _ = fresh()
-    return TestClient(create_app(reg))
+    return TestClient(create_app(reg), base_url="http://127.0.0.1:8081")
 
 
 def test_http_reads_answer_in_confluent_shapes(http: TestClient) -> None:

@@ -4,7 +4,8 @@ At start it reads its store topic (``Topology.schemas``) to the end, then import
 checked-in registry (``schemas/avro/registry.json``, ids unchanged) and writes the
 versions the store lacks; a contradiction between the two is fatal (exit 1, one line).
 Then it serves on ``--host`` (127.0.0.1) port ``--port`` (``Settings.registry_port``,
-``$GNOMON_REGISTRY_PORT``, 8081). Kafka: ``Settings.kafka_bootstrap`` as the role
+``$GNOMON_REGISTRY_PORT``, 8081), to requests whose ``Host`` names loopback, ``--host`` or an
+``--allow-host`` (DNS rebinding: a page whose name resolves to 127.0.0.1 is refused). Kafka: ``Settings.kafka_bootstrap`` as the role
 ``registry``. ``gnomon infra up`` runs this (gnomon.infra.registry).
 
 ``--memory``: no Kafka at all, the checked-in registry (``$GNOMON_AVRO_DIR`` or the
@@ -41,13 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=None, help="default: $GNOMON_REGISTRY_PORT or 8081")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--memory", action="store_true", help="no Kafka store: the checked-in schemas in memory")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a further name a request's Host header may carry (loopback names and --host always may)")
     args = p.parse_args(args_in)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
 
     from gnomon.config import load
-    from gnomon.registry.app import create_app
+    from gnomon.registry.app import LOOPBACK_HOSTS, create_app
     from gnomon.registry.kafka_store import KafkaStore, read_all
     from gnomon.registry.service import MemoryStore, Registry, Store
     from gnomon.registry.state import checked_in_versions, fold, import_checked_in, own_subjects
@@ -73,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("store %s: %d record(s) read, %d checked-in version(s) imported; %d schema id(s), %d subject(s); "
              "serving on http://%s:%d", topic, len(stored), len(missing), len(state.by_id), len(state.subjects),
              args.host, port)
-    app = create_app(Registry(state, store, own_subjects(state.by_id.values())))
+    wildcard = args.host in ("0.0.0.0", "::")  # not a name a client puts in Host
+    hosts = (*LOOPBACK_HOSTS, *(() if wildcard else (args.host,)), *args.allow_host)
+    app = create_app(Registry(state, store, own_subjects(state.by_id.values())), hosts)
     try:
         uvicorn.run(app, host=args.host, port=port, log_level="warning", access_log=False)
     finally:

@@ -5,13 +5,19 @@ error is ``{"error_code": <Confluent code>, "message": ...}`` with its HTTP stat
 
 ``GET /schemas/ids/{id}?format=resolved`` returns the schema with its references
 inlined (one self-contained schema, ``references`` empty), as Confluent's does for Avro.
+
+A browser on the same machine is the threat a loopback service forgets: every request
+must name an allowed host (``Host``: loopback names by default, against DNS rebinding), a
+write must carry exactly a JSON media type (not ``text/plain;json``, which a page on any
+origin may send without a preflight), and a body is read up to ``BODY_MAX_BYTES``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -25,6 +31,9 @@ from gnomon.registry.service import Registry
 from gnomon.registry.state import Ref, Version
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+JSON_MEDIA_TYPES = frozenset({CONTENT_TYPE, "application/vnd.schemaregistry+json", "application/json"})
+BODY_MAX_BYTES = 256 * 1024  # the largest checked-in schema is ~20 KB of JSON
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -45,17 +54,40 @@ def _version_doc(v: Version) -> dict[str, Any]:
 
 
 def _require_json(request: Request) -> None:
-    """A write must say it is JSON: a web page can send a cross-site "simple" request
-    (text/plain, a form) to 127.0.0.1 without asking first, but not one of JSON."""
-    if "json" not in request.headers.get("content-type", "").lower():
+    """A write must say it is JSON, exactly: a web page can send a cross-site "simple"
+    request (``text/plain``, a form, ``text/plain;json``) to 127.0.0.1 without asking first,
+    but not one whose media type is JSON."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media not in JSON_MEDIA_TYPES:
         raise ApiError(415, 415, "Content-Type must be application/vnd.schemaregistry.v1+json or application/json")
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused past ``BODY_MAX_BYTES`` (413) whatever Content-Length claims."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > BODY_MAX_BYTES:
+        raise ApiError(413, 413, f"request body over {BODY_MAX_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > BODY_MAX_BYTES:
+            raise ApiError(413, 413, f"request body over {BODY_MAX_BYTES} bytes")
+    return bytes(body)
+
+
+def _host_allowed(request: Request, allowed: Collection[str]) -> bool:
+    try:
+        host = urlsplit("//" + request.headers.get("host", "")).hostname
+    except ValueError:
+        return False
+    return host is not None and host in allowed
 
 
 async def _body(request: Request) -> tuple[str, tuple[Ref, ...], str | None]:
     """(schema, references, schemaType) of a register/lookup/compatibility request."""
     _require_json(request)
     try:
-        doc = json.loads(await request.body())
+        doc = json.loads(await _read_body(request))
         schema = doc["schema"]
         if not isinstance(schema, str):
             raise TypeError("schema must be a string holding the schema's JSON")
@@ -80,10 +112,15 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     return _json({"error_code": status, "message": f"HTTP {status} {getattr(exc, 'detail', '')}".strip()}, status)
 
 
-def create_app(registry: Registry) -> Starlette:
+def create_app(registry: Registry, allowed_hosts: Collection[str] = LOOPBACK_HOSTS) -> Starlette:
+    """The app; ``allowed_hosts``: the names a request's ``Host`` may carry (port aside)."""
+    hosts = frozenset(h.lower() for h in allowed_hosts)
+
     def route(path: str, fn: Callable[[Request], Awaitable[Any]], methods: list[str]) -> Route:
         async def endpoint(request: Request) -> Response:
             try:
+                if not _host_allowed(request, hosts):
+                    raise ApiError(421, 421, "Host not served here (allowed: " + ", ".join(sorted(hosts)) + ")")
                 result = await fn(request)
             except ApiError as exc:
                 return _error(exc)
@@ -147,7 +184,7 @@ def create_app(registry: Registry) -> Starlette:
     async def _level_body(req: Request) -> str:
         _require_json(req)
         try:
-            doc = json.loads(await req.body())
+            doc = json.loads(await _read_body(req))
             return str(doc["compatibility"]).upper()
         except (ValueError, KeyError, TypeError) as exc:
             raise ApiError(422, 42203, f'Invalid request body: expected {{"compatibility": LEVEL}} ({exc})') from exc
