@@ -73,7 +73,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "PYTHONUNBUFFERED": "1",
                 **{f"GNOMON_{kind.upper()}_METRICS_PORT": str(port) for kind, port in METRICS_PORTS.items()},
                 # PUT /v1/alerts accepts a test receiver on this host (tests/e2e/test_alerts.py)
-                "GNOMON_ALERT_ALLOWED_CIDRS": "127.0.0.1/32"})
+                "GNOMON_ALERT_ALLOWED_CIDRS": "127.0.0.1/32", "GNOMON_ALERT_ALLOW_PLAIN_HTTP": "1",
+                "GNOMON_ALERT_ALLOWED_PORTS": "1024-65535"})
     url = f"http://127.0.0.1:{API_PORT}"
     st = Stack(url, Client(url, TOKEN), {}, logs, env)
     st.start("processor", "processor", "--instance-id", "e2e-0")

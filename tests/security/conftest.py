@@ -18,6 +18,7 @@ import pytest
 from gnomon.api.alerts import AlertService
 from gnomon.api.app import CommandSink, create_app
 from gnomon.history.memory import InMemoryHistoryStore
+from gnomon.outbound.http import HttpPolicy
 from gnomon.testing import DecidingProducer
 from gnomon.topology import load_topology
 from gnomon.web.auth import Authenticator
@@ -45,7 +46,7 @@ def gnomon_api() -> GnomonApi:
     tokens = {"acme": "tok-acme-0123456789", "other": "tok-other-0123456789"}
     app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
                      auth=Authenticator({token: tenant for tenant, token in tokens.items()}), topology=topo,
-                     alerts=AlertService(writer=producer, topic=topo.alert_configs, allowed=()),
+                     alerts=AlertService(writer=producer, topic=topo.alert_configs, policy=HttpPolicy()),
                      answers=producer.answers)
     return GnomonApi(app, history, producer, tokens)
 

@@ -22,7 +22,14 @@ import pytest
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import Outcome
-from gnomon.outbound.http import HttpPolicy, redact_text, redact_url, url_secrets, verify_signature
+from gnomon.outbound.http import (
+    HttpPolicy,
+    pin,
+    redact_text,
+    redact_url,
+    url_secrets,
+    verify_signature,
+)
 from gnomon.outbound.netguard import refusal
 from gnomon.outbound.secrets import SecretStore
 from gnomon.worker.attempt import AttemptContext, AttemptResult
@@ -32,7 +39,14 @@ from gnomon.worker.policy import PoolPolicy
 
 BIG_BODY_BYTES = 10 * 1024 * 1024
 CHUNK = b"x" * 65536
-OPEN = HttpPolicy(allow_private=True)
+
+
+def local(**kwargs: Any) -> HttpPolicy:
+    """A policy for this file's test servers: plain http on any port (not by default)."""
+    return HttpPolicy(allow_plain_http=True, allowed_ports=("1-65535",), **kwargs)
+
+
+OPEN = local(allow_private=True)
 
 
 @dataclass
@@ -197,7 +211,7 @@ def signing_store(tmp_path: Path, tenant: str, key: bytes) -> SecretStore:
 
 def test_loopback_is_refused_by_default(serve: Callable[..., Server]) -> None:
     srv = serve()
-    run = attempt(HttpExecutor(), srv.url + "/ok")
+    run = attempt(HttpExecutor(local()), srv.url + "/ok")
     assert run.result.outcome is Outcome.FAILED
     expected = "http target refused: 127.0.0.1 is a loopback address (pool policy denies private networks)"
     assert run.result.error == expected
@@ -211,10 +225,40 @@ def test_metadata_address_is_refused_before_any_connection(monkeypatch: pytest.M
 
     monkeypatch.setattr(socket, "create_connection", no_connect)
     for policy in (HttpPolicy(), OPEN):
-        run = attempt(HttpExecutor(policy), "http://169.254.169.254/latest/meta-data/iam/")
+        run = attempt(HttpExecutor(policy), "https://169.254.169.254/latest/meta-data/iam/")
         assert run.result.outcome is Outcome.FAILED
         assert run.result.error is not None
         assert run.result.error.startswith("http target refused: 169.254.169.254 is a cloud metadata address")
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://1.1.1.1/", "plain http is not allowed (https only; the policy's allow_plain_http opens it)"),
+    ("http://1.1.1.1:25/", "plain http is not allowed"),
+    ("https://1.1.1.1:25/", "port 25 is not an allowed port (443, 8443; the policy's allowed_ports opens more)"),
+    ("https://u:p@cache.example:6379/", "port 6379 is not an allowed port"),
+])
+def test_https_to_web_ports_only_by_default(monkeypatch: pytest.MonkeyPatch, url: str, why: str) -> None:
+    """Issue 24, finding 10: ``http://1.1.1.1:25/`` and ``http://u:p@host:6379/`` were called."""
+    def no_connect(*args: Any, **kwargs: Any) -> socket.socket:
+        raise AssertionError("refused before connecting")
+
+    monkeypatch.setattr(socket, "create_connection", no_connect)
+    run = attempt(HttpExecutor(HttpPolicy(), resolver=fixed_resolver({"cache.example": ["93.184.216.34"]})), url)
+    assert run.result.outcome is Outcome.FAILED
+    assert run.result.error is not None and why in run.result.error, run.result.error
+    assert "p@" not in run.result.error
+
+
+def test_a_pool_that_allows_plain_http_and_a_port_reaches_it(serve: Callable[..., Server]) -> None:
+    srv = serve()
+    http = {"allowed_cidrs": ["127.0.0.1/32"], "allow_plain_http": True}
+    pool = PoolPolicy.from_mapping({"tenants": ["acme"], "http": {**http, "allowed_ports": [srv.port]}})
+    assert attempt(HttpExecutor(pool.http), srv.url + "/ok").result.outcome is Outcome.SUCCEEDED
+    other = PoolPolicy.from_mapping({"tenants": ["acme"], "http": http})
+    refused = attempt(HttpExecutor(other.http), srv.url + "/ok").result
+    assert refused.error == (f"http target refused: port {srv.port} is not an allowed port (443, 8443, 80, 8080; "
+                             "the policy's allowed_ports opens more)")
+    assert [r.path for r in srv.requests] == ["/ok"]
 
 
 def test_metadata_is_reachable_only_through_an_explicit_cidr() -> None:
@@ -225,7 +269,7 @@ def test_metadata_is_reachable_only_through_an_explicit_cidr() -> None:
 
 def test_a_name_resolving_to_loopback_is_refused(serve: Callable[..., Server]) -> None:
     srv = serve()
-    executor = HttpExecutor(resolver=fixed_resolver({"evil.test": ["127.0.0.1"]}))
+    executor = HttpExecutor(local(), resolver=fixed_resolver({"evil.test": ["127.0.0.1"]}))
     run = attempt(executor, f"http://evil.test:{srv.port}/ok")
     assert run.result.error == ("http target refused: 127.0.0.1 (resolved from evil.test) is a loopback "
                                 "address (pool policy denies private networks)")
@@ -234,14 +278,14 @@ def test_a_name_resolving_to_loopback_is_refused(serve: Callable[..., Server]) -
 
 def test_one_private_answer_among_public_ones_refuses_the_name(serve: Callable[..., Server]) -> None:
     srv = serve()
-    executor = HttpExecutor(resolver=fixed_resolver({"mixed.test": ["93.184.216.34", "10.0.0.7"]}))
+    executor = HttpExecutor(local(), resolver=fixed_resolver({"mixed.test": ["93.184.216.34", "10.0.0.7"]}))
     run = attempt(executor, f"http://mixed.test:{srv.port}/ok")
     assert run.result.error is not None and "10.0.0.7 (resolved from mixed.test) is a private address" in run.result.error
 
 
 def test_ipv4_mapped_loopback_is_refused(serve: Callable[..., Server]) -> None:
     srv = serve()
-    run = attempt(HttpExecutor(), f"http://[::ffff:127.0.0.1]:{srv.port}/ok")
+    run = attempt(HttpExecutor(local()), f"http://[::ffff:127.0.0.1]:{srv.port}/ok")
     assert run.result.error is not None
     assert "an IPv6 form of 127.0.0.1, a loopback address" in run.result.error
     assert srv.requests == []
@@ -273,7 +317,7 @@ def test_other_schemes_are_refused() -> None:
 def test_a_redirect_to_loopback_is_refused_at_the_hop(serve: Callable[..., Server]) -> None:
     first, inner = serve("127.0.0.2"), serve("127.0.0.1")
     first.redirect_to = inner.url + "/ok"
-    run = attempt(HttpExecutor(HttpPolicy(allowed_cidrs=("127.0.0.2/32",))), first.url + "/redirect")
+    run = attempt(HttpExecutor(local(allowed_cidrs=("127.0.0.2/32",))), first.url + "/redirect")
     assert run.result.outcome is Outcome.FAILED
     assert run.result.error == ("http target refused: 127.0.0.1 is a loopback address "
                                 "(pool policy denies private networks)")
@@ -284,7 +328,7 @@ def test_a_redirect_to_loopback_is_refused_at_the_hop(serve: Callable[..., Serve
 def test_allowed_redirects_are_followed_with_the_body_and_capped(serve: Callable[..., Server]) -> None:
     srv = serve("127.0.0.2")
     srv.redirect_to = "/ok"
-    executor = HttpExecutor(HttpPolicy(allowed_cidrs=("127.0.0.2/32",)))
+    executor = HttpExecutor(local(allowed_cidrs=("127.0.0.2/32",)))
     run = attempt(executor, srv.url + "/redirect")
     assert run.result.outcome is Outcome.SUCCEEDED
     assert [r.path for r in srv.requests] == ["/redirect", "/ok"]
@@ -318,7 +362,7 @@ def test_the_connection_is_pinned_to_the_checked_address(serve: Callable[..., Se
         return next(answers, ["192.0.2.1"])
 
     srv.redirect_to = f"http://rebind.test:{srv.port}/ok"
-    executor = HttpExecutor(HttpPolicy(allowed_cidrs=("127.0.0.1/32",)), resolver=rebinding)
+    executor = HttpExecutor(local(allowed_cidrs=("127.0.0.1/32",)), resolver=rebinding)
     run = attempt(executor, f"http://rebind.test:{srv.port}/redirect")
     assert run.result.outcome is Outcome.SUCCEEDED, run.result
     assert calls == ["rebind.test", "rebind.test"]
@@ -421,7 +465,7 @@ def test_a_10mb_body_is_not_read_whole(serve: Callable[..., Server]) -> None:
     tracemalloc.start()
     started = time.monotonic()
     try:
-        run = attempt(HttpExecutor(HttpPolicy(allow_private=True, response_max_bytes=cap)), srv.url + "/big")
+        run = attempt(HttpExecutor(local(allow_private=True, response_max_bytes=cap)), srv.url + "/big")
         _, peak_bytes = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -448,12 +492,25 @@ def _assert_clean(run: Run) -> None:
 
 def test_credentials_never_reach_the_log(serve: Callable[..., Server]) -> None:
     srv = serve()
-    url = f"http://hunter-user:s3cr3t-pass@127.0.0.1:{srv.port}/ok?token=tok-abc123&x=1"
+    url = f"http://127.0.0.1:{srv.port}/ok?token=tok-abc123&x=1"
     run = attempt(HttpExecutor(OPEN), url)
     assert run.result.outcome is Outcome.SUCCEEDED
-    assert run.text(LogStream.SYSTEM)[0] == f"POST http://***@127.0.0.1:{srv.port}/ok?token=***&x=***"
+    assert run.text(LogStream.SYSTEM)[0] == f"POST http://127.0.0.1:{srv.port}/ok?token=***&x=***"
     _assert_clean(run)
-    assert srv.requests[0].headers["authorization"].startswith("Basic ")
+    # a URL's user and password become Basic auth over https only (pinned to the checked
+    # address; the request carries no userinfo)
+    pinned = pin(httpx.URL("https://hunter-user:s3cr3t-pass@127.0.0.1:8443/ok"), OPEN)
+    assert pinned.headers["Authorization"].startswith("Basic ") and "s3cr3t" not in str(pinned.url)
+
+
+def test_credentials_over_plain_http_are_refused_unsent(serve: Callable[..., Server]) -> None:
+    """Issue 24, finding 10: ``http://u:p@host/`` sent the password in clear text."""
+    srv = serve()
+    run = attempt(HttpExecutor(OPEN), f"http://hunter-user:s3cr3t-pass@127.0.0.1:{srv.port}/ok")
+    assert run.result.outcome is Outcome.FAILED
+    assert "credentials in an http:// URL would cross the network in clear text" in (run.result.error or "")
+    _assert_clean(run)
+    assert srv.requests == []
 
 
 def test_credentials_are_redacted_from_refusals_and_errors(serve: Callable[..., Server]) -> None:

@@ -102,6 +102,10 @@ def test_containers_are_allowed_by_image_not_by_argv() -> None:
     ('tenants = ["a"]\n[limits]\nmemory_mb = -1', "limits.memory_mb: must be a positive integer"),
     ('tenants = ["a"]\n[limits]\nmemory_mb = 1', "memory_max_bytes below 8 MiB"),
     ('tenants = ["a"]\n[http]\nallowed_cidrs = ["nope"]', "http.allowed_cidrs: 'nope' is not a network"),
+    ('tenants = ["a"]\n[http]\nallowed_ports = ["25-"]', "http.allowed_ports: '25-' is not a port or a range"),
+    ('tenants = ["a"]\n[http]\nallowed_ports = [0]', "http.allowed_ports: '0' is not a port or a range of ports within"),
+    ('tenants = ["a"]\n[http]\nallowed_ports = [true]', "http.allowed_ports: must be a list of ports or ranges"),
+    ('tenants = ["a"]\n[http]\nallow_plain_http = "yes"', "http.allow_plain_http: must be true or false"),
     ("tenants = [", "not valid TOML"),
 ])
 def test_policy_files_fail_with_the_key_named(tmp_path: Path, text: str, message: str) -> None:

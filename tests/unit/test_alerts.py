@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnomon import codec
-from gnomon.alerts.policy import allowed_networks
+from gnomon.alerts.policy import http_policy
 from gnomon.alerts.sender import AlertDeliveryError, AlertSender
 from gnomon.alerts.service import OffsetTracker
 from gnomon.api.alerts import AlertService, parse_alert_body
@@ -50,6 +50,8 @@ NOW = iso_to_ms("2026-12-01T10:00:00Z")
 SLOT = NOW - 60_000
 SPEC = JobSpec("nightly", Schedule(cron="* * * * *"), Target(TargetType.HANDLER, handler="h"))
 CFG = AlertConfig("acme", "https://alerts.example.com/hook", late_s=5)
+
+LOCAL_HOOKS = http_policy(["127.0.0.1/32"], True, ["1-65535"], env={})  # the test receiver: http on 127.0.0.1
 
 
 def run(status: RunStatus = RunStatus.SCHEDULED, **kw: Any) -> RunState:
@@ -205,7 +207,10 @@ def test_config_checks_name_the_field() -> None:
         ({"url": "https://x.example.com", "lateS": -1}, "lateS"),
         ({"url": "https://x.example.com", "lateS": True}, "lateS"),
         ({"url": "https://x.example.com", "secret": "s"}, "secret"),
-        ({"url": "http://127.0.0.1:9/hook"}, "url"),  # loopback, refused as for HTTP targets
+        ({"url": "http://127.0.0.1:9/hook"}, "url"),  # plain http, port 9
+        ({"url": "https://127.0.0.1/hook"}, "url"),  # loopback, refused as for HTTP targets
+        ({"url": "http://alerts.example.com/hook"}, "url"),  # plain http (issue 24, finding 10)
+        ({"url": "https://alerts.example.com:25/hook"}, "url"),  # not a web port
         ({"url": "http://169.254.169.254/latest"}, "url"),
         ([], "body"),
     ]
@@ -214,7 +219,7 @@ def test_config_checks_name_the_field() -> None:
             parse_alert_body(body, "acme", NOW)
         assert exc.value.field == field, (body, exc.value)
     ok = parse_alert_body({"url": "http://127.0.0.1:9/hook", "lateS": 0}, "acme", NOW,
-                          allowed_networks("127.0.0.1/32"))
+                          LOCAL_HOOKS)
     assert (ok.url, ok.kinds, ok.late_s, ok.updated_at_ms) == ("http://127.0.0.1:9/hook", ALL_KINDS, 0, NOW)
     with pytest.raises(ValidationError):
         AlertConfig("*", "https://x.example.com")
@@ -276,7 +281,7 @@ def secrets_with_key(tmp_path: Any, key: str = "k3y-for-acme") -> SecretStore:
 
 
 def test_the_call_is_signed_like_http_targets(receiver: str, tmp_path: Any) -> None:
-    sender = AlertSender(HttpPolicy(allowed_cidrs=("127.0.0.1/32",)), secrets_with_key(tmp_path))
+    sender = AlertSender(LOCAL_HOOKS, secrets_with_key(tmp_path))
     alert = decide(None, run(RunStatus.FAILED, error="boom"), CFG, NOW)[0]
     assert sender.send(alert, receiver, timeout_s=5) == 200
     (call,) = Receiver.calls
@@ -294,11 +299,11 @@ def test_the_call_is_signed_like_http_targets(receiver: str, tmp_path: Any) -> N
 def test_the_ssrf_guard_refuses_loopback_unless_allowed_and_non_2xx_fails(receiver: str, tmp_path: Any) -> None:
     alert = decide(None, run(RunStatus.FAILED), CFG, NOW)[0]
     with pytest.raises(AlertDeliveryError, match="loopback"):
-        AlertSender(HttpPolicy(), None).send(alert, receiver, timeout_s=5)
+        AlertSender(http_policy([], True, ["1-65535"], env={}), None).send(alert, receiver, timeout_s=5)
     assert Receiver.calls == []
     Receiver.statuses = [500]
     with pytest.raises(AlertDeliveryError, match="HTTP 500"):
-        AlertSender(HttpPolicy(allowed_cidrs=("127.0.0.1/32",)), None).send(alert, receiver, timeout_s=5)
+        AlertSender(LOCAL_HOOKS, None).send(alert, receiver, timeout_s=5)
     assert "X-Gnomon-Signature" not in Receiver.calls[0]["headers"]  # no key: unsigned
 
 
@@ -306,7 +311,7 @@ def test_the_ssrf_guard_refuses_loopback_unless_allowed_and_non_2xx_fails(receiv
 
 def test_alert_routes_set_get_delete_own_tenant_only() -> None:
     producer, topo = ListProducer(), load_topology()
-    service = AlertService(AlertBook(), writer=producer, topic=topo.alert_configs, allowed=())
+    service = AlertService(AlertBook(), writer=producer, topic=topo.alert_configs, policy=HttpPolicy())
     auth = Authenticator({"tok-a": "acme", "tok-b": "other"})
     app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(producer, topo.job_commands), auth=auth,
                      topology=topo, clock=FakeClock(NOW), alerts=service)
@@ -338,7 +343,7 @@ def cli_api(monkeypatch: pytest.MonkeyPatch) -> ListProducer:
     from gnomon.client import Client
 
     producer, topo = ListProducer(), load_topology()
-    service = AlertService(AlertBook(), writer=producer, topic=topo.alert_configs, allowed=())
+    service = AlertService(AlertBook(), writer=producer, topic=topo.alert_configs, policy=HttpPolicy())
     app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(producer, topo.job_commands),
                      auth=Authenticator({"tok-a": "acme"}), topology=topo, clock=FakeClock(NOW), alerts=service)
 

@@ -4,10 +4,11 @@
 filled by an ``AlertFeed``, polled on a daemon thread) and writes config records. Any
 tenant token may set its own tenant's config (not another's: the tenant comes from the
 token). PUT replaces the config; its body is checked by the core (422 naming ``url``,
-``kinds``, ``lateS`` or an unknown field), and a URL whose host is a literal address the
-SSRF guard refuses (loopback, private, metadata...) is refused at once, unless the
-operator allowed its network (``GNOMON_ALERT_ALLOWED_CIDRS``, as the alerter). A name is
-resolved and checked by the alerter at every call.
+``kinds``, ``lateS`` or an unknown field). A URL the alerter's policy refuses is refused at
+once: plain http, a port not allowed (``gnomon.alerts.policy``: https's ports by default),
+or a host that is a literal address the SSRF guard refuses (loopback, private,
+metadata...) unless the operator allowed its network (``GNOMON_ALERT_ALLOWED_CIDRS``, as
+the alerter). A name is resolved and checked by the alerter at every call.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 
 from gnomon import codec
-from gnomon.alerts.policy import allowed_networks
+from gnomon.alerts.policy import http_policy
 from gnomon.api import schemas
 from gnomon.api.openapi import problem_responses, request_body
 from gnomon.api.polling import POLL_INTERVAL_S, FeedPoller
@@ -31,7 +33,8 @@ from gnomon.core.alerts import ALL_KINDS, AlertBook, AlertConfig, check_url
 from gnomon.core.clock import Clock, SystemClock, ms_to_iso
 from gnomon.core.errors import EventLogError, ValidationError
 from gnomon.core.validation import check_late_s
-from gnomon.outbound.netguard import IPNetwork, literal_address, refusal
+from gnomon.outbound.http import HttpPolicy
+from gnomon.outbound.netguard import literal_address, refusal
 from gnomon.topology import load_topology
 from gnomon.web.auth import Principal
 from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
@@ -42,8 +45,11 @@ log = logging.getLogger("gnomon.api")
 _FIELDS = frozenset({"url", "kinds", "lateS"})
 
 
-def parse_alert_body(body: Any, tenant: str, now_ms: int, allowed: tuple[IPNetwork, ...] = ()) -> AlertConfig:
-    """A PUT body -> the tenant's ``AlertConfig``, or ``ValidationError`` naming the field."""
+def parse_alert_body(body: Any, tenant: str, now_ms: int, policy: HttpPolicy | None = None) -> AlertConfig:
+    """A PUT body -> the tenant's ``AlertConfig``, or ``ValidationError`` naming the field.
+    ``policy``: the alerter's (``gnomon.alerts.policy.http_policy``; default https only to
+    public addresses on https's ports)."""
+    policy = policy or HttpPolicy()
     if not isinstance(body, dict):
         raise ValidationError("body", 'must be a JSON object, e.g. {"url": "https://example.com/alerts"}')
     for name in body:
@@ -52,10 +58,13 @@ def parse_alert_body(body: Any, tenant: str, now_ms: int, allowed: tuple[IPNetwo
     if "url" not in body:
         raise ValidationError("url", "is required")
     url = check_url(body["url"])
+    scheme_or_port = policy.url_refusal(httpx.URL(url))
+    if scheme_or_port is not None:
+        raise ValidationError("url", scheme_or_port.replace("the policy's ", "the alert policy's "))
     host = urlsplit(url).hostname or ""
     address = literal_address(host)
     if address is not None:
-        why = refusal(address, allow_private=False, allowed=allowed)
+        why = refusal(address, allow_private=False, allowed=policy.networks)
         if why is not None:
             raise ValidationError("url", f"{address} is {why.replace('pool policy', 'the alert policy')}")
     kinds = body.get("kinds", list(ALL_KINDS))
@@ -78,15 +87,15 @@ class AlertService:
     """Thread-safe (one lock around the book; handlers run in the thread pool)."""
 
     def __init__(self, book: AlertBook | None = None, *, writer: Any = None, topic: str | None = None,
-                 feed: Any = None, allowed: tuple[IPNetwork, ...] | None = None) -> None:
+                 feed: Any = None, policy: HttpPolicy | None = None) -> None:
         """``writer``: ``send(topic, key, value_or_None)`` acknowledged by Kafka (a
-        ``SyncProducer``); None: configs cannot be changed (503). ``allowed``: networks a
-        literal webhook address may be in (default: ``GNOMON_ALERT_ALLOWED_CIDRS``)."""
+        ``SyncProducer``); None: configs cannot be changed (503). ``policy``: what a webhook
+        URL may be (default: the alerter's, from the environment: ``http_policy``)."""
         self.book = book or AlertBook()
         self.writer = writer
         self.topic = topic if topic is not None else load_topology().alert_configs
         self.feed = feed
-        self.allowed = allowed_networks() if allowed is None else allowed
+        self.policy = http_policy() if policy is None else policy
         self.lock = threading.Lock()
 
     def poll(self) -> int:
@@ -100,7 +109,7 @@ class AlertService:
             return config_json(tenant, self.book.get(tenant))
 
     def put(self, tenant: str, body: Any, now_ms: int) -> dict[str, Any]:
-        config = parse_alert_body(body, tenant, now_ms, self.allowed)
+        config = parse_alert_body(body, tenant, now_ms, self.policy)
         with self.lock:
             if self.book.get(tenant) is None and len(self.book) >= self.book.tenants_max:
                 raise ValidationError("tenant", f"more than {self.book.tenants_max} tenants with alerts")

@@ -271,6 +271,12 @@ def alerter(
              "(default: <state dir>/secrets); a tenant without one gets unsigned alerts")] = None,
     allowed_cidr: Annotated[list[str] | None, typer.Option(
         help="a network webhooks may reach although not public (repeat; default: $GNOMON_ALERT_ALLOWED_CIDRS)")] = None,
+    allow_plain_http: Annotated[bool | None, typer.Option(
+        "--allow-plain-http/--https-only",
+        help="let webhooks use http:// (default: $GNOMON_ALERT_ALLOW_PLAIN_HTTP, else https only)")] = None,
+    allowed_port: Annotated[list[str] | None, typer.Option(
+        help="a port or range webhooks may use (repeat; default: $GNOMON_ALERT_ALLOWED_PORTS, else 443 and 8443, "
+             "and 80 and 8080 with plain http)")] = None,
     attempts_max: Annotated[int, typer.Option(min=1, max=100, help="calls per alert, the first included")] = 5,
     backoff_s: Annotated[float, typer.Option(min=0, max=3600, help="wait after the first failed call, doubling")] = 1.0,
     backoff_cap_s: Annotated[float, typer.Option(min=0, max=3600, help="longest wait between calls")] = 30.0,
@@ -288,18 +294,17 @@ def alerter(
 ) -> None:
     """Call the tenants' alert webhooks: dead letters, skipped slots, late starts (docs/operations.md, "Alerts")."""
     from gnomon.alerts.feed import AlertFeed
-    from gnomon.alerts.policy import allowed_cidrs
+    from gnomon.alerts.policy import http_policy
     from gnomon.alerts.sender import AlertSender
     from gnomon.alerts.service import ROLE, Alerter
     from gnomon.core.alerts import AlertBook, DeliveryPolicy
-    from gnomon.outbound.http import HttpPolicy
     from gnomon.outbound.secrets import SecretStore
     from gnomon.topology import load_topology
 
     if not (group_id == "gnomon-alerter" or group_id.startswith("gnomon-alerter-")):
         fail("--group-id: must be gnomon-alerter or start with gnomon-alerter- (the alerter's Kafka ACL)", 2)
     try:
-        http = HttpPolicy(allowed_cidrs=tuple(allowed_cidr) if allowed_cidr else allowed_cidrs())
+        http = http_policy(allowed_cidr, allow_plain_http, allowed_port)
         policy = DeliveryPolicy(attempts_max, backoff_s, max(backoff_s, backoff_cap_s), timeout_s, in_flight_max,
                                 tenant_in_flight_max, tenant_backlog_max)
     except ValueError as exc:

@@ -47,24 +47,75 @@ SECRET_MIN_CHARS = 3
 URL_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
+DEFAULT_PORTS = ("443", "8443")
+"""https's ports. Not 25 (mail), 6379 (Redis) and the like: a callback reaches web servers."""
+PLAIN_HTTP_PORTS = ("80", "8080")
+"""Added to ``DEFAULT_PORTS`` by ``allow_plain_http`` when no ports are named."""
+PORT_MAX = 65535
+
+
+def parse_ports(items: Iterable[str]) -> tuple[tuple[int, int], ...]:
+    """``["443", "8000-8999"]`` as inclusive ranges; ValueError on anything else."""
+    ranges: list[tuple[int, int]] = []
+    for item in items:
+        lo_s, sep, hi_s = item.strip().partition("-")
+        if not lo_s.isdigit() or (sep and not hi_s.isdigit()):
+            raise ValueError(f"{item!r} is not a port or a range of ports (like 443 or 8000-8999)")
+        lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+        if not 1 <= lo <= hi <= PORT_MAX:
+            raise ValueError(f"{item!r} is not a port or a range of ports within 1-{PORT_MAX}")
+        ranges.append((lo, hi))
+    return tuple(ranges)
+
+
 @dataclass(frozen=True)
 class HttpPolicy:
-    """What a pool's HTTP targets may reach and how much of the answer is kept.
+    """What a pool's HTTP targets (or the alerter's webhooks) may reach and how much of the
+    answer is kept.
 
     ``allow_private`` opens loopback, private, link-local, CGNAT and the other
     non-public ranges (not the cloud metadata addresses); ``allowed_cidrs`` opens
-    exactly the listed networks, metadata included."""
+    exactly the listed networks, metadata included. Calls are https only unless
+    ``allow_plain_http``; a URL's port must be in ``allowed_ports`` (default: https's
+    ports, and 80 and 8080 too with ``allow_plain_http``); credentials in a URL are
+    refused over plain http (they would cross the network in clear text)."""
 
     allow_private: bool = False
     allowed_cidrs: tuple[str, ...] = ()
     response_max_bytes: int = 8192
     redirects_max: int = 3
+    allow_plain_http: bool = False
+    allowed_ports: tuple[str, ...] = ()  # empty: the defaults above
     networks: tuple[IPNetwork, ...] = field(init=False, repr=False, compare=False)
+    port_ranges: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.response_max_bytes < 0 or self.redirects_max < 0:
             raise ValueError("response_max_bytes and redirects_max must be >= 0")
         object.__setattr__(self, "networks", parse_networks(self.allowed_cidrs))
+        ports = self.allowed_ports or (DEFAULT_PORTS + (PLAIN_HTTP_PORTS if self.allow_plain_http else ()))
+        object.__setattr__(self, "port_ranges", parse_ports(ports))
+
+    def port_allowed(self, port: int) -> bool:
+        return any(lo <= port <= hi for lo, hi in self.port_ranges)
+
+    def ports_text(self) -> str:
+        return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.port_ranges)
+
+    def url_refusal(self, url: httpx.URL) -> str | None:
+        """Why ``url``'s scheme, port or credentials are refused under this policy (a
+        sentence naming the setting that would open it), or None. The address is the SSRF
+        guard's (``pin``)."""
+        if url.scheme not in ("http", "https"):
+            return f"scheme {url.scheme!r} is not http or https"
+        if url.scheme == "http" and not self.allow_plain_http:
+            return "plain http is not allowed (https only; the policy's allow_plain_http opens it)"
+        port = url.port or (443 if url.scheme == "https" else 80)
+        if not self.port_allowed(port):
+            return f"port {port} is not an allowed port ({self.ports_text()}; the policy's allowed_ports opens more)"
+        if url.scheme == "http" and (url.username or url.password):
+            return "credentials in an http:// URL would cross the network in clear text; use https"
+        return None
 
 
 # ---- signatures ------------------------------------------------------------------------
@@ -145,8 +196,9 @@ class Pinned:
 def pin(url: httpx.URL, policy: HttpPolicy, resolver: Resolver = system_resolver) -> Pinned:
     """``url`` checked by the SSRF guard under ``policy`` and pinned to the address it
     checked (raises ``TargetRefused``). Also what the alerter's webhook calls go through."""
-    if url.scheme not in ("http", "https"):
-        raise TargetRefused(f"scheme {url.scheme!r} is not http or https")
+    why = policy.url_refusal(url)
+    if why is not None:
+        raise TargetRefused(why)
     host = url.raw_host.decode("ascii")
     if not host:
         raise TargetRefused("the URL has no host")

@@ -28,6 +28,8 @@ callbacks to public addresses, and no commands or containers at all. A policy fi
     [http]
     allow_private = false                 # loopback / RFC 1918 / link-local callbacks
     allowed_cidrs = []                    # exceptions, e.g. ["10.1.2.0/24"]
+    allow_plain_http = false              # https only unless true
+    allowed_ports = []                    # default 443, 8443 (and 80, 8080 with plain http)
 
 ``PoolPolicy.refusal(target_type, argv0_or_image, tenant)`` says why an attempt may not
 run (a sentence for the run's log), or None.
@@ -44,7 +46,7 @@ from typing import Any
 
 from gnomon.core.errors import GnomonError
 from gnomon.core.model import TargetType
-from gnomon.outbound.http import HttpPolicy
+from gnomon.outbound.http import HttpPolicy, parse_ports
 from gnomon.worker.sandbox import MIB, SandboxLimits
 
 
@@ -193,11 +195,22 @@ def _limits(data: Any, where: str) -> SandboxLimits:
 
 
 def _http(data: Any, where: str) -> HttpPolicy:
-    _only(data, {"allow_private", "allowed_cidrs"}, where.split(":")[0], "http.")
+    _only(data, {"allow_private", "allowed_cidrs", "allow_plain_http", "allowed_ports"}, where.split(":")[0], "http.")
     cidrs = _strings(data.get("allowed_cidrs", []), f"{where}.allowed_cidrs")
     for c in cidrs:
         try:
             ipaddress.ip_network(c, strict=False)
         except ValueError:
             raise PolicyError(f"{where}.allowed_cidrs: {c!r} is not a network (like 10.0.0.0/8)") from None
-    return HttpPolicy(_bool(data.get("allow_private", False), f"{where}.allow_private"), tuple(cidrs))
+    raw_ports = data.get("allowed_ports", [])
+    if not isinstance(raw_ports, list) or not all(isinstance(p, int | str) and not isinstance(p, bool)
+                                                  for p in raw_ports):
+        raise PolicyError(f"{where}.allowed_ports: must be a list of ports or ranges (like [443, \"8000-8999\"])")
+    ports = tuple(str(p) for p in raw_ports)
+    try:
+        parse_ports(ports)
+    except ValueError as exc:
+        raise PolicyError(f"{where}.allowed_ports: {exc}") from None
+    return HttpPolicy(_bool(data.get("allow_private", False), f"{where}.allow_private"), tuple(cidrs),
+                      allow_plain_http=_bool(data.get("allow_plain_http", False), f"{where}.allow_plain_http"),
+                      allowed_ports=ports)
