@@ -194,6 +194,9 @@ def worker(
         help="the pool's policy file (TOML): commands, containers, sandbox limits, HTTP rules")] = None,
     secrets_dir: Annotated[Path | None, typer.Option(
         help="per-tenant secrets on this host: DIR/<tenant>/<name> (default: <state dir>/secrets)")] = None,
+    log_lines_max: Annotated[int, typer.Option(
+        min=1, max=10_000_000, help="an attempt's output lines logged; the rest are counted, cut and said so in "
+                                    "one line")] = 10_000,
     metrics_port: MetricsPort = None,
     stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,
@@ -228,6 +231,7 @@ def worker(
         demo.register(w)
     if stage_max is not None:
         w.stage_max = stage_max
+    w.log_lines_max = log_lines_max
     if worker_id:
         w.worker_id = worker_id
     tenants = [t for t in (tenant or os.environ.get("GNOMON_WORKER_TENANTS", "").split(",")) if t.strip()]

@@ -87,6 +87,11 @@ class WorkerMetrics:
                            registry=r)
         self.consumer_lag = Gauge("gnomon_consumer_lag_records", "Records not yet consumed by the group, on the "
                                   "partitions this process consumes", ["group", "topic"], registry=r)
+        self.output_cut_lines = Counter("gnomon_worker_output_cut_lines", "Output lines of attempts not logged: past "
+                                        "the per-attempt log budget", ["pool"], registry=r)
+        self.output_cut_bytes = Counter("gnomon_worker_output_cut_bytes", "Bytes of those lines", ["pool"], registry=r)
+        self.output_cut_lines.labels(pool)
+        self.output_cut_bytes.labels(pool)
         for outcome in WORKER_OUTCOMES:
             self.finished.labels(pool, outcome)
         self.started.labels(pool)
@@ -102,6 +107,10 @@ class WorkerMetrics:
     def attempt_finished(self, outcome: str, duration_s: float) -> None:
         self.finished.labels(self.pool, outcome).inc()
         self.duration.labels(self.pool, outcome).observe(max(0.0, duration_s))
+
+    def output_cut(self, lines: int, n_bytes: int) -> None:
+        self.output_cut_lines.labels(self.pool).inc(lines)
+        self.output_cut_bytes.labels(self.pool).inc(n_bytes)
 
     def producer_rebuilt(self, pool: str) -> None:
         self.producer_rebuilds.labels(pool).inc()

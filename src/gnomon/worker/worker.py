@@ -59,6 +59,7 @@ from gnomon.retrying import Retry
 from gnomon.topology import Topology, load_topology
 from gnomon.worker.attempt import KILL_GRACE_S
 from gnomon.worker.executors import AttemptContext, AttemptResult, Dispatcher, Executor, Handler
+from gnomon.worker.log_budget import LOG_BYTES_MAX, LOG_LINES_MAX, LogBudget
 from gnomon.worker.policy import PolicyError, PoolPolicy
 from gnomon.worker.pool import AttemptPool
 from gnomon.worker.sandbox import Cgroups
@@ -98,6 +99,7 @@ class _Attempt:
     end: Callable[[AttemptResult], None] | None = None
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    budget: LogBudget = field(default_factory=LogBudget)  # the attempt's output lines (log_budget.py)
     given_up: bool = False  # its handler outlived deadline + grace: reported timed out by the loop
 
 
@@ -134,6 +136,8 @@ class Worker:
     ) -> None:
         if concurrency_max < 1:
             raise ValueError("concurrency_max must be >= 1")
+        self.log_lines_max = LOG_LINES_MAX  # per attempt (log_budget.py); `gnomon worker --log-lines-max`
+        self.log_bytes_max = LOG_BYTES_MAX
         if stage_max is None:
             stage_max = default_stage_max(concurrency_max)
         if advert_interval_ms < 100 or handback_after_ms < 0 or stage_max < 1:
@@ -574,6 +578,8 @@ class Worker:
             stream = LogStream(stream)  # handlers may pass "stdout" / "stderr"
             att = holder[0]
             with att.lock:
+                if stream is not LogStream.SYSTEM and not att.budget.take(line):
+                    return  # counted; one marker line says so when the attempt ends
                 att.seq += 1
                 seq = att.seq
             self._send(self.topo.run_logs, grant.run_id, LogLine(grant.run_id, grant.job_id, grant.tenant,
@@ -610,7 +616,8 @@ class Worker:
             self._done.put((att, result))
 
         lease_ms = grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)
-        att = _Attempt(grant, ctx, 0, max(1000, lease_ms // 3), 0, begin=begin, work=work, end=end)
+        att = _Attempt(grant, ctx, 0, max(1000, lease_ms // 3), 0, begin=begin, work=work, end=end,
+                       budget=LogBudget(self.log_lines_max, self.log_bytes_max))
         holder.append(att)
         return att
 
@@ -669,9 +676,24 @@ class Worker:
             self.completed += 1
             if self.metrics is not None:
                 self.metrics.attempt_finished(result.outcome.value, (self.clock.now_ms() - att.started_ms) / 1000)
+            self._log_cut(att)
             self._send(self.topo.run_events, g.job_id, CompleteAttempt(
                 g.run_id, self.worker_id, g.token, result.outcome, self.clock.now_ms(), result.exit_code, result.error,
                 att.started_ms, result.output), checked=True)
+
+    def _log_cut(self, att: _Attempt) -> None:
+        """One SYSTEM line after the attempt's last, if its output went past its budget."""
+        with att.lock:
+            marker, cut_lines, cut_bytes = att.budget.marker(), att.budget.cut_lines, att.budget.cut_bytes
+            if marker is None:
+                return
+            att.seq += 1
+            seq = att.seq
+        g = att.grant
+        if self.metrics is not None:
+            self.metrics.output_cut(cut_lines, cut_bytes)
+        self._send(self.topo.run_logs, g.run_id, LogLine(g.run_id, g.job_id, g.tenant, g.attempt, seq,
+                                                         LogStream.SYSTEM, marker, self.clock.now_ms()))
 
     def _watch_deadlines(self) -> None:
         """Attempts whose handler runs on the attempt's own thread (``ctx.watched``): stop
