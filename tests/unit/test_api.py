@@ -542,8 +542,14 @@ def test_a_backfill_is_the_processors_decision_and_the_sdk_returns_its_plan(
     import gnomon.client as client_mod
 
     c, producer, _ = sdk
+    producer.clock.set(NOW - 9 * 3_600_000)  # created at 23:00 the day before, paused until now
     job = c.create_job(body(name="hourly"))
-    window = ("2026-11-29T03:30:00Z", "2026-11-29T05:30:00Z")  # two past slots, before the job existed
+    c.pause(job["id"])
+    producer.clock.set(NOW)
+    c.resume(job["id"])
+    before = c.backfill(job["id"], "2026-11-28T20:30:00Z", "2026-11-28T22:30:00Z")
+    assert (before["slots"], before["sent"]) == (0, 0), "no slot before the job existed (issue 24)"
+    window = ("2026-11-29T03:30:00Z", "2026-11-29T05:30:00Z")  # two past slots it skipped while paused
     plan = c.backfill(job["id"], *window)
     assert (plan["slots"], plan["sent"], len(plan["runIds"])) == (2, 2, 2)
     producer.hold()

@@ -4,6 +4,7 @@ never on the event loop (a send may wait for Kafka for up to the delivery timeou
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -94,7 +95,8 @@ def test_every_command_is_sent_off_the_event_loop(watched: Any) -> None:
     resp = client.post("/v1/jobs", json=JOB, headers=AUTH)
     assert resp.status_code == 202, resp.text  # no decider wired here: written, answer pending
     job_id = resp.json()["jobId"]
-    history.put_job(J.evolve(None, J.decide(None, producer.sent[-1][2])[0]))
+    registered = J.evolve(None, J.decide(None, producer.sent[-1][2])[0])
+    history.put_job(replace(registered, created_at_ms=NOW - 4 * 3_600_000))  # the backfill's range is its own
     spec = parse_job_spec({"name": "n", "runAt": "2026-11-29T08:00:05Z", "target": JOB["target"]}, NOW)
     slot = iso_to_ms("2026-11-29T08:00:05Z")
     run_id = f"{job_id}@2026-11-29T08:00:05Z"

@@ -254,7 +254,7 @@ def test_api_refuses_bad_ranges_naming_the_field(api: Any, body: Any, field: str
 
 def test_api_refuses_more_than_the_maximum_naming_to(api: Any) -> None:
     client, producer, history = api
-    history.put_job(J.JobState("job", "acme", spec(), J.JobStatus.ACTIVE, T0 + 30 * MIN, 1, T0, T0))
+    history.put_job(J.JobState("job", "acme", spec(), J.JobStatus.ACTIVE, T0 + 30 * MIN, 1, T0 - 3000 * MIN, T0))
     resp = _backfill(client, T0 - 2000 * MIN, T0)
     assert resp.status_code == 422 and resp.json()["field"] == "to"
     assert str(J.BACKFILL_SLOTS_MAX) in resp.json()["detail"] and producer.sent == []

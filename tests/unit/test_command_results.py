@@ -95,7 +95,9 @@ def test_a_backfill_refused_part_way_writes_nothing() -> None:
     now = c.clock.now_ms()
     out = task.handle_command(J.BackfillJob("j", "other", (earlier, last.slot_ms), now), now, p, 99)
     (res, _), = _results(out, c)
-    assert res.code is ResultCode.REFUSED and "another job or tenant" in (res.reason or ""), res
+    # refused before any slot is decided: the earlier slots are before the new job existed
+    # (issue 24: a backfill is bounded by the job's creation)
+    assert res.code is ResultCode.INVALID and "before the job existed" in (res.reason or ""), res
     assert {r.run_id for r in c.runs_of("j")} == before
     assert task.run(slot_run_id("j", earlier)) is None  # nothing written for the earlier slot
 

@@ -7,7 +7,12 @@ processor decides). Each refusal is a ``LimitExceeded`` naming the limit:
 * a registration over ``jobs_max``, or a cron schedule firing more often than
   ``interval_min_s``: refused, waiting does not help (422);
 * a manual trigger or a one-time job over ``backlog_max``, or a trigger over
-  ``triggers_per_min_max``: refused with a Retry-After (429).
+  ``triggers_per_min_max``: refused with a Retry-After (429);
+* a backfill: its new runs are one-off runs and triggers too, all or none: refused
+  (429) if they would take the backlog past ``backlog_max`` or the minute's triggers past
+  ``triggers_per_min_max``, or the tenant's backfilled runs of the last day past
+  ``BACKFILL_RUNS_PER_DAY_MAX``. (Per call: ``core.jobs.BACKFILL_SLOTS_MAX`` slots, none
+  before the job existed.)
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from gnomon.core.tenants import TenantLimits
 
 INTERVAL_SAMPLE_FIRES = 64  # fire times examined for a schedule's shortest gap
 BACKLOG_RETRY_AFTER_S = 10
+BACKFILL_RUNS_PER_DAY_MAX = 10_000
+"""Runs one tenant's backfills may create or reopen in a day, whatever its other limits."""
 
 
 @lru_cache(maxsize=4096)
@@ -77,3 +84,22 @@ def check_trigger(limits: TenantLimits, *, backlog: int, triggers_last_min: int,
                             f"triggers in the last minute, its limit is {limits.triggers_per_min_max}",
                             retry_after_s=max(1, -(-wait_ms // 1000)))
     check_backlog(limits, backlog)
+
+
+def check_backfill(limits: TenantLimits, runs: int, *, backlog: int, triggers_last_min: int,
+                   oldest_trigger_ms: int | None, backfilled_last_day: int, now_ms: int) -> None:
+    """A backfill that creates or reopens ``runs`` runs, all admitted or none."""
+    if backfilled_last_day + runs > BACKFILL_RUNS_PER_DAY_MAX:
+        raise LimitExceeded("backfill_runs_per_day", f"tenant {limits.tenant} backfilled {backfilled_last_day} "
+                            f"runs in the last day; {runs} more would pass the {BACKFILL_RUNS_PER_DAY_MAX} a day "
+                            "allowed", retry_after_s=3600)
+    if triggers_last_min + runs > limits.triggers_per_min_max:
+        wait_ms = 60_000 if oldest_trigger_ms is None else max(0, oldest_trigger_ms + 60_000 - now_ms)
+        raise LimitExceeded("triggers_per_min_max", f"a backfill of {runs} runs: tenant {limits.tenant} made "
+                            f"{triggers_last_min} triggers in the last minute, its limit is "
+                            f"{limits.triggers_per_min_max}; send a smaller range",
+                            retry_after_s=max(1, -(-wait_ms // 1000)))
+    if backlog + runs > limits.backlog_max:
+        raise LimitExceeded("backlog_max", f"a backfill of {runs} runs: tenant {limits.tenant} has {backlog} "
+                            f"one-off runs queued, its limit is {limits.backlog_max}; send a smaller range or "
+                            "retry when some have started", retry_after_s=BACKLOG_RETRY_AFTER_S)

@@ -357,8 +357,8 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
 
 def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str = "slots") -> None:
     """Refuse a backfill the job cannot take: a paused or one-time job, too many slots,
-    a slot that is not one of the schedule's, or one not yet passed (at or after the
-    job's ``next_run_at``: the scheduler triggers those itself). ``TransitionError`` for
+    a slot that is not one of the schedule's, one before the job existed, or one not yet
+    passed (at or after the job's ``next_run_at``: the scheduler triggers those itself). ``TransitionError`` for
     the job's state, ``ValidationError(field)`` for the slots."""
     if state.spec.schedule.run_at_ms is not None:
         raise TransitionError(f"job {state.job_id} is a one-time job; backfill needs a cron schedule "
@@ -377,6 +377,9 @@ def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str 
         if cron.next_after(slot - 1) != slot:
             raise ValidationError(f"{field}[{i}]", f"{slot} is not a slot of the schedule "
                                                    f"{state.spec.schedule.cron!r} ({state.spec.schedule.tz})")
+        if slot < state.created_at_ms:
+            raise ValidationError(f"{field}[{i}]", f"{slot} is before the job existed (created at "
+                                                   f"{state.created_at_ms})")
         if state.next_run_at_ms is not None and slot >= state.next_run_at_ms:
             raise ValidationError(f"{field}[{i}]", f"{slot} is not a past slot: the schedule is at "
                                                    f"{state.next_run_at_ms} and triggers it itself")

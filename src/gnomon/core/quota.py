@@ -7,7 +7,7 @@ index entries written in the same transaction as the state they derive from (so 
 count is restored with the state, never drifts from it, and needs no ledger of its own):
 
     tq/<tenant>\\0<pool>\\0<run_id>  a run granted to a worker (staged or running): holds quota
-    tb/<tenant>\\0<run_id>           a one-off run (manual, or of a one-time job) not started
+    tb/<tenant>\\0<run_id>           a one-off run (manual, backfilled, or of a one-time job) not started
     tb/<tenant>\\0job:<job_id>       a one-time job not triggered yet
     tj/<tenant>\\0<job_id>           a registered job
 
@@ -29,6 +29,7 @@ import hashlib
 from collections import Counter, deque
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from gnomon.core.jobs import JobState, JobStatus
 from gnomon.core.runs import RunState, RunStatus
@@ -36,6 +37,7 @@ from gnomon.core.tenants import TenantBook, TenantLimits
 
 WAITING_FOR_QUOTA = "waiting for quota"
 TRIGGER_WINDOW_MS = 60_000
+BACKFILL_WINDOW_MS = 86_400_000  # backfilled runs are counted per tenant over a day
 
 
 class Family(StrEnum):
@@ -54,8 +56,9 @@ def granted_key(run: RunState) -> bytes | None:
 
 
 def backlog_key(run: RunState) -> bytes | None:
-    """The ``tb/`` entry of a one-off run (manual, or a one-time job's) not started yet."""
-    one_off = run.manual or run.spec.schedule.is_one_time
+    """The ``tb/`` entry of a one-off run (manual, backfilled, or a one-time job's) not
+    started yet."""
+    one_off = run.manual or run.backfill or run.spec.schedule.is_one_time
     if not one_off or not run.never_started or run.status.terminal or run.status is RunStatus.RETRY_WAIT:
         return None
     return (Family.BACKLOG.value + run.tenant + "\0" + run.run_id).encode()
@@ -130,6 +133,7 @@ class QuotaBook:
         self._counts: dict[int, Counter[tuple[Family, str, str]]] = {}
         self._totals: Counter[tuple[Family, str, str]] = Counter()  # the sum of ``_counts`` (read per grant)
         self._triggers: dict[int, dict[str, deque[int]]] = {}  # partition -> tenant -> accepted at
+        self._backfills: dict[int, dict[str, deque[tuple[int, int]]]] = {}  # ... -> (accepted at, runs)
         self._owned: frozenset[int] = frozenset()
 
     # ---- counts, kept by the partition tasks -----------------------------------------
@@ -139,12 +143,14 @@ class QuotaBook:
         self._forget_counts(partition)
         self._counts[partition] = Counter()
         self._triggers[partition] = {}
+        self._backfills[partition] = {}
         self._owned = frozenset(self._counts)
 
     def close(self, partition: int) -> None:
         """``partition`` is no longer owned here: forget its counts."""
         self._forget_counts(partition)
         self._triggers.pop(partition, None)
+        self._backfills.pop(partition, None)
         self._owned = frozenset(self._counts)
 
     def _forget_counts(self, partition: int) -> None:
@@ -238,11 +244,30 @@ class QuotaBook:
         while len(window) > window_max:
             window.popleft()
 
+    def backfilled(self, tenant: str, now_ms: int) -> int:
+        """Runs a backfill created or reopened for ``tenant`` in the day before ``now_ms``."""
+        n = 0
+        for windows in self._backfills.values():
+            window = windows.get(tenant)
+            if window:
+                _prune(window, now_ms, BACKFILL_WINDOW_MS)
+                n += sum(count for _, count in window)
+        return n
 
-def _prune(window: deque[int], now_ms: int) -> None:
-    """Drop the triggers of ``window`` (accepted-at times, oldest first) that are a whole
-    ``TRIGGER_WINDOW_MS`` or more before ``now_ms``."""
-    while window and window[0] <= now_ms - TRIGGER_WINDOW_MS:
+    def backfill_accepted(self, partition: int, tenant: str, runs: int, now_ms: int, window_max: int = 100_000) -> None:
+        windows = self._backfills.get(partition)
+        if windows is None:
+            return
+        window = windows.setdefault(tenant, deque())
+        window.append((now_ms, runs))
+        while len(window) > window_max:
+            window.popleft()
+
+
+def _prune(window: deque[Any], now_ms: int, window_ms: int = TRIGGER_WINDOW_MS) -> None:
+    """Drop the entries of ``window`` (accepted-at times, or (time, count) pairs; oldest
+    first) that are a whole ``window_ms`` or more before ``now_ms``."""
+    while window and _at(window[0]) <= now_ms - window_ms:
         window.popleft()
 
 
@@ -259,3 +284,7 @@ def clear_waiting(run: RunState) -> RunState:
     if run.reason is not None and run.reason.startswith(WAITING_FOR_QUOTA):
         return replace(run, reason=None)
     return run
+
+
+def _at(entry: int | tuple[int, int]) -> int:
+    return entry if isinstance(entry, int) else entry[0]

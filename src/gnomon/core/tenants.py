@@ -13,8 +13,9 @@ What each limit bounds (enforced by the processor, ``core.admission`` and
   once, per pool. Runs over it wait, READY, with the reason "waiting for quota".
 * ``jobs_max``: registered jobs.
 * ``interval_min_s``: the shortest gap between two fire times of a cron schedule.
-* ``backlog_max``: one-off runs (manual triggers, one-time jobs) queued and not started.
-* ``triggers_per_min_max``: manual triggers accepted per minute.
+* ``backlog_max``: one-off runs (manual triggers, backfilled runs, one-time jobs) queued
+  and not started.
+* ``triggers_per_min_max``: manual triggers accepted per minute, a backfill's runs included.
 """
 
 from __future__ import annotations

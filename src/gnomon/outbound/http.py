@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
+from gnomon.core.errors import InfraError
 from gnomon.outbound.netguard import (
     IPNetwork,
     Resolver,
@@ -213,7 +214,7 @@ def pin(url: httpx.URL, policy: HttpPolicy, resolver: Resolver = system_resolver
                    headers=headers, extensions={"sni_hostname": host} if named_tls else {})
 
 
-class CallAborted(Exception):
+class CallAborted(InfraError):
     """``within_deadline`` closed the call's connection: ``stopped`` says whether a stop
     request did (else the deadline passed)."""
 

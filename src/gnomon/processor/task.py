@@ -732,20 +732,25 @@ class PartitionTask:
         state = self.job(cmd.job_id)
         # a patch is validated against the pools of this topology, like the API does
         events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
-        new_trigger = self._admit(cmd, state, events, now_ms)
+        new_triggers = self._admit(cmd, state, events, now_ms)
         out = self._apply_job_events(cmd.job_id, state, events, now_ms, preflight=isinstance(cmd, J.BackfillJob))
-        if new_trigger and self.quota is not None:
-            self.quota.trigger_accepted(self.partition, cmd.tenant, now_ms)
+        if new_triggers and self.quota is not None:
+            for _ in range(new_triggers):
+                self.quota.trigger_accepted(self.partition, cmd.tenant, now_ms)
+            if isinstance(cmd, J.BackfillJob):
+                self.quota.backfill_accepted(self.partition, cmd.tenant, new_triggers, now_ms)
         return out
 
-    def _admit(self, cmd: J.JobCommand, state: J.JobState | None, events: list[J.JobEvent], now_ms: int) -> bool:
+    def _admit(self, cmd: J.JobCommand, state: J.JobState | None, events: list[J.JobEvent], now_ms: int) -> int:
         """Refuse (LimitExceeded) a command over its tenant's limits, before anything is
-        written; True if it is a manual trigger that creates a run (it counts toward the
-        trigger rate)."""
+        written; the runs it creates that count toward the trigger rate (a manual trigger's
+        new run, a backfill's new or reopened runs)."""
         if self.overloaded and events:
             self._refuse_one_off_while_overloaded(cmd, events)
         if self.quota is None or not events:
-            return False
+            return 0
+        if isinstance(cmd, J.BackfillJob):
+            return self._admit_backfill(cmd, events, now_ms)
         limits = self.quota.effective_limits(cmd.tenant)
         backlog = self.quota.count(Q.Family.BACKLOG, cmd.tenant)
         try:
@@ -760,15 +765,37 @@ class PartitionTask:
                         A.check_backlog(limits, backlog)
                 elif isinstance(ev, J.RunTriggered) and ev.manual:
                     if self.run(ev.run_id) is not None:
-                        return False  # the same idempotency key again: nothing new
+                        return 0  # the same idempotency key again: nothing new
                     n, oldest = self.quota.triggers(cmd.tenant, now_ms)
                     A.check_trigger(limits, backlog=backlog, triggers_last_min=n, oldest_trigger_ms=oldest,
                                     now_ms=now_ms)
-                    return True
+                    return 1
         except GnomonError:
             self.stats.admissions_refused += 1
             raise
-        return False
+        return 0
+
+    def _admit_backfill(self, cmd: J.BackfillJob, events: list[J.JobEvent], now_ms: int) -> int:
+        """A backfill's runs pass the tenant's limits together or not at all: each new run
+        (or a skipped one reopened) is a one-off run queued and a trigger (core.admission)."""
+        assert self.quota is not None
+        runs = 0
+        for ev in events:
+            if isinstance(ev, J.RunTriggered):
+                existing = self.run(ev.run_id)
+                runs += existing is None or existing.status is R.RunStatus.SKIPPED
+        if not runs:
+            return 0
+        n, oldest = self.quota.triggers(cmd.tenant, now_ms)
+        try:
+            A.check_backfill(self.quota.effective_limits(cmd.tenant), runs,
+                             backlog=self.quota.count(Q.Family.BACKLOG, cmd.tenant), triggers_last_min=n,
+                             oldest_trigger_ms=oldest, backfilled_last_day=self.quota.backfilled(cmd.tenant, now_ms),
+                             now_ms=now_ms)
+        except GnomonError:
+            self.stats.admissions_refused += 1
+            raise
+        return runs
 
     def _refuse_one_off_while_overloaded(self, cmd: J.JobCommand, events: list[J.JobEvent]) -> None:
         """New one-off work (a one-time job, a manual trigger that makes a new run) is
@@ -777,7 +804,7 @@ class PartitionTask:
         edits, pauses and deletes go on."""
         for ev in events:
             one_off = (isinstance(ev, J.JobRegistered) and ev.spec.schedule.is_one_time) or (
-                isinstance(ev, J.RunTriggered) and ev.manual and self.run(ev.run_id) is None)
+                isinstance(ev, J.RunTriggered) and (ev.manual or ev.backfill) and self.run(ev.run_id) is None)
             if one_off:
                 self.stats.admissions_refused += 1
                 raise LimitExceeded("overload", f"the scheduler is overloaded (partition {self.partition} defers "
