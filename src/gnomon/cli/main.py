@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from gnomon.cli import alerts, cron, infra, jobs, services, status, tenants
+from gnomon.infra.perms import PRIVATE_UMASK
 
 app = typer.Typer(
     name="gnomon",
@@ -31,6 +34,9 @@ app.command()(status.status)
 
 
 def main() -> None:
+    # what gnomon's services write (the processor's RocksDB, logs, exports) is the tenants'
+    # data: private to this user (gnomon.infra.perms)
+    os.umask(PRIVATE_UMASK)
     app()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import NoReturn
 
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from gnomon.config import load
     from gnomon.infra import manager
+    from gnomon.infra.perms import PRIVATE_UMASK
+
+    os.umask(PRIVATE_UMASK)  # configs, pid files and logs it writes are private (perms.py)
 
     settings = load()
     components = (args.only,) if args.only else manager.COMPONENTS

@@ -13,13 +13,14 @@ file serialises concurrent ``up``/``down`` calls.
 from __future__ import annotations
 
 import fcntl
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from gnomon.config import Settings
-from gnomon.infra import cassandra, connect, fetch, jvm, kafka, postgres, procs, registry
+from gnomon.infra import cassandra, connect, fetch, jvm, kafka, perms, postgres, procs, registry
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import ensure_topics, topic_specs
@@ -46,7 +47,7 @@ def _check(components: Sequence[str], kafka_nodes: int) -> None:
 def _lock(settings: Settings) -> Iterator[None]:
     path = settings.state_dir / "run" / "infra.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -67,6 +68,9 @@ def up(
     """
     _check(components, kafka_nodes)
     begun = time.monotonic()
+    tightened = perms.private_state_dir(settings.state_dir)  # before anything writes tenants' data
+    if tightened:
+        say(f"made {tightened} file(s) and directories under {settings.state_dir} private to this user")
     with _lock(settings):
         for component in components:  # check Java and download first, then start JVMs together
             if component not in JVM_MODULES:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gnomon.infra.errors import InfraError
+from gnomon.infra.perms import PRIVATE_UMASK
 
 
 def marker(name: str) -> str:
@@ -95,7 +96,7 @@ def start(
     out = out_file(state_dir, name)
     out.parent.mkdir(parents=True, exist_ok=True)
     pid_file(state_dir, name).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "ab") as log:
+    with open(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         log.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} starting {name}\n".encode())
         log.flush()
         try:
@@ -108,6 +109,7 @@ def start(
                 env=env,
                 start_new_session=True,
                 close_fds=True,
+                umask=PRIVATE_UMASK,  # its data and logs are the tenants': 0600/0700 (perms.py)
             )
         except OSError as exc:
             raise InfraError(f"cannot start {name} ({argv[0]}): {exc}") from exc
