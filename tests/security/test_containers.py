@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tarfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,62 @@ def test_secret_values_are_not_on_podmans_command_line(image: str) -> None:
     assert run().outcome is Outcome.SUCCEEDED, run.lines
     t.join()
     assert found == [], found
+
+
+# ---- a container does not outlive its worker (issue 24, finding 6) ---------------------------
+#
+# Before: no deadline of the runtime's and nothing tied to the worker's life. After kill -9
+# of the worker the container ran on; once the lease lapsed the run was granted again and
+# ran twice at once (``overlap: forbid`` did not hold).
+
+_WORKER = """
+import sys
+sys.path.insert(0, {tests!r})
+from gnomon.worker.container import ContainerExecutor, PodmanRunner
+from test_containers import LIMITS, Run
+run = Run(("sh", "-c", "sleep 120"), timeout_s={timeout_s})
+run.executor = ContainerExecutor(LIMITS, runner=PodmanRunner(grace_s={grace_s}))
+run()
+"""
+
+
+def _worker_killed_mid_attempt(tmp_path: Path, timeout_s: float, grace_s: int) -> str:
+    """A stand-in worker (its command line says gnomon, as a real one's does) that starts a
+    container attempt and is killed -9 while the container runs; the container's name."""
+    import os
+    import signal
+    import sys
+    import time
+
+    script = tmp_path / "gnomon_stand_in_worker.py"
+    script.write_text(_WORKER.format(tests=str(Path(__file__).parent), timeout_s=timeout_s, grace_s=grace_s))
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    name = f"gnomon-{proc.pid}-1"
+    deadline = time.monotonic() + 60
+    while not PodmanRunner().exists(name):
+        assert proc.poll() is None and time.monotonic() < deadline, "the container did not start"
+        time.sleep(0.2)
+    assert PodmanRunner().sweep_orphans() == [], "a live worker's container is left alone"
+    assert PodmanRunner().exists(name)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    return name
+
+
+def test_a_restarted_worker_removes_its_predecessors_containers(image: str, tmp_path: Path) -> None:
+    name = _worker_killed_mid_attempt(tmp_path, timeout_s=60, grace_s=60)
+    assert PodmanRunner().exists(name), "killed -9, the worker left its container running"
+    assert PodmanRunner().sweep_orphans() == [name]  # what a worker does at start, before taking work
+    assert not PodmanRunner().exists(name)
+    assert leftovers() == []
+
+
+def test_the_runtime_ends_a_container_at_its_deadline_without_the_worker(image: str, tmp_path: Path) -> None:
+    import time
+
+    name = _worker_killed_mid_attempt(tmp_path, timeout_s=1, grace_s=1)  # `podman run --timeout 2`
+    deadline = time.monotonic() + 30
+    while PodmanRunner().exists(name):
+        assert time.monotonic() < deadline, "the container outlived its deadline"
+        time.sleep(0.5)
+    assert leftovers() == []

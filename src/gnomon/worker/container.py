@@ -10,12 +10,20 @@ read-only root, a private size-capped ``/tmp``, no network unless the policy gra
 the policy's memory, CPU and pid limits, and only the run's variables and its secrets.
 On timeout, cancel, drain or too much output the container is removed by name
 (``podman rm -f``), which kills everything in it.
+
+A container must not outlive its worker: a killed worker's attempt is granted again once
+its lease lapses, and two copies would run at once. So each container gets a hard
+deadline enforced by the runtime (``podman run --timeout``: the attempt's timeout plus
+``RUNTIME_GRACE_S``), and carries its worker's pid in its name (``gnomon-<pid>-<n>``); a
+worker starting on the host removes every such container whose worker is gone
+(``PodmanRunner.sweep_orphans``) before it takes work.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -33,15 +41,18 @@ log = logging.getLogger("gnomon.worker")
 
 RUNTIME = "/usr/sbin/runc"
 REMOVE_TIMEOUT_S = 30.0
+RUNTIME_GRACE_S = 10  # past the attempt's timeout, the runtime kills the container itself
+NAME_PREFIX = "gnomon-"
 _seq = itertools.count(1)
 
 
 class PodmanRunner:
     """Builds ``podman run`` argv and removes containers; one place knows podman's flags."""
 
-    def __init__(self, podman: str | None = None, runtime: str = RUNTIME) -> None:
+    def __init__(self, podman: str | None = None, runtime: str = RUNTIME, grace_s: int = RUNTIME_GRACE_S) -> None:
         self.podman = podman or shutil.which("podman") or ""
         self.runtime = runtime
+        self.grace_s = grace_s
 
     def check(self) -> None:
         if not self.podman:
@@ -53,8 +64,10 @@ class PodmanRunner:
         return [self.podman, "--runtime", self.runtime]
 
     def run_argv(self, name: str, image: str, argv: tuple[str, ...], env: dict[str, str],
-                 limits: SandboxLimits, network: bool) -> list[str]:
+                 limits: SandboxLimits, network: bool, timeout_s: float) -> list[str]:
+        deadline_s = max(1, math.ceil(timeout_s)) + self.grace_s  # the runtime's, if the worker is gone
         args = [*self.base(), "run", "--rm", "--name", name, "--pull", "never", "--init",
+                "--timeout", str(deadline_s), "--label", "gnomon.attempt=1",
                 "--user", f"{SANDBOX_UID}:{SANDBOX_UID}", "--cap-drop", "all",
                 "--security-opt", "no-new-privileges", "--read-only",
                 "--tmpfs", f"/tmp:rw,size={limits.tmp_max_bytes},U",  # U: owned by the user (mode= is lost here)
@@ -78,10 +91,40 @@ class PodmanRunner:
         except (subprocess.TimeoutExpired, OSError) as exc:
             log.warning("cannot remove container %s: %s", name, exc)
 
+    def sweep_orphans(self, alive: Callable[[int], bool] | None = None) -> list[str]:
+        """Remove the containers of workers that are gone: named ``gnomon-<pid>-<n>`` with
+        no live gnomon process ``pid`` on this host. Returns their names. Never raises."""
+        is_alive = alive or _gnomon_process_alive
+        try:
+            out = subprocess.run([*self.base(), "ps", "-a", "--filter", f"name=^{NAME_PREFIX}",
+                                  "--format", "{{.Names}}"], capture_output=True, text=True,
+                                 timeout=REMOVE_TIMEOUT_S, check=False)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            log.warning("cannot list containers to sweep: %s", exc)
+            return []
+        gone: list[str] = []
+        for name in out.stdout.split():
+            pid_text = name[len(NAME_PREFIX):].split("-", 1)[0]
+            if name.startswith(NAME_PREFIX) and pid_text.isdigit() and not is_alive(int(pid_text)):
+                self.remove(name)
+                gone.append(name)
+        return gone
+
     def exists(self, name: str) -> bool:
         out = subprocess.run([*self.base(), "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}}"],
                              capture_output=True, text=True, timeout=REMOVE_TIMEOUT_S, check=False)
         return name in out.stdout.split()
+
+
+def _gnomon_process_alive(pid: int) -> bool:
+    """A process ``pid`` runs on this host and is gnomon's (a reused pid is not)."""
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"gnomon" in f.read()
+    except OSError:
+        return False
 
 
 class ContainerExecutor:
@@ -108,8 +151,8 @@ class ContainerExecutor:
             return AttemptResult(Outcome.FAILED, None, f"secret unavailable: {exc}")
         env = {k: v for k, v in ctx.sandbox_env().items() if k != "PATH"}  # the image keeps its PATH
         env.update(extra)
-        name = f"gnomon-{os.getpid()}-{next(_seq)}"
-        argv = self.runner.run_argv(name, target.image, target.argv, env, self.limits, self.network)
+        name = f"{NAME_PREFIX}{os.getpid()}-{next(_seq)}"
+        argv = self.runner.run_argv(name, target.image, target.argv, env, self.limits, self.network, ctx.timeout_s)
         try:
             podman_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env}
             return self._run(argv, podman_env, name, ctx, redactor(extra.values()))
