@@ -260,3 +260,63 @@ def test_dev_shm_is_capped_like_tmp() -> None:
     run = Run(["sh", "-c", "head -c 20000000 /dev/zero > /dev/shm/big; echo rc=$?; touch /dev/evil; echo dev=$?"])
     run()
     assert "rc=0" not in run.out(), "wrote 20 MB into /dev/shm past the 8 MiB cap"
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["with-cgroups", "without-cgroups"])
+def test_only_the_capped_tmp_and_dev_shm_are_writable(cgroups: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, finding 3: the sandbox's ``/``, ``/etc`` and ``/dev`` were writable tmpfs
+    without a size cap. Without cgroups (a non-root worker, a cgroup-v2-only host) a command
+    with a 64 MiB memory limit and an 8 MiB ``/tmp`` wrote two 256 MiB files there and
+    succeeded; with cgroups 40 MB went past the ``/tmp`` cap first."""
+    if not cgroups:
+        monkeypatch.setattr(Cgroups, "usable", classmethod(lambda cls: False))
+    script = ("for f in /evil /etc/evil /dev/evil /usr/evil /proc/evil; do echo x > $f 2>/dev/null; "
+              "echo \"$f rc=$?\"; done; "
+              "head -c 20000000 /dev/zero > /tmp/big 2>/dev/null; echo \"tmp-big rc=$?\"; rm -f /tmp/big; "
+              "head -c 20000000 /dev/zero > /dev/shm/big 2>/dev/null; echo \"shm-big rc=$?\"; rm -f /dev/shm/big; "
+              "echo ok > /tmp/small && echo tmp-small=ok; echo ok > /dev/shm/small && echo shm-small=ok")
+    run = Run(["sh", "-c", script], timeout_s=30)
+    result = run()
+    out = run.out()
+    assert result.outcome is Outcome.SUCCEEDED, (result, run.lines)
+    for path in ("/evil", "/etc/evil", "/dev/evil", "/usr/evil", "/proc/evil"):
+        assert f"{path} rc=" in out and f"{path} rc=0" not in out, f"{path} is writable:\n{out}"
+    assert "tmp-big rc=0" not in out and "shm-big rc=0" not in out, out  # past the 8 MiB caps
+    assert "tmp-small=ok" in out and "shm-small=ok" in out, out
+
+
+_SYSCALLS = r"""
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr, args in [("io_uring_setup", 425, (1, 0)), ("keyctl", 250, (0, -3, 0)), ("add_key", 248, (0, 0, 0, 0, 0)),
+                       ("bpf", 321, (0, 0, 0)), ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("userfaultfd", 323, (0,)),
+                       ("mount", 165, (0, 0, 0, 0, 0)), ("ptrace", 101, (0, 0, 0, 0)), ("unshare", 272, (0,)),
+                       ("getpid", 39, ()), ("uname", 63, (ctypes.create_string_buffer(512),))]:
+    ctypes.set_errno(0)
+    rc = libc.syscall(nr, *args)
+    print(name, rc, errno.errorcode.get(ctypes.get_errno(), "-"))
+"""
+
+
+def test_the_seccomp_filter_refuses_the_kernels_riskiest_calls() -> None:
+    """Issue 24, finding 9: no seccomp filter in the sandbox (``Seccomp: 0``;
+    ``io_uring_setup`` and ``keyctl`` reachable)."""
+    import re
+
+    from gnomon.worker import seccomp
+
+    run = Run(["/usr/bin/python3", "-c", _SYSCALLS], timeout_s=30)
+    run2 = Run(["sh", "-c", "grep -E '^Seccomp:' /proc/self/status"])
+    assert run().outcome is Outcome.SUCCEEDED, run.lines
+    run2()
+    assert re.search(r"Seccomp:\s+2", run2.out()), run2.out()  # filter mode
+    seen = dict((line.split()[0], line.split()[1:]) for line in run.out().splitlines())
+    for name in ("io_uring_setup", "keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd", "mount", "ptrace",
+                 "unshare"):
+        assert seen[name] == ["-1", "EPERM"], (name, seen[name])
+    assert int(seen["getpid"][0]) > 0 and seen["uname"][0] == "0", seen  # the rest is allowed
+    # the filter's numbers are the kernel's (where this host has the headers)
+    header = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
+    if header.exists():
+        nrs = {m.group(1): int(m.group(2)) for m in re.finditer(r"#define __NR_(\w+) (\d+)", header.read_text())}
+        assert {k: nrs.get(k) for k in seccomp.DENIED["x86_64"]} == seccomp.DENIED["x86_64"]

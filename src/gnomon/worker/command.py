@@ -23,6 +23,7 @@ from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
 from gnomon.core.runs import Outcome
 from gnomon.outbound.secrets import SecretError, redactor
+from gnomon.worker import seccomp
 from gnomon.worker.attempt import (
     LINE_MAX_CHARS,
     TAIL_LINES_MAX,
@@ -133,17 +134,21 @@ class SandboxedCommandExecutor:
     def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext,
              redact: Callable[[str], str]) -> AttemptResult:
         env_r, env_w = os.pipe()
+        filter_r = _seccomp_pipe()
         try:
-            argv, launcher_env = self.sandbox.argv(req, cgroups, env_r)
+            argv, launcher_env = self.sandbox.argv(req, cgroups, env_r, filter_r)
             env_bytes = self.sandbox.env_args(req)
+            fds = (env_r,) if filter_r is None else (env_r, filter_r)
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=launcher_env, start_new_session=True, close_fds=True, pass_fds=(env_r,))
+                                    env=launcher_env, start_new_session=True, close_fds=True, pass_fds=fds)
         except (OSError, SandboxError) as exc:
             os.close(env_w)
             ctx.log(LogStream.SYSTEM, f"cannot start the sandbox: {exc}")
             return AttemptResult(Outcome.FAILED, 127, f"cannot start the sandbox: {exc}")
         finally:
             os.close(env_r)
+            if filter_r is not None:
+                os.close(filter_r)
         # the variables go through a pipe, not the argv (see BwrapSandbox.argv); a thread,
         # since they may be larger than the pipe's buffer
         threading.Thread(target=_write_and_close, args=(env_w, env_bytes), daemon=True).start()
@@ -157,6 +162,22 @@ class SandboxedCommandExecutor:
             ctx.log(LogStream.SYSTEM, "the sandbox could not join its cgroups")
             return AttemptResult(Outcome.FAILED, code, "sandbox setup failed (cgroups)")
         return outcome_of(ended, ctx, req.limits.output_max_bytes, "sandbox killed")
+
+
+SECCOMP_PROGRAM = seccomp.program()  # None where no syscall table exists (the worker says so at start)
+
+
+def _seccomp_pipe() -> int | None:
+    """The read end of a pipe holding the sandbox's seccomp filter (a few hundred bytes: it
+    fits in the pipe's buffer, so it is written whole before bwrap starts)."""
+    if SECCOMP_PROGRAM is None:
+        return None
+    r, w = os.pipe()
+    try:
+        os.write(w, SECCOMP_PROGRAM)
+    finally:
+        os.close(w)
+    return r
 
 
 def _write_and_close(fd: int, data: bytes) -> None:

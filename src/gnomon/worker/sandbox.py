@@ -11,8 +11,10 @@ A command attempt runs as::
 * **Namespaces.** ``--unshare-all``: its own pid, ipc, uts, cgroup, user and network
   namespaces. No network unless the policy grants it (then the host's network).
 * **Filesystem.** Only ``/usr`` (read-only, with the merged-usr links), a few files of
-  ``/etc``, a fresh ``/proc`` and ``/dev``, and a private, size-capped ``/tmp``. The
-  worker's working directory, ``.gnomon/``, ``/root`` and ``/home`` are not there.
+  ``/etc``, a fresh ``/proc`` and ``/dev``, and a private, size-capped ``/tmp`` and
+  ``/dev/shm``: the only writable places, with or without cgroups (the root, ``/etc`` and
+  ``/dev`` are remounted read-only once built). The worker's working directory,
+  ``.gnomon/``, ``/root`` and ``/home`` are not there.
 * **Environment.** Cleared; the run's own variables plus the job's secrets are set.
 * **Limits.** rlimits always (processes, CPU seconds, file size, open files, address
   space when there are no cgroups); when the worker is root, cgroup v1 ``pids``,
@@ -228,12 +230,15 @@ class BwrapSandbox:
             if shutil.which(tool) is None:
                 raise SandboxError(f"{tool} (util-linux) is not installed; the sandbox needs it")
 
-    def argv(self, req: SandboxRequest, cgroups: Cgroups | None, env_fd: int) -> tuple[list[str], dict[str, str]]:
+    def argv(self, req: SandboxRequest, cgroups: Cgroups | None, env_fd: int,
+             seccomp_fd: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The full argv and the (tiny) environment of the launcher process.
 
         The sandbox's variables (payload, secrets) are not in the argv, which any local
         user can read in /proc/<pid>/cmdline: bwrap reads them from ``env_fd``
-        (``--args``), where the caller writes ``env_args(req)``."""
+        (``--args``), where the caller writes ``env_args(req)``. ``seccomp_fd``: where
+        bwrap reads the seccomp filter (``gnomon.worker.seccomp``) it loads before the
+        command runs."""
         lim = req.limits
         rlimits = [f"--nproc={lim.uid_processes_max}", f"--cpu={lim.cpu_time_max_s}",
                    f"--fsize={lim.file_size_max_bytes}", f"--nofile={lim.open_files_max}", "--core=0"]
@@ -245,8 +250,9 @@ class BwrapSandbox:
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
         launcher_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                         "GNOMON_CGROUP_PROCS": " ".join(cgroups.procs_files) if cgroups else ""}
+        seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
         full = ["/bin/sh", "-c", _JOIN_CGROUPS, "gnomon-sandbox", "prlimit", *rlimits, "--",
-                *drop, *self._bwrap_args(req), "--args", str(env_fd), "--", *req.argv]
+                *drop, *self._bwrap_args(req), *seccomp, "--args", str(env_fd), "--", *req.argv]
         return full, launcher_env
 
     def _bwrap_args(self, req: SandboxRequest) -> list[str]:
@@ -264,6 +270,10 @@ class BwrapSandbox:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         if req.network:
             args.append("--share-net")
+        # read-only once built: the root (bwrap's own tmpfs, /etc on it) and /dev's tmpfs
+        # were writable and uncapped, a way past the /tmp cap and, without a memory cgroup,
+        # the memory limit; only the size-capped /tmp and /dev/shm stay writable
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]
         return args
 
     @staticmethod

@@ -32,6 +32,7 @@ import heapq
 import json
 import logging
 import os
+import platform
 import queue
 import secrets
 import socket
@@ -278,6 +279,18 @@ class Worker:
                 log.warning("no writable cgroup v1 pids/memory/cpu hierarchies (run the worker as root on a "
                             "cgroup v1 or hybrid host): sandboxes get rlimits only, with no per-attempt "
                             "process or memory cgroup")
+            from gnomon.worker.command import SECCOMP_PROGRAM
+
+            if SECCOMP_PROGRAM is None:
+                log.warning("no seccomp syscall table for %s: commands run without the sandbox's seccomp "
+                            "filter (gnomon.worker.seccomp)", platform.machine())
+        if policy.containers.enabled:
+            from gnomon.worker.container import PodmanRunner
+
+            # a predecessor's containers would run beside the attempts granted again
+            orphans = PodmanRunner().sweep_orphans() if PodmanRunner().podman else []
+            if orphans:
+                log.warning("removed %d container(s) of workers that are gone: %s", len(orphans), ", ".join(orphans))
         self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets, inline_handlers=True)
         self._pool = AttemptPool(self.concurrency_max)  # concurrency may have been set after __init__
         self._inbox = self._open_inbox()
