@@ -83,3 +83,15 @@ def test_a_request_for_another_host_is_refused(http: TestClient, host: str) -> N
 @pytest.mark.parametrize("host", ["127.0.0.1:8081", "localhost:8081", "[::1]:8081", "LOCALHOST"])
 def test_loopback_names_are_served(http: TestClient, host: str) -> None:
     assert http.get("/subjects", headers={"Host": host}).status_code == 200
+
+
+def test_connects_rest_api_listens_on_loopback_only() -> None:
+    """Issue 24, finding 7's other half: Kafka Connect's REST API (which can create
+    connectors that read topics and write files) is bound to 127.0.0.1, never a wildcard."""
+    from gnomon.infra import connect
+
+    props = connect.parse_properties(connect.WORKER_TEMPLATE.read_text())
+    listeners = [x.strip() for x in props["listeners"].split(",")]
+    assert listeners and all(x.startswith("http://127.0.0.1:") for x in listeners), listeners
+    assert props.get("rest.advertised.host.name") == "127.0.0.1"
+    assert connect.HOST == "127.0.0.1"

@@ -279,6 +279,11 @@ class Worker:
                 log.warning("no writable cgroup v1 pids/memory/cpu hierarchies (run the worker as root on a "
                             "cgroup v1 or hybrid host): sandboxes get rlimits only, with no per-attempt "
                             "process or memory cgroup")
+            if os.geteuid() != 0:
+                log.warning("commands run as this worker's own uid %d on the host (the sandbox's namespaces "
+                            "map nobody onto it): the worker's Kafka credential and the tenants' secrets are "
+                            "that uid's too. Run the worker as root for a separate host identity (65534) per "
+                            "attempt (docs/security.md, known gaps)", os.geteuid())
             from gnomon.worker.command import SECCOMP_PROGRAM
 
             if SECCOMP_PROGRAM is None:
