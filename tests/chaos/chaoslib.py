@@ -196,7 +196,10 @@ class Scenario:
         if assigned < 0:
             return False
         after = text[assigned:]
-        wanted = after[len("assigned partitions ["):after.index("]")]
+        end = after.find("]")
+        if end < 0:  # the line is being written
+            return False
+        wanted = after[len("assigned partitions ["):end]
         return all(f"partition {p.strip()} restored:" in after for p in wanted.split(",") if p.strip())
 
     def wait_runs(self, succeeded: int, timeout_s: float = 60) -> list[RunState]:

@@ -63,6 +63,14 @@ def queued(producer: DecidingProducer, job_id: str) -> list[str]:
     return [r.run_id for r in runs if r is not None and r.status is not RunStatus.SKIPPED]
 
 
+def test_a_range_wholly_before_the_job_is_refused_naming_from() -> None:
+    client, producer, clock = stack()
+    job_id = per_second_job_paused_for_an_hour(client, clock)
+    created_at = producer.job(job_id).created_at_ms  # type: ignore[union-attr]
+    r = backfill(client, job_id, "1970-01-01T00:00:00Z", created_at - 1000)
+    assert r.status_code == 422 and r.json()["field"] == "from", r.text
+
+
 def test_a_backfill_from_1970_holds_only_the_jobs_own_slots() -> None:
     client, producer, clock = stack()
     job_id = per_second_job_paused_for_an_hour(client, clock)
@@ -88,14 +96,14 @@ def test_a_backfill_over_the_backlog_limit_is_refused_whole() -> None:
     client, producer, clock = stack(backlog_max=5)
     job_id = per_second_job_paused_for_an_hour(client, clock)
     start = NOW - HOUR + 60_000
-    big = backfill(client, job_id, start, start + 599_000)  # 600 slots
-    assert big.status_code == 429, big.text
-    assert big.json()["limit"] == "backlog_max" and big.headers.get("Retry-After")
+    big = backfill(client, job_id, start, start + 599_000)  # 600 slots: more than the limit itself
+    assert big.status_code == 422, big.text
+    assert big.json()["limit"] == "backlog_max" and big.json()["field"] == "to" and not big.headers.get("Retry-After")
     assert queued(producer, job_id) == [], "refused whole: no run of it was created"
     assert backfill(client, job_id, start, start + 5_000).json()["sent"] == 5  # 5 runs: at the limit
     assert len(queued(producer, job_id)) == 5
-    again = backfill(client, job_id, start + 10_000, start + 11_000)  # one more
-    assert again.status_code == 429 and again.json()["limit"] == "backlog_max"
+    again = backfill(client, job_id, start + 10_000, start + 11_000)  # one more: waiting helps
+    assert again.status_code == 429 and again.json()["limit"] == "backlog_max" and again.headers.get("Retry-After")
     assert len(queued(producer, job_id)) == 5
 
 
@@ -105,7 +113,7 @@ def test_five_backfills_of_1000_slots_do_not_make_5000_runs_for_a_small_tenant()
     job_id = per_second_job_paused_for_an_hour(client, clock)
     created_at = producer.job(job_id).created_at_ms  # type: ignore[union-attr]
     codes = [backfill(client, job_id, "1970-01-01T00:00:00Z", created_at + 999_000).status_code for _ in range(5)]
-    assert codes == [429] * 5
+    assert codes == [422] * 5  # 1,000 runs each: more than backlog_max itself
     assert len(queued(producer, job_id)) == 0
 
 

@@ -172,14 +172,14 @@ run()
 
 
 def _worker_killed_mid_attempt(tmp_path: Path, timeout_s: float, grace_s: int) -> str:
-    """A stand-in worker (its command line says gnomon, as a real one's does) that starts a
-    container attempt and is killed -9 while the container runs; the container's name."""
+    """A stand-in worker that starts a container attempt and is killed -9 while the
+    container runs; the container's name."""
     import os
     import signal
     import sys
     import time
 
-    script = tmp_path / "gnomon_stand_in_worker.py"
+    script = tmp_path / "stand_in_worker.py"
     script.write_text(_WORKER.format(tests=str(Path(__file__).parent), timeout_s=timeout_s, grace_s=grace_s))
     proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     name = f"gnomon-{proc.pid}-1"
@@ -187,7 +187,7 @@ def _worker_killed_mid_attempt(tmp_path: Path, timeout_s: float, grace_s: int) -
     while not PodmanRunner().exists(name):
         assert proc.poll() is None and time.monotonic() < deadline, "the container did not start"
         time.sleep(0.2)
-    assert PodmanRunner().sweep_orphans() == [], "a live worker's container is left alone"
+    assert name not in PodmanRunner().sweep_orphans(), "a live worker's container is left alone"
     assert PodmanRunner().exists(name)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
@@ -197,7 +197,7 @@ def _worker_killed_mid_attempt(tmp_path: Path, timeout_s: float, grace_s: int) -
 def test_a_restarted_worker_removes_its_predecessors_containers(image: str, tmp_path: Path) -> None:
     name = _worker_killed_mid_attempt(tmp_path, timeout_s=60, grace_s=60)
     assert PodmanRunner().exists(name), "killed -9, the worker left its container running"
-    assert PodmanRunner().sweep_orphans() == [name]  # what a worker does at start, before taking work
+    assert name in PodmanRunner().sweep_orphans()  # what a worker does at start, before taking work
     assert not PodmanRunner().exists(name)
     assert leftovers() == []
 
@@ -211,3 +211,18 @@ def test_the_runtime_ends_a_container_at_its_deadline_without_the_worker(image: 
         assert time.monotonic() < deadline, "the container outlived its deadline"
         time.sleep(0.5)
     assert leftovers() == []
+
+
+def test_a_worker_identity_outlives_nothing_but_its_process() -> None:
+    """The label a container carries names its worker by boot, pid and start time: a pid
+    reused by a later process is not the worker."""
+    import os
+
+    from gnomon.worker.container import identity_alive, process_identity
+
+    me = process_identity(os.getpid())
+    assert identity_alive(me)
+    boot, pid, ticks = me.split(":")
+    assert not identity_alive(f"{boot}:{pid}:{int(ticks) + 1}")  # the same pid, a later process
+    assert not identity_alive(f"another-boot:{pid}:{ticks}")
+    assert not identity_alive(f"{boot}:999999999:1") and not identity_alive("garbage")

@@ -6,6 +6,7 @@ against ``app.routes``, so a new endpoint fails this test until it is added here
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,12 @@ PUBLIC_ROUTES = {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oaut
                  ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc"), ("GET", "/metrics"), ("HEAD", "/metrics")}
 JOB = {"name": "a-secret-job", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
 
+def _now_iso() -> str:
+    from gnomon.core.clock import ms_to_iso
+
+    return ms_to_iso(int(time.time() * 1000))
+
+
 # (method, route path) -> (body, which of acme's ids to use); every such call by "other" is a 404.
 BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
     ("GET", "/v1/jobs/{job_id}"): (None, "job"),
@@ -29,7 +36,8 @@ BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
     ("POST", "/v1/jobs/{job_id}:pause"): (None, "job"),
     ("POST", "/v1/jobs/{job_id}:resume"): (None, "job"),
     ("POST", "/v1/jobs/{job_id}:trigger"): ({"idempotencyKey": "k1"}, "job"),
-    ("POST", "/v1/jobs/{job_id}:backfill"): ({"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T05:00:00Z"}, "job"),
+    # a range over the job's own life (a backfill covers none before it existed): built at the call
+    ("POST", "/v1/jobs/{job_id}:backfill"): (lambda: {"from": "2026-01-01T00:00:00Z", "to": _now_iso()}, "job"),
     ("GET", "/v1/jobs/{job_id}/runs"): (None, "job"),
     ("GET", "/v1/runs/{run_id}"): (None, "run"),
     ("GET", "/v1/runs/{run_id}/logs"): (None, "run"),
@@ -89,6 +97,7 @@ def test_other_tenant_gets_404_and_nothing_is_produced(gnomon_api: Any, world: d
                                                        path: str) -> None:
     client, ids = world["client"], world["ids"]
     body, which = BY_ID[(method, path)]
+    body = body() if callable(body) else body
     url = path.replace("{job_id}", ids["job"]).replace("{run_id}", ids[which])
     kwargs = {} if body is None else {"json": body}
     job_before, answers_before = gnomon_api.producer.job(ids["job"]), len(gnomon_api.producer.results)

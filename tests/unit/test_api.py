@@ -547,8 +547,9 @@ def test_a_backfill_is_the_processors_decision_and_the_sdk_returns_its_plan(
     c.pause(job["id"])
     producer.clock.set(NOW)
     c.resume(job["id"])
-    before = c.backfill(job["id"], "2026-11-28T20:30:00Z", "2026-11-28T22:30:00Z")
-    assert (before["slots"], before["sent"]) == (0, 0), "no slot before the job existed (issue 24)"
+    with pytest.raises(ApiError) as before:  # no slot before the job existed (issue 24)
+        c.backfill(job["id"], "2026-11-28T20:30:00Z", "2026-11-28T22:30:00Z")
+    assert before.value.status == 422 and before.value.problem["field"] == "from"
     window = ("2026-11-29T03:30:00Z", "2026-11-29T05:30:00Z")  # two past slots it skipped while paused
     plan = c.backfill(job["id"], *window)
     assert (plan["slots"], plan["sent"], len(plan["runIds"])) == (2, 2, 2)

@@ -58,7 +58,11 @@ def parse_alert_body(body: Any, tenant: str, now_ms: int, policy: HttpPolicy | N
     if "url" not in body:
         raise ValidationError("url", "is required")
     url = check_url(body["url"])
-    scheme_or_port = policy.url_refusal(httpx.URL(url))
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValidationError("url", f"not a URL: {exc}") from None
+    scheme_or_port = policy.url_refusal(parsed)
     if scheme_or_port is not None:
         raise ValidationError("url", scheme_or_port.replace("the policy's ", "the alert policy's "))
     host = urlsplit(url).hostname or ""

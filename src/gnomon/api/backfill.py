@@ -111,15 +111,19 @@ def plan_backfill(job: JobState, from_ms: int, to_ms: int,
                   history_run: Callable[[str], RunState | None]) -> tuple[list[int], list[str], list[str]]:
     """(slots to send, their run ids, run ids left alone) for the slots of ``job`` in
     [from_ms, to_ms] before its schedule position. ``history_run`` reads a run from
-    history. A range that starts before the job existed starts at its creation. Raises
-    Conflict for a job that cannot be backfilled, ValidationError("to") for a range of
-    more than ``BACKFILL_SLOTS_MAX`` slots."""
+    history. A range that starts before the job existed starts at its creation; one that
+    ends before it is refused (ValidationError("from")). Raises Conflict for a job that
+    cannot be backfilled, ValidationError("to") for a range of more than
+    ``BACKFILL_SLOTS_MAX`` slots."""
     if job.spec.schedule.run_at_ms is not None:
         raise Conflict(f"job {job.job_id} is a one-time job: nothing to backfill (trigger it instead)")
     if job.status is JobStatus.PAUSED:
         raise Conflict(f"job {job.job_id} is paused; resume it before a backfill")
     if job.status is not JobStatus.ACTIVE:
         raise Conflict(f"job {job.job_id} is {job.status.value}; only an active job can be backfilled")
+    if to_ms < job.created_at_ms:
+        raise ValidationError("from", f"the range ends before the job existed (created {ms_to_iso(job.created_at_ms)}): "
+                                      "a backfill covers the job's own slots, from its creation on")
     from_ms = max(from_ms, job.created_at_ms)  # the job's own slots only: none before it existed
     until = to_ms if job.next_run_at_ms is None else min(to_ms, job.next_run_at_ms - 1)
     slots = slots_between(job.spec, from_ms, until, BACKFILL_SLOTS_MAX)

@@ -320,6 +320,8 @@ def alerter(
     feed = AlertFeed(s.kafka_bootstrap, load_topology(), AlertBook(), role=ROLE)
     feed.load()
     sender = AlertSender(http, SecretStore(secrets_dir or s.state_dir / "secrets"))
+    logging.getLogger("gnomon.alerts").info("webhooks: %s (the API's PUT /v1/alerts check reads the same "
+                                            "GNOMON_ALERT_* variables, not these flags)", http.describe())
     stop = threading.Event()
     _stop_on_signals(stop)
     Alerter(feed.book, sender, policy, bootstrap=s.kafka_bootstrap, feed=feed, group_id=group_id).run(stop)

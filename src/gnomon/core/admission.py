@@ -9,10 +9,13 @@ processor decides). Each refusal is a ``LimitExceeded`` naming the limit:
 * a manual trigger or a one-time job over ``backlog_max``, or a trigger over
   ``triggers_per_min_max``: refused with a Retry-After (429);
 * a backfill: its new runs are one-off runs and triggers too, all or none: refused
+  (422) if it alone is larger than ``backlog_max`` or ``triggers_per_min_max``; refused
   (429) if they would take the backlog past ``backlog_max`` or the minute's triggers past
   ``triggers_per_min_max``, or the tenant's backfilled runs of the last day past
-  ``BACKFILL_RUNS_PER_DAY_MAX``. (Per call: ``core.jobs.BACKFILL_SLOTS_MAX`` slots, none
-  before the job existed.)
+  ``BACKFILL_RUNS_PER_DAY_MAX`` (counted by each processor instance in memory, over the
+  partitions it owns: a restart or a rebalance forgets them, so it is a brake, not an
+  exact ledger). Per call: ``core.jobs.BACKFILL_SLOTS_MAX`` slots, none before the job
+  existed.
 """
 
 from __future__ import annotations
@@ -88,7 +91,13 @@ def check_trigger(limits: TenantLimits, *, backlog: int, triggers_last_min: int,
 
 def check_backfill(limits: TenantLimits, runs: int, *, backlog: int, triggers_last_min: int,
                    oldest_trigger_ms: int | None, backfilled_last_day: int, now_ms: int) -> None:
-    """A backfill that creates or reopens ``runs`` runs, all admitted or none."""
+    """A backfill that creates or reopens ``runs`` runs, all admitted or none. One larger
+    than a limit itself is refused for good (422: send a smaller range), one that only
+    meets what is queued or was triggered already, with a Retry-After (429)."""
+    for limit, value in (("backlog_max", limits.backlog_max), ("triggers_per_min_max", limits.triggers_per_min_max)):
+        if runs > value:
+            raise LimitExceeded(limit, f"a backfill of {runs} runs is more than tenant {limits.tenant}'s "
+                                f"{limit} of {value}; send at most {value} slots at a time", field="to")
     if backfilled_last_day + runs > BACKFILL_RUNS_PER_DAY_MAX:
         raise LimitExceeded("backfill_runs_per_day", f"tenant {limits.tenant} backfilled {backfilled_last_day} "
                             f"runs in the last day; {runs} more would pass the {BACKFILL_RUNS_PER_DAY_MAX} a day "

@@ -22,14 +22,16 @@ STATE_DIR_MODE = 0o711  # traversable (PostgreSQL's user reaches its own directo
 
 
 def private_state_dir(state_dir: Path) -> int:
-    """Create ``state_dir`` (0711) if missing and tighten what is under it; how many modes
-    changed."""
+    """Create ``state_dir`` (0711) if missing and, the first time (the top is not 0711 yet:
+    a tree made before), tighten what is under it; how many modes changed. Once private,
+    the umask keeps it so: later calls (a broker restarted in a chaos test) do not walk it."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    changed = 0
-    if stat.S_IMODE(state_dir.stat().st_mode) != STATE_DIR_MODE and state_dir.stat().st_uid == os.geteuid():
-        state_dir.chmod(STATE_DIR_MODE)
-        changed += 1
-    return changed + tighten(state_dir)
+    st = state_dir.stat()
+    if stat.S_IMODE(st.st_mode) == STATE_DIR_MODE or st.st_uid != os.geteuid():
+        return 0
+    changed = tighten(state_dir)
+    state_dir.chmod(STATE_DIR_MODE)  # last: an interrupted walk is done again next time
+    return changed + 1
 
 
 def tighten(top: Path) -> int:
@@ -51,6 +53,13 @@ def tighten(top: Path) -> int:
                 changed += 1
             except FileNotFoundError:
                 continue
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))
-                   and os.lstat(os.path.join(root, d)).st_uid == me]  # not into PostgreSQL's
+        dirs[:] = [d for d in dirs if _own_dir(os.path.join(root, d), me)]  # not into PostgreSQL's
     return changed
+
+
+def _own_dir(path: str, me: int) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:  # removed meanwhile (a service's own clean-up)
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == me

@@ -103,6 +103,13 @@ class HttpPolicy:
     def ports_text(self) -> str:
         return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.port_ranges)
 
+    def describe(self) -> str:
+        """One line for a process's start: what its outbound calls may reach."""
+        scheme = "http and https" if self.allow_plain_http else "https only (plain http refused)"
+        where = "private networks too" if self.allow_private else "public addresses"
+        opened = f" and {', '.join(self.allowed_cidrs)}" if self.allowed_cidrs else ""
+        return f"{scheme}, ports {self.ports_text()}, {where}{opened}"
+
     def url_refusal(self, url: httpx.URL) -> str | None:
         """Why ``url``'s scheme, port or credentials are refused under this policy (a
         sentence naming the setting that would open it), or None. The address is the SSRF

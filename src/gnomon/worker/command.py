@@ -68,23 +68,28 @@ class OutputMeter:
 
 def pump_lines(stream: IO[bytes], emit: Callable[[str], None], meter: OutputMeter) -> None:
     """Read a pipe in chunks and emit its lines, each cut at LINE_MAX_CHARS; never holds
-    more than one chunk plus one capped line, whatever the child writes."""
+    more than one chunk plus one capped line, whatever the child writes. The pump closes
+    the pipe itself when it is done: closed under a reader that is still at it, its fd
+    number could be reused by another attempt's pipe (the variables' pipe holds secrets)."""
     fd = stream.fileno()
     partial = bytearray()
-    while True:
-        chunk = os.read(fd, READ_CHUNK_BYTES)
-        if not chunk:
-            break
-        if not meter.take(len(chunk)):
-            _drain(fd)  # the attempt is being killed; the rest is read and dropped
-            return
-        partial += chunk
-        *lines, rest = bytes(partial).split(b"\n")
-        for line in lines:
-            emit(line[:LINE_MAX_CHARS].decode("utf-8", "replace"))
-        partial = bytearray(rest[: LINE_MAX_CHARS + 1])  # a newline-less flood stays bounded
-    if partial:
-        emit(bytes(partial[:LINE_MAX_CHARS]).decode("utf-8", "replace"))
+    try:
+        while True:
+            chunk = os.read(fd, READ_CHUNK_BYTES)
+            if not chunk:
+                break
+            if not meter.take(len(chunk)):
+                _drain(fd)  # the attempt is being killed; the rest is read and dropped
+                return
+            partial += chunk
+            *lines, rest = bytes(partial).split(b"\n")
+            for line in lines:
+                emit(line[:LINE_MAX_CHARS].decode("utf-8", "replace"))
+            partial = bytearray(rest[: LINE_MAX_CHARS + 1])  # a newline-less flood stays bounded
+        if partial:
+            emit(bytes(partial[:LINE_MAX_CHARS]).decode("utf-8", "replace"))
+    finally:
+        stream.close()
 
 
 def _drain(fd: int) -> None:
@@ -134,8 +139,9 @@ class SandboxedCommandExecutor:
     def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext,
              redact: Callable[[str], str]) -> AttemptResult:
         env_r, env_w = os.pipe()
-        filter_r = _seccomp_pipe()
+        filter_r: int | None = None
         try:
+            filter_r = _seccomp_pipe()
             argv, launcher_env = self.sandbox.argv(req, cgroups, env_r, filter_r)
             env_bytes = self.sandbox.env_args(req)
             fds = (env_r,) if filter_r is None else (env_r, filter_r)
@@ -239,9 +245,7 @@ def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_byt
         proc.kill()
         code = proc.wait()
     for t in pumps:
-        t.join(timeout=2)
-    proc.stdout.close()
-    proc.stderr.close()
+        t.join(timeout=2)  # each pump closes its own pipe (pump_lines)
     return Supervised(code, why or ("output" if meter.exceeded.is_set() else ""), list(tail))
 
 

@@ -14,9 +14,10 @@ On timeout, cancel, drain or too much output the container is removed by name
 A container must not outlive its worker: a killed worker's attempt is granted again once
 its lease lapses, and two copies would run at once. So each container gets a hard
 deadline enforced by the runtime (``podman run --timeout``: the attempt's timeout plus
-``RUNTIME_GRACE_S``), and carries its worker's pid in its name (``gnomon-<pid>-<n>``); a
-worker starting on the host removes every such container whose worker is gone
-(``PodmanRunner.sweep_orphans``) before it takes work.
+``RUNTIME_GRACE_S``), and carries its worker's identity in a label (``gnomon.worker``:
+the host's boot id, the worker's pid and that process's start time, so a reused pid is
+not mistaken for it); a worker starting on the host removes every labelled container
+whose worker is gone (``PodmanRunner.sweep_orphans``) before it takes work.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from gnomon.core.messages import LogStream
 from gnomon.core.model import Target
@@ -67,7 +69,7 @@ class PodmanRunner:
                  limits: SandboxLimits, network: bool, timeout_s: float) -> list[str]:
         deadline_s = max(1, math.ceil(timeout_s)) + self.grace_s  # the runtime's, if the worker is gone
         args = [*self.base(), "run", "--rm", "--name", name, "--pull", "never", "--init",
-                "--timeout", str(deadline_s), "--label", "gnomon.attempt=1",
+                "--timeout", str(deadline_s), "--label", f"{WORKER_LABEL}={process_identity(os.getpid())}",
                 "--user", f"{SANDBOX_UID}:{SANDBOX_UID}", "--cap-drop", "all",
                 "--security-opt", "no-new-privileges", "--read-only",
                 "--tmpfs", f"/tmp:rw,size={limits.tmp_max_bytes},U",  # U: owned by the user (mode= is lost here)
@@ -91,21 +93,22 @@ class PodmanRunner:
         except (subprocess.TimeoutExpired, OSError) as exc:
             log.warning("cannot remove container %s: %s", name, exc)
 
-    def sweep_orphans(self, alive: Callable[[int], bool] | None = None) -> list[str]:
-        """Remove the containers of workers that are gone: named ``gnomon-<pid>-<n>`` with
-        no live gnomon process ``pid`` on this host. Returns their names. Never raises."""
-        is_alive = alive or _gnomon_process_alive
+    def sweep_orphans(self, alive: Callable[[str], bool] | None = None) -> list[str]:
+        """Remove the containers of workers that are gone: labelled ``gnomon.worker`` with
+        the identity of a process that no longer runs (``process_identity``). Returns their
+        names. Never raises."""
+        is_alive = alive or identity_alive
         try:
-            out = subprocess.run([*self.base(), "ps", "-a", "--filter", f"name=^{NAME_PREFIX}",
-                                  "--format", "{{.Names}}"], capture_output=True, text=True,
-                                 timeout=REMOVE_TIMEOUT_S, check=False)
+            out = subprocess.run([*self.base(), "ps", "-a", "--filter", f"label={WORKER_LABEL}",
+                                  "--format", f'{{{{.Names}}}} {{{{index .Labels "{WORKER_LABEL}"}}}}'],
+                                 capture_output=True, text=True, timeout=REMOVE_TIMEOUT_S, check=False)
         except (subprocess.TimeoutExpired, OSError) as exc:
             log.warning("cannot list containers to sweep: %s", exc)
             return []
         gone: list[str] = []
-        for name in out.stdout.split():
-            pid_text = name[len(NAME_PREFIX):].split("-", 1)[0]
-            if name.startswith(NAME_PREFIX) and pid_text.isdigit() and not is_alive(int(pid_text)):
+        for line in out.stdout.splitlines():
+            name, _, identity = line.partition(" ")
+            if name and identity and not is_alive(identity):
                 self.remove(name)
                 gone.append(name)
         return gone
@@ -116,15 +119,40 @@ class PodmanRunner:
         return name in out.stdout.split()
 
 
-def _gnomon_process_alive(pid: int) -> bool:
-    """A process ``pid`` runs on this host and is gnomon's (a reused pid is not)."""
-    if pid == os.getpid():
-        return True
+WORKER_LABEL = "gnomon.worker"
+
+
+def _boot_id() -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"gnomon" in f.read()
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
+        return "unknown-boot"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), or None if it is gone."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat_line[stat_line.rfind(")") + 2:].split()  # after "pid (comm) "
+    return fields[19] if len(fields) > 19 else None  # field 22 of proc(5)
+
+
+def process_identity(pid: int) -> str:
+    """``<boot id>:<pid>:<start ticks>``: a process of this host, told apart from a later
+    one with the same pid."""
+    return f"{_boot_id()}:{pid}:{_start_ticks(pid)}"
+
+
+def identity_alive(identity: str) -> bool:
+    """Whether the process ``identity`` names still runs on this host (an identity of
+    another boot or another host's never does)."""
+    boot, _, rest = identity.partition(":")
+    pid_text, _, ticks = rest.partition(":")
+    if boot != _boot_id() or not pid_text.isdigit():
         return False
+    return _start_ticks(int(pid_text)) == ticks
 
 
 class ContainerExecutor:

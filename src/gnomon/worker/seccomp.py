@@ -4,8 +4,9 @@
 A command in the sandbox runs as nobody in its own namespaces, but every system call of
 the host kernel was reachable, the kernel's least-trodden ones included (io_uring, keyrings,
 BPF, perf events, userfaultfd: the usual local-privilege-escalation surface). The filter
-answers ``EPERM`` to the calls in ``DENIED`` and allows the rest; a call made through
-another ABI than the host's (32-bit ``int 0x80`` on x86-64, or x32) kills the process.
+answers ``EPERM`` to the calls in ``DENIED`` and to every x32 call, and allows the rest;
+a call made through another ABI than the host's (32-bit ``int 0x80`` on x86-64) kills the
+process.
 
 Written here, not with libseccomp: the program is a few dozen instructions, built from
 the table below, and the test suite checks the numbers against the kernel headers and

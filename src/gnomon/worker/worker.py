@@ -303,6 +303,7 @@ class Worker:
         log.info("worker %s serving pool %s for %s (concurrency %d; commands %s, containers %s)", self.worker_id,
                  self.pool, ", ".join(sorted(policy.tenants)), self.concurrency_max,
                  "on" if policy.commands.enabled else "off", "on" if policy.containers.enabled else "off")
+        log.info("HTTP targets: %s (the policy's [http] table)", policy.http.describe())
         self._advertise(force=True)
 
     def step(self, wait_s: float | None = None) -> None:
