@@ -18,6 +18,7 @@ import typer
 
 from gnomon.cli.common import command, console, fail, require_server_extra
 from gnomon.config import REPO_ROOT, load
+from gnomon.worker.log_budget import LOG_LINES_MAX
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -196,7 +197,7 @@ def worker(
         help="per-tenant secrets on this host: DIR/<tenant>/<name> (default: <state dir>/secrets)")] = None,
     log_lines_max: Annotated[int, typer.Option(
         min=1, max=10_000_000, help="an attempt's output lines logged; the rest are counted, cut and said so in "
-                                    "one line")] = 10_000,
+                                    "one line")] = LOG_LINES_MAX,
     metrics_port: MetricsPort = None,
     stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,

@@ -749,30 +749,36 @@ class PartitionTask:
             self._refuse_one_off_while_overloaded(cmd, events)
         if self.quota is None or not events:
             return 0
-        if isinstance(cmd, J.BackfillJob):
-            return self._admit_backfill(cmd, events, now_ms)
-        limits = self.quota.effective_limits(cmd.tenant)
-        backlog = self.quota.count(Q.Family.BACKLOG, cmd.tenant)
         try:
-            for ev in events:
-                if isinstance(ev, J.JobRegistered):
-                    jobs = self.quota.count(Q.Family.JOBS, cmd.tenant)
-                    A.check_registration(limits, ev.spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
-                elif isinstance(ev, J.JobUpdated) and state is not None and ev.spec.schedule != state.spec.schedule:
-                    A.check_schedule(limits, ev.spec, now_ms)
-                    if ev.spec.schedule.is_one_time and Q.pending_one_time_key(state) is None:
-                        # (a pending one-time job moved to another instant is counted already)
-                        A.check_backlog(limits, backlog)
-                elif isinstance(ev, J.RunTriggered) and ev.manual:
-                    if self.run(ev.run_id) is not None:
-                        return 0  # the same idempotency key again: nothing new
-                    n, oldest = self.quota.triggers(cmd.tenant, now_ms)
-                    A.check_trigger(limits, backlog=backlog, triggers_last_min=n, oldest_trigger_ms=oldest,
-                                    now_ms=now_ms)
-                    return 1
+            if isinstance(cmd, J.BackfillJob):
+                return self._admit_backfill(cmd, events, now_ms)
+            return self._admit_events(cmd, state, events, now_ms)
         except GnomonError:
             self.stats.admissions_refused += 1
             raise
+
+    def _admit_events(self, cmd: J.JobCommand, state: J.JobState | None, events: list[J.JobEvent],
+                      now_ms: int) -> int:
+        """``_admit`` for a command other than a backfill, event by event."""
+        assert self.quota is not None
+        limits = self.quota.effective_limits(cmd.tenant)
+        backlog = self.quota.count(Q.Family.BACKLOG, cmd.tenant)
+        for ev in events:
+            if isinstance(ev, J.JobRegistered):
+                jobs = self.quota.count(Q.Family.JOBS, cmd.tenant)
+                A.check_registration(limits, ev.spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
+            elif isinstance(ev, J.JobUpdated) and state is not None and ev.spec.schedule != state.spec.schedule:
+                A.check_schedule(limits, ev.spec, now_ms)
+                if ev.spec.schedule.is_one_time and Q.pending_one_time_key(state) is None:
+                    # (a pending one-time job moved to another instant is counted already)
+                    A.check_backlog(limits, backlog)
+            elif isinstance(ev, J.RunTriggered) and ev.manual:
+                if self.run(ev.run_id) is not None:
+                    return 0  # the same idempotency key again: nothing new
+                n, oldest = self.quota.triggers(cmd.tenant, now_ms)
+                A.check_trigger(limits, backlog=backlog, triggers_last_min=n, oldest_trigger_ms=oldest,
+                                now_ms=now_ms)
+                return 1
         return 0
 
     def _admit_backfill(self, cmd: J.BackfillJob, events: list[J.JobEvent], now_ms: int) -> int:
@@ -787,14 +793,10 @@ class PartitionTask:
         if not runs:
             return 0
         n, oldest = self.quota.triggers(cmd.tenant, now_ms)
-        try:
-            A.check_backfill(self.quota.effective_limits(cmd.tenant), runs,
-                             backlog=self.quota.count(Q.Family.BACKLOG, cmd.tenant), triggers_last_min=n,
-                             oldest_trigger_ms=oldest, backfilled_last_day=self.quota.backfilled(cmd.tenant, now_ms),
-                             now_ms=now_ms)
-        except GnomonError:
-            self.stats.admissions_refused += 1
-            raise
+        A.check_backfill(self.quota.effective_limits(cmd.tenant), runs,
+                         backlog=self.quota.count(Q.Family.BACKLOG, cmd.tenant), triggers_last_min=n,
+                         oldest_trigger_ms=oldest, backfilled_last_day=self.quota.backfilled(cmd.tenant, now_ms),
+                         now_ms=now_ms)
         return runs
 
     def _refuse_one_off_while_overloaded(self, cmd: J.JobCommand, events: list[J.JobEvent]) -> None:

@@ -293,7 +293,8 @@ class Worker:
             from gnomon.worker.container import PodmanRunner
 
             # a predecessor's containers would run beside the attempts granted again
-            orphans = PodmanRunner().sweep_orphans() if PodmanRunner().podman else []
+            runner = PodmanRunner()
+            orphans = runner.sweep_orphans() if runner.podman else []
             if orphans:
                 log.warning("removed %d container(s) of workers that are gone: %s", len(orphans), ", ".join(orphans))
         self._executor = self._executor_given or Dispatcher(self.handlers, policy, self.secrets, inline_handlers=True)
