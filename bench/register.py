@@ -32,6 +32,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from gnomon.adapters.kafka import consumer_config
+from gnomon.command_keys import operator_key
 from gnomon.config import load
 from gnomon.events import JobEvents
 from gnomon.processor.runtime import GROUP_ID
@@ -88,7 +89,7 @@ def main() -> None:
         spec = {"name": "bulk", "schedule": "0 0 1 1 *", "target": {"type": "handler", "name": "noop"}}
         ids: list[str] = []
         cpu0 = cpu_s(proc.pid) if proc is not None else 0.0
-        with JobEvents(TENANT, settings.kafka_bootstrap, replies=True) as events:
+        with JobEvents(TENANT, settings.kafka_bootstrap, replies=True, command_key=operator_key()) as events:
             t0 = time.monotonic()
             for i in range(args.jobs):
                 ids.append(events.register(spec, job_id=f"bench-reg-{i:08d}"))
@@ -118,7 +119,7 @@ def main() -> None:
             used = cpu_s(proc.pid) - cpu0
             print(f"processor CPU: {used:.1f} s = {1000 * used / args.jobs:.2f} CPU-ms per command "
                   f"({used / applied_s:.0%} of one core while applying)")
-        with JobEvents(TENANT, settings.kafka_bootstrap) as events:
+        with JobEvents(TENANT, settings.kafka_bootstrap, command_key=operator_key()) as events:
             for job_id in ids:
                 events.delete(job_id)
         print(f"deleted {len(ids)} jobs")

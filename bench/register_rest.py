@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from gnomon.command_keys import operator_key
 from gnomon.config import load
 from gnomon.events import JobEvents
 
@@ -148,7 +149,7 @@ def main() -> None:
     finally:
         os.killpg(api.pid, signal.SIGTERM)
         api.wait(60)
-        with JobEvents(TENANT, settings.kafka_bootstrap) as events:
+        with JobEvents(TENANT, settings.kafka_bootstrap, command_key=operator_key()) as events:
             for job_id in ids:
                 events.delete(job_id)
         print(f"deleted {len(ids)} jobs")

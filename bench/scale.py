@@ -46,6 +46,7 @@ from register import cpu_s  # (bench/register.py: a process's CPU seconds from /
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, partition_for
+from gnomon.command_keys import operator_key
 from gnomon.config import load
 from gnomon.core.errors import EventLogError
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
@@ -147,7 +148,8 @@ def register(bootstrap: str, first: int, last: int, chunk: int, pa: int) -> None
     done = 0
     last_print = t0
     for lo, hi in segments(first, last, chunk):
-        with JobEvents(f"{TENANT}-{lo // PER_TENANT:02d}", bootstrap, replies=True, linger_ms=50) as events:
+        with JobEvents(f"{TENANT}-{lo // PER_TENANT:02d}", bootstrap, replies=True, linger_ms=50,
+                       command_key=operator_key()) as events:
             for i in range(lo, hi):
                 events.register(plan[i % len(plan)], job_id=f"scale-{i:08d}")
                 if i % 20_000 == 0 and time.monotonic() - last_print > 10:
@@ -288,7 +290,7 @@ def main() -> None:
         print("phase 5: probes, a worker, kill -9 of pA", flush=True)
         probe_ids = probes(topo.partitions)
         every_s = JobSpec(name="probe", schedule=Schedule(cron="* * * * * *"), target=NOOP, timeout_s=30)
-        with JobEvents(TENANT, s.kafka_bootstrap, replies=True) as events:
+        with JobEvents(TENANT, s.kafka_bootstrap, replies=True, command_key=operator_key()) as events:
             for jid in probe_ids:
                 events.register(every_s, job_id=jid)
             assert all(r.accepted for r in events.results(120)), "a probe job was refused"
@@ -319,7 +321,7 @@ def main() -> None:
         print(f"pA restored {time.monotonic() - t_a:.1f} s after it started:")
         for line in restores(procs.log("pA"), mark):
             print(f"  pA: {line}")
-        with JobEvents(TENANT, s.kafka_bootstrap) as events:
+        with JobEvents(TENANT, s.kafka_bootstrap, command_key=operator_key()) as events:
             for jid in probe_ids:
                 events.delete(jid)
     finally:

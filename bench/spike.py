@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.errors import GnomonError
 from gnomon.core.jobs import RegisterJob
@@ -118,8 +119,9 @@ class Starts:
 def register(p: Producer, topic: str, job_id: str, spec: JobSpec) -> None:
     while True:
         try:
-            p.produce(topic, key=job_id.encode(),
-                      value=codec.encode(RegisterJob(job_id, "bench", spec, int(time.time() * 1000))))
+            value = codec.encode(RegisterJob(job_id, "bench", spec, int(time.time() * 1000)))
+            p.produce(topic, key=job_id.encode(), value=value,
+                      headers=operator_headers(topic, job_id.encode(), value))
             return
         except BufferError:
             p.poll(0.05)
@@ -353,8 +355,10 @@ def main() -> None:
         if busy.seen:  # end the sleep jobs, so the runs do not linger on their leases
             now = int(time.time() * 1000)
             for run_id in busy.seen:
-                p.produce(topo.job_commands, key=run_id.partition("@")[0].encode(),
-                          value=codec.encode(CancelRun(run_id, "bench", now, "spike bench finished"), topo.job_commands))
+                key = run_id.partition("@")[0].encode()
+                value = codec.encode(CancelRun(run_id, "bench", now, "spike bench finished"), topo.job_commands)
+                p.produce(topo.job_commands, key=key, value=value,
+                          headers=operator_headers(topo.job_commands, key, value))
             p.flush(10)
             time.sleep(2)
         for proc in processors + workers:

@@ -50,6 +50,7 @@ from spike import gnomon_records  # bench/ is on sys.path: the script's own dire
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.cron import CronSchedule
 from gnomon.core.jobs import DeleteJob, RegisterJob
@@ -281,9 +282,9 @@ def main() -> None:
         for job_id in job_ids:
             while True:
                 try:
-                    p.produce(topo.job_commands, key=job_id.encode(),
-                              value=codec.encode(RegisterJob(job_id, "bench", high_spec if job_id in high else spec,
-                                                             t_reg)))
+                    value = codec.encode(RegisterJob(job_id, "bench", high_spec if job_id in high else spec, t_reg))
+                    p.produce(topo.job_commands, key=job_id.encode(), value=value,
+                              headers=operator_headers(topo.job_commands, job_id.encode(), value))
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -313,8 +314,9 @@ def main() -> None:
         b1, n1 = budget_snapshot(pids, s.kafka_bootstrap), len(read_starts(logs))
         stop_ms = int(time.time() * 1000)
         for job_id in job_ids:
-            p.produce(topo.job_commands, key=job_id.encode(),
-                      value=codec.encode(DeleteJob(job_id, "bench", stop_ms)))
+            value = codec.encode(DeleteJob(job_id, "bench", stop_ms))
+            p.produce(topo.job_commands, key=job_id.encode(), value=value,
+                      headers=operator_headers(topo.job_commands, job_id.encode(), value))
             p.poll(0)
         p.flush(60)
         time.sleep(5)  # let the last measured slots finish

@@ -3,7 +3,8 @@ of the job-event contract (docs/job-events.md).
 
     from gnomon.events import JobEvents
 
-    with JobEvents(tenant="acme") as events:          # GNOMON_KAFKA_BOOTSTRAP, role "api"
+    with JobEvents(tenant="acme") as events:          # GNOMON_KAFKA_BOOTSTRAP, role "api",
+                                                      # $GNOMON_COMMAND_KEY_FILE signs
         job_id = events.register({"name": "nightly close", "schedule": "0 2 * * *",
                                   "timezone": "Europe/Paris",
                                   "target": {"type": "handler", "name": "close"}},
@@ -43,6 +44,7 @@ from typing import Any
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core.clock import Clock, SystemClock
+from gnomon.core.command_auth import OPERATOR, CommandKey, sign
 from gnomon.core.command_checks import JOB_ID_MAX_CHARS as JOB_ID_MAX_CHARS
 from gnomon.core.command_checks import check_job_id
 from gnomon.core.errors import EventLogError, GnomonError, ValidationError
@@ -84,13 +86,26 @@ class JobEvents:
 
     def __init__(self, tenant: str, bootstrap: str | None = None, *, role: str | None = KAFKA_ROLE_DEFAULT,
                  log: EventLog | None = None, topology: Topology | None = None, clock: Clock | None = None,
-                 pools: frozenset[str] | None = None, linger_ms: int = 20, replies: bool = False) -> None:
+                 pools: frozenset[str] | None = None, linger_ms: int = 20, replies: bool = False,
+                 command_key: CommandKey | None = None) -> None:
         """``log``: where the commands go (default: Kafka at ``bootstrap``, else
-        ``GNOMON_KAFKA_BOOTSTRAP``, as principal ``role``; the in-memory log in tests)."""
+        ``GNOMON_KAFKA_BOOTSTRAP``, as principal ``role``; the in-memory log in tests).
+        ``command_key``: the tenant's key that signs every command (default: the file
+        ``$GNOMON_COMMAND_KEY_FILE``, else the tenant's file in the local keys directory;
+        ``gnomon.command_keys``). The processor refuses a command not signed by its tenant."""
         if not isinstance(tenant, str) or not tenant.strip():
             raise ValidationError("tenant", "must be a non-empty string")
         reject_control_chars(tenant, "tenant")
         self.tenant = tenant
+        if command_key is None:
+            from gnomon.command_keys import key_for_producer
+            from gnomon.config import load
+
+            command_key = key_for_producer(load(), tenant)
+        if command_key.tenant not in (tenant, OPERATOR):
+            raise ValidationError("command_key", f"the key {command_key.key_id!r} is tenant "
+                                                 f"{command_key.tenant!r}'s, not {tenant!r}'s")
+        self.command_key = command_key
         self.topo = topology or load_topology()
         self.clock = clock or SystemClock()
         self.pools = pools if pools is not None else frozenset(self.topo.pools) or DEFAULT_POOLS
@@ -259,7 +274,9 @@ class JobEvents:
                 d.errors.append(f"{cmd.job_id}: {err}")
 
         try:  # (waits while the local queue is full)
-            self._producer.produce(self.topo.job_commands, cmd.job_id.encode(), value, on_delivery=on_delivery)
+            key = cmd.job_id.encode()
+            self._producer.produce(self.topo.job_commands, key, value, on_delivery=on_delivery,
+                                   headers=sign(self.command_key, self.topo.job_commands, key, value))
         except EventLogError as exc:  # e.g. a record too large: nothing was queued
             if self._replies:
                 sent[slot] = _FAILED

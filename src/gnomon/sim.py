@@ -53,6 +53,7 @@ raises (``gnomon.core.alerts.decide`` over each run's states in order).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import random
@@ -71,9 +72,11 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.alerts import Alert, AlertBook, AlertConfig, AlertMemory, DeliveryPolicy
 from gnomon.core.clock import Clock, FakeClock
+from gnomon.core.command_auth import OPERATOR, CommandKey, Headers, MemoryKeyring
+from gnomon.core.command_auth import sign as sign_command
 from gnomon.core.errors import HistoryStoreError
 from gnomon.core.model import Target
-from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, PlainFaults
+from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, MemoryProducer, PlainFaults
 from gnomon.history.base import HistoryBatch
 from gnomon.history.export import RunExportPublisher
 from gnomon.history.memory import InMemoryHistoryStore
@@ -304,11 +307,59 @@ class _LogSink:
     def __init__(self, log: MemoryEventLog) -> None:
         self.log = log
 
-    def send(self, topic: str, key: str, value: bytes | None, **_: Any) -> tuple[int, int]:
+    def send(self, topic: str, key: str, value: bytes | None, *, headers: Headers = (), **_: Any) -> tuple[int, int]:
         from gnomon.adapters.kafka import partition_for
 
         partition = partition_for(key, self.log.partitions_of(topic))
-        return partition, self.log.append(topic, key.encode(), value, partition)
+        return partition, self.log.append(topic, key.encode(), value, partition, headers=headers)
+
+
+class SimKeys:
+    """The simulation's command keys (core.command_auth): one per tenant, derived from
+    the seed, made on first use, and the operator's. ``keyring`` is what the processors
+    verify with; ``sign`` is what the API's sink and ``submit`` sign with."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._keys: dict[str, CommandKey] = {}
+        self.keyring = MemoryKeyring(self._keys)
+        self.operator = self.key(OPERATOR)
+
+    def key(self, tenant: str) -> CommandKey:
+        key_id = f"sim-{'operator' if tenant == OPERATOR else tenant}"
+        found = self._keys.get(key_id)
+        if found is None:
+            secret = hashlib.sha256(f"{self.seed}/{tenant}".encode()).digest()
+            found = self._keys[key_id] = CommandKey(key_id, tenant, secret)
+        return found
+
+    def sign(self, tenant: str, topic: str, key: bytes | None, value: bytes | None) -> Headers:
+        return sign_command(self.key(tenant), topic, key, value)
+
+
+class _OperatorSigned:
+    """A producer whose job-command records are signed with the operator's key (the
+    tests' raw commands), unless they carry headers of their own."""
+
+    def __init__(self, inner: MemoryProducer, keys: SimKeys, topic: str) -> None:
+        self.inner = inner
+        self.keys = keys
+        self.topic = topic
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Any = None,
+                headers: Headers = ()) -> None:
+        if topic == self.topic and not headers:
+            headers = sign_command(self.keys.operator, topic, key, value)
+        self.inner.produce(topic, key, value, on_delivery=on_delivery, headers=headers)
+
+    def poll(self, timeout_s: float) -> int:
+        return self.inner.poll(timeout_s)
+
+    def flush(self, timeout_s: float) -> int:
+        return self.inner.flush(timeout_s)
+
+    def pending(self) -> int:
+        return self.inner.pending()
 
 
 class SimCluster:
@@ -343,7 +394,8 @@ class SimCluster:
         self.workers = [_Worker(i) for i in range(workers)]
         self.events: list[str] = []  # the faults injected, in order (for a failing seed's message)
         self.counts: dict[str, int] = {}
-        self.client = self.log.producer(client_id="sim-client")
+        self.keys = SimKeys(seed)
+        self.client = _OperatorSigned(self.log.producer(client_id="sim-client"), self.keys, self.topo.job_commands)
         self._faulting = False
         self._scheduled: list[tuple[int, int, Callable[[], None]]] = []  # (at, seq, action)
         self.log.plain_faults = PlainFaults(random.Random(f"{seed}/plain"),
@@ -378,7 +430,7 @@ class SimCluster:
 
     def _start_proc(self, slot: _Proc) -> None:
         proc = Processor(replace(self.cfg, instance_id=slot.name), self.clock, self.topo, log=self.log,
-                         stores=slot.stores, monotonic=_zero)
+                         stores=slot.stores, monotonic=_zero, keyring=self.keys.keyring)
         proc.start()
         slot.proc, slot.down_until_ms, slot.paused_until_ms = proc, None, None
 
@@ -521,7 +573,9 @@ class SimCluster:
 
     def submit(self, cmd: Any) -> None:
         """A job command, as the API or the SDK would produce it."""
-        self.client.produce(self.topo.job_commands, cmd.job_id.encode(), codec.encode(cmd))
+        key, value = cmd.job_id.encode(), codec.encode(cmd)
+        self.client.produce(self.topo.job_commands, key, value,
+                            headers=self.keys.sign(cmd.tenant, self.topo.job_commands, key, value))
 
     def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
                  timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
@@ -829,7 +883,8 @@ class SimCluster:
         history = self.history if self.history is not None else InMemoryHistoryStore()
         feed = AlertFeed("", self.topo, AlertBook(), log=self.log)
         alerts = AlertService(feed.book, writer=_LogSink(self.log), topic=self.topo.alert_configs, feed=feed)
-        return create_app(history=history, commands=CommandSink(_LogSink(self.log), self.topo.job_commands),
+        return create_app(history=history, commands=CommandSink(_LogSink(self.log), self.topo.job_commands,
+                                                                  sign=self.keys.sign),
                           auth=Authenticator(tokens or {"sim-token": TENANT}), topology=self.topo, clock=self.clock,
                           answers=answers, answer_timeout_s=0.0, alerts=alerts)
 

@@ -27,6 +27,7 @@ from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
 from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.codec import DecodeError
+from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.jobs import DeleteJob, JobState, RegisterJob
 from gnomon.core.runs import RunState, RunStatus
@@ -232,8 +233,7 @@ class Scenario:
         self._stop_procs()
         now = int(time.time() * 1000)
         for job_id, tenant in self.registered.items():
-            self.producer.produce(self.topo.job_commands, key=job_id.encode(),
-                                  value=codec.encode(DeleteJob(job_id, tenant, now)))
+            self._produce_command(DeleteJob(job_id, tenant, now))
         self.registered.clear()
         self.flush()
 
@@ -261,8 +261,13 @@ class Scenario:
     def send(self, command: Any) -> None:
         if isinstance(command, RegisterJob):
             self.registered[command.job_id] = command.tenant
-        self.producer.produce(self.topo.job_commands, key=command.job_id.encode(), value=codec.encode(command))
+        self._produce_command(command)
         self.producer.poll(0)
+
+    def _produce_command(self, command: Any) -> None:
+        """A job command, signed with the operator's command key (ADR 0006)."""
+        topic, key, value = self.topo.job_commands, command.job_id.encode(), codec.encode(command)
+        self.producer.produce(topic, key=key, value=value, headers=operator_headers(topic, key, value))
 
     def flush(self) -> None:
         self.producer.flush(30)

@@ -19,7 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gnomon import command_keys
 from gnomon.client import Client
+from gnomon.command_keys import operator_headers
 from topic_reading import end_offsets, read_messages
 
 API_PORT = int(os.environ.get("GNOMON_TEST_API_PORT", "18787"))
@@ -67,6 +69,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     from gnomon.infra import manager
 
     manager.up(load())
+    # the operator issues acme's command key (`gnomon tenants command-key acme`): the
+    # tests' own producers (gnomon.events, the outside producers) sign acme's commands
+    command_keys.ensure(command_keys.keys_dir(load()), "acme")
     logs = tmp_path_factory.mktemp("stack-logs")
     env = dict(os.environ)
     env.update({"GNOMON_API_TOKENS": f"{TOKEN}:acme,{OTHER_TOKEN}:other,{ADMIN_TOKEN}:ops:admin,{QUOTA_TOKEN}:quota", "GNOMON_API_PORT": str(API_PORT),
@@ -206,7 +211,8 @@ def delete_jobs_since(start: list[Any], timeout_s: float = 60) -> int:
     producer = Producer(producer_config(bootstrap))
     now = int(time.time() * 1000)
     for j in left:
-        producer.produce(topo.job_commands, key=j.job_id.encode(), value=codec.encode(DeleteJob(j.job_id, j.tenant, now)))
+        key, value = j.job_id.encode(), codec.encode(DeleteJob(j.job_id, j.tenant, now))
+        producer.produce(topo.job_commands, key=key, value=value, headers=operator_headers(topo.job_commands, key, value))
     producer.flush(30)
     return len(left)
 

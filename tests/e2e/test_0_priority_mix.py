@@ -34,6 +34,7 @@ from harness import LedgerWatch, own_stack
 
 from gnomon import codec
 from gnomon.adapters.kafka import producer_config
+from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.jobs import DeleteJob, RegisterJob
 from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, Target, TargetType
@@ -56,7 +57,8 @@ def send(commands: list[RegisterJob | DeleteJob]) -> None:
     topic = load_topology().job_commands
     producer = Producer(producer_config(load().kafka_bootstrap))
     for cmd in commands:
-        producer.produce(topic, key=cmd.job_id.encode(), value=codec.encode(cmd))
+        key, value = cmd.job_id.encode(), codec.encode(cmd)
+        producer.produce(topic, key=key, value=value, headers=operator_headers(topic, key, value))
         producer.poll(0)
     assert producer.flush(30) == 0, "job commands not delivered"
 

@@ -7,6 +7,7 @@ and the job runs."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from harness import Stack, wait_for
 
-from gnomon import credentials
+from gnomon import command_keys, credentials
 from gnomon.codec import default_codec
 from gnomon.config import REPO_ROOT, load
 from gnomon.events import JobEvents
@@ -42,7 +43,9 @@ def _produce(classpath: str, job_id: str, cron: str, *argv: str, schemas: str | 
     return subprocess.run(
         ["java", "-cp", classpath, "ContractProducer", settings.kafka_bootstrap, cred.username, cred.password,
          schemas or str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(settings),
+                                                                                   "acme"))})
 
 
 def test_a_java_producer_registers_a_job_reads_the_answer_and_the_job_runs(stack: Stack,

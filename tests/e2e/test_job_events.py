@@ -6,9 +6,9 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from harness import NEVER_DUE, Stack, wait_for
+from harness import NEVER_DUE, OTHER_TOKEN, Stack, wait_for
 
-from gnomon.client import ApiError
+from gnomon.client import ApiError, Client
 from gnomon.config import load
 from gnomon.events import JobEvents
 
@@ -16,8 +16,12 @@ pytestmark = pytest.mark.integration
 
 
 def _job(stack: Stack, job_id: str) -> dict[str, object] | None:
+    return _job_of(stack.client, job_id)
+
+
+def _job_of(client: Client, job_id: str) -> dict[str, object] | None:
     try:
-        return stack.client.get_job(job_id)
+        return client.get_job(job_id)
     except ApiError as exc:
         if exc.status == 404:
             return None
@@ -67,3 +71,32 @@ def test_every_command_gets_an_answer_accepted_or_refused_with_the_reason(stack:
     assert "not the expected 1" in (results[3].reason or "")
     assert "does not exist" in (results[4].reason or "")
     assert all(r.tenant == "acme" for r in results)
+
+
+def test_a_producer_with_one_tenants_key_cannot_act_for_another_tenant(stack: Stack) -> None:
+    """ADR 0006 (b) on real Kafka: tenant ``other`` registers a job through the API (which
+    signs with other's key). A producer that holds the api Kafka credential and acme's
+    command key rewrites its commands' tenant to ``other`` and tries to register over,
+    patch and delete that job: each is refused on the command-results topic, naming
+    ``signature``, and the job is as it was."""
+    key = "victim-" + secrets.token_hex(4)
+    other = Client(stack.api_url, OTHER_TOKEN)
+    created = other.create_job({"name": key, "schedule": NEVER_DUE, "target": {"type": "command", "argv": ["true"]}})
+    job_id = created["id"]
+    wait_for(lambda: _job_of(other, job_id), 30, f"job {job_id} in history")
+    try:
+        with JobEvents("acme", load().kafka_bootstrap, replies=True) as forger:
+            forger.tenant = "other"  # the record says "other"; the signature is acme's
+            forger.register({"name": "taken over", "schedule": "* * * * *",
+                             "target": {"type": "command", "argv": ["true"]}}, job_id=job_id)
+            forger.patch(job_id, {"priority": "high"})
+            forger.delete(job_id)
+            results = forger.results(timeout_s=60)
+        assert [(r.command, r.code.value, r.field) for r in results] == [
+            ("RegisterJob", "refused", "signature"), ("PatchJob", "refused", "signature"),
+            ("DeleteJob", "refused", "signature")], results
+        assert all("signed with key" in (r.reason or "") and "'acme'" in (r.reason or "") for r in results)
+        after = other.get_job(job_id)
+        assert after["status"] == "active" and after["name"] == key and after["version"] == created["version"]
+    finally:
+        other.delete(job_id)

@@ -34,6 +34,7 @@ from confluent_kafka import Producer
 
 from gnomon import codec
 from gnomon.adapters.kafka import producer_config
+from gnomon.command_keys import operator_headers
 from gnomon.config import REPO_ROOT, Settings
 from gnomon.core.jobs import DeleteJob, RegisterJob
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
@@ -168,7 +169,8 @@ print(json.dumps({"gnomon": gnomon.__file__, "schemas": str(default_schema_dir()
 def _send(settings: Settings, *commands: RegisterJob | DeleteJob) -> None:
     producer = Producer(producer_config(settings.kafka_bootstrap))
     for cmd in commands:
-        producer.produce(load_topology().job_commands, key=cmd.job_id.encode(), value=codec.encode(cmd))
+        topic, key, value = load_topology().job_commands, cmd.job_id.encode(), codec.encode(cmd)
+        producer.produce(topic, key=key, value=value, headers=operator_headers(topic, key, value, settings))
     assert producer.flush(30) == 0, "job commands not delivered"
 
 

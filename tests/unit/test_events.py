@@ -12,9 +12,11 @@ import pytest
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core.clock import FakeClock
+from gnomon.core.command_auth import CommandKey, MemoryKeyring, verify
 from gnomon.core.errors import EventLogError, LimitExceeded, ValidationError
 from gnomon.core.model import idempotent_job_id
 from gnomon.core.replies import ResultCode, result_for
+from gnomon.credentials import CredentialError
 from gnomon.eventlog.memory import MemoryEventLog, PlainFaults
 from gnomon.eventlog.port import Record
 from gnomon.events import JobEvents
@@ -22,6 +24,9 @@ from gnomon.topology import load_topology
 
 JOB = {"name": "nightly close", "schedule": "0 2 * * *", "timezone": "Europe/Paris",
        "target": {"type": "handler", "name": "close"}}
+
+
+ACME_KEY = CommandKey("acme.test", "acme", b"k" * 32)
 
 
 class Broker:
@@ -36,11 +41,11 @@ class Broker:
         append = self.log.append
 
         def recorded(topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
-                     txn: Any = None) -> int:
-            offset = append(topic, key, value, partition, txn)
+                     txn: Any = None, headers: Any = ()) -> int:
+            offset = append(topic, key, value, partition, txn, headers=headers)
             if topic == self.topo.job_commands:
                 assert partition is not None  # (the log's producers place every record)
-                self.records.append(Record(topic, partition, offset, key, value, 0))
+                self.records.append(Record(topic, partition, offset, key, value, 0, headers))
             return offset
 
         self.log.append = recorded  # type: ignore[method-assign]
@@ -60,7 +65,7 @@ class Broker:
 
 def events(broker: Broker | None = None, **kw: Any) -> tuple[JobEvents, Broker]:
     b = broker or Broker()
-    return JobEvents("acme", log=b.log, clock=FakeClock(1_764_547_200_000), **kw), b
+    return JobEvents("acme", log=b.log, clock=FakeClock(1_764_547_200_000), command_key=ACME_KEY, **kw), b
 
 
 def test_commands_are_encoded_as_the_processor_reads_them_and_keyed_by_job() -> None:
@@ -86,6 +91,20 @@ def test_commands_are_encoded_as_the_processor_reads_them_and_keyed_by_job() -> 
     assert reg.spec.schedule.tz == "Europe/Paris"
     patch = cmds[1]
     assert isinstance(patch, J.PatchJob) and patch.expected_version == 1
+    keyring = MemoryKeyring.of([ACME_KEY])  # every command is signed with the tenant's key (ADR 0006)
+    assert all(verify(keyring, r.topic, r.key, r.value, r.headers) == ACME_KEY for r in p.records)
+
+
+def test_a_producer_may_not_hold_another_tenants_key(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = Broker()
+    with pytest.raises(ValidationError) as exc:
+        JobEvents("acme", log=b.log, command_key=CommandKey("globex.k", "globex", b"g" * 32))
+    assert exc.value.field == "command_key"
+    monkeypatch.setenv("GNOMON_COMMAND_KEYS_DIR", str(tmp_path))  # no key file: a clear error, nothing made
+    monkeypatch.delenv("GNOMON_COMMAND_KEY_FILE", raising=False)
+    with pytest.raises(CredentialError, match="gnomon tenants command-key acme"):
+        JobEvents("acme", log=b.log)
+    assert not any(tmp_path.rglob("*.json"))
 
 
 @pytest.mark.parametrize(("call", "field"), [
@@ -110,7 +129,7 @@ def test_bad_input_names_the_field_and_sends_nothing(call: Any, field: str) -> N
 
 def test_a_tenant_is_required() -> None:
     with pytest.raises(ValidationError) as exc:
-        JobEvents(" ", log=Broker().log)
+        JobEvents(" ", log=Broker().log, command_key=ACME_KEY)
     assert exc.value.field == "tenant"
 
 
@@ -129,7 +148,7 @@ def test_the_context_manager_flushes() -> None:
     b = Broker()
     # every poll holds the command back (as a producer still lingering): only a flush sends it
     b.log.plain_faults = PlainFaults(random.Random(0), frozenset({b.topo.job_commands}), p_reorder=1.0)
-    with JobEvents("acme", log=b.log) as ev:
+    with JobEvents("acme", log=b.log, command_key=ACME_KEY) as ev:
         ev.register(JOB)
         assert b.records == []  # still in the producer's queue
     assert len(b.records) == 1

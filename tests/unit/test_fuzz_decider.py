@@ -47,6 +47,7 @@ from gnomon import codec
 from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
+from gnomon.core.command_auth import sign
 from gnomon.core.cron import CronSchedule
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import Grant, LeaseAck, PoisonRecord, Stop
@@ -129,7 +130,10 @@ class Scenario:
         c.run_for(WARM_MS, faults=False)
 
     def append(self, h: F.Hostile) -> None:
-        offset = self.c.log.append(h.topic, h.key, h.value, h.partition)
+        # signed with the operator's key, so a hostile command reaches the decider (the
+        # signature's own refusals: tests/unit/test_command_auth.py)
+        headers = sign(self.c.keys.operator, h.topic, h.key, h.value) if h.topic == self.c.topo.job_commands else ()
+        offset = self.c.log.append(h.topic, h.key, h.value, h.partition, headers=headers)
         try:  # a record of the topic's own schema (any version); another topic's record is not one
             decoded = codec.decode(h.value or b"", topic=h.topic)
         except codec.DecodeError:
@@ -145,7 +149,9 @@ class Scenario:
                 break
         cmd = J.RegisterJob(job_id, TENANT, PROBE_SPEC, self.c.clock.now_ms())
         topic = self.c.topo.job_commands
-        offset = self.c.log.append(topic, job_id.encode(), codec.encode(cmd, topic), partition)
+        value = codec.encode(cmd, topic)
+        offset = self.c.log.append(topic, job_id.encode(), value, partition,
+                                   headers=self.c.keys.sign(TENANT, topic, job_id.encode(), value))
         self.sent.append(Sent(None, topic, partition, offset, cmd))
 
     def run(self, ms: int) -> None:

@@ -86,6 +86,7 @@ _OLDER = re.compile(r"\bolder\b(?:[^.()]|\.(?=\S))*\(\s*ids?\s+(\d+(?:\s*(?:,|an
 # "id 71", "ids 2, 23 and 26", "version 7", "v7" (not a URL's "/v1/")
 _NUMBER = re.compile(r"(?<![\w/.-])(ids?[\s:=]+|versions?[\s:=]+|v)(\d+(?:\s*(?:,|and|or)\s*\d+)*)\b", re.I)
 _NUMBERS = re.compile(r"\d+")
+_SIGNATURE = re.compile(r"`v1:<key id>:<[a-z ]+>`")  # the gnomon-sig header's format (core.command_auth)
 
 
 def _subject_names(versions: dict[str, list[Version]]) -> dict[str, set[str]]:
@@ -151,6 +152,7 @@ def problems(doc: str, registry_text: str) -> list[str]:
                              f"{unit.strip()[:160]!r}")
         marks.sort(key=lambda x: x[0])
         scrubbed = _FILE.sub(lambda m: " " * len(m.group(0)), unit)  # vN inside a file name is checked above
+        scrubbed = _SIGNATURE.sub(lambda m: " " * len(m.group(0)), scrubbed)  # the signature's format, not a schema
 
         def subjects_at(pos: int, unit: str = unit, marks: list[tuple[int, set[str]]] = marks) -> set[str]:
             before = [s for p, s in marks if p < pos and s]

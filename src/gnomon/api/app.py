@@ -121,6 +121,9 @@ Limit = Annotated[int, Query(json_schema_extra={"minimum": 1, "maximum": PAGE_MA
 RunStatusQuery = Annotated[str | None, Query(json_schema_extra={"enum": [s.value for s in RunStatus]})]
 
 
+SignFn = Callable[[str, str, bytes, bytes], tuple[tuple[str, bytes], ...]]
+
+
 class CommandSink:
     """Where commands go: a Kafka topic (SyncProducer) in production, a list in tests.
 
@@ -131,9 +134,10 @@ class CommandSink:
 
     def __init__(self, producer: Any, topic: str, *, delivery_timeout_s: float | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, sign: SignFn | None = None) -> None:
         self._producer = producer
         self._topic = topic
+        self._sign = sign  # the commands' signature headers (core.command_auth); None: unsigned
         self.delivery_timeout_s = delivery_timeout_s
         self._sleep = sleep
         self._monotonic = monotonic
@@ -146,13 +150,14 @@ class CommandSink:
         """Write ``command`` keyed by ``job_id``; where Kafka put it (partition, offset),
         or None from a producer that does not say (a test's list)."""
         value = codec.encode(command, self._topic)
+        extra = self._headers(job_id, command, value)
         started = self._monotonic()
         try:
             if self.delivery_timeout_s is None:
-                written = self._producer.send(self._topic, job_id, value)
+                written = self._producer.send(self._topic, job_id, value, **extra)
             else:
                 written = self._producer.send(self._topic, job_id, value,
-                                              timeout_s=self.delivery_timeout_s + FLUSH_MARGIN_S)
+                                              timeout_s=self.delivery_timeout_s + FLUSH_MARGIN_S, **extra)
             return written if isinstance(written, tuple) else None
         except EventLogError as exc:
             if self.delivery_timeout_s is not None:
@@ -169,13 +174,16 @@ class CommandSink:
         that does not say). A producer without ``send_many`` (the tests' lists) gets one
         ``send`` per item."""
         values = [(job_id, codec.encode(command, self._topic)) for job_id, command in items]
+        headers = [self._headers(job_id, command, value).get("headers", ())
+                   for (job_id, command), (_, value) in zip(items, values, strict=True)]
         where: list[Position | None] = [None] * len(values)
         send_many = getattr(self._producer, "send_many", None)
         if send_many is None:
             out: list[CommandOutcomeUnknown | None] = []
             for i, (job_id, value) in enumerate(values):
                 try:
-                    written = self._producer.send(self._topic, job_id, value)
+                    written = self._producer.send(self._topic, job_id, value,
+                                                  **({"headers": headers[i]} if headers[i] else {}))
                     where[i] = written if isinstance(written, tuple) else None
                     out.append(None)
                 except EventLogError as exc:
@@ -185,7 +193,8 @@ class CommandSink:
             return out
         started = self._monotonic()
         timeout_s = 15.0 if self.delivery_timeout_s is None else self.delivery_timeout_s + FLUSH_MARGIN_S
-        errors: list[str | None] = send_many(self._topic, values, timeout_s=timeout_s, positions=where)
+        errors: list[str | None] = send_many(self._topic, values, timeout_s=timeout_s, positions=where,
+                                             **({"headers": headers} if self._sign is not None else {}))
         if positions is not None:
             positions[:] = where
         if any(errors) and self.delivery_timeout_s is not None:
@@ -197,7 +206,14 @@ class CommandSink:
     def to(self, topic: str) -> CommandSink:
         """The same producer, another topic."""
         return CommandSink(self._producer, topic, delivery_timeout_s=self.delivery_timeout_s,
-                           sleep=self._sleep, monotonic=self._monotonic)
+                           sleep=self._sleep, monotonic=self._monotonic)  # (other topics are not signed)
+
+    def _headers(self, job_id: str, command: Any, value: bytes) -> dict[str, Any]:
+        """``{"headers": ...}`` for a command of a tenant when signing, else {}."""
+        tenant = getattr(command, "tenant", None)
+        if self._sign is None or not isinstance(tenant, str):
+            return {}
+        return {"headers": self._sign(tenant, self._topic, job_id.encode(), value)}
 
 
 class AsyncReads:

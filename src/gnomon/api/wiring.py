@@ -133,6 +133,7 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     """``dev``: allow the dev token when ``GNOMON_API_TOKENS`` is unset (default: ``GNOMON_DEV=1``)."""
     from gnomon.alerts.feed import AlertFeed
     from gnomon.api.alerts import AlertPoller, AlertService
+    from gnomon.command_keys import Signer, keys_dir
     from gnomon.core.alerts import AlertBook
     from gnomon.feeds.tenants import TenantFeed
     from gnomon.history.cassandra import CassandraHistoryStore
@@ -145,7 +146,9 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     timeout_ms = delivery_timeout_ms()
     role = os.environ.get("GNOMON_KAFKA_ROLE") or KAFKA_ROLE_DEFAULT
     producer = SyncProducer(settings.kafka_bootstrap, role=role, **{"message.timeout.ms": timeout_ms})
-    sink = CommandSink(producer, topo.job_commands, delivery_timeout_s=timeout_ms / 1000)
+    # the API signs each command with its tenant's key, issuing a tenant's first key (ADR 0006)
+    signer = Signer(keys_dir(settings), issue=True)
+    sink = CommandSink(producer, topo.job_commands, delivery_timeout_s=timeout_ms / 1000, sign=signer.headers)
     clock = SystemClock()
     book, usage = TenantBook(), UsageBook()
     feed = TenantFeed(settings.kafka_bootstrap, topo, book, usage, clock, role=role)

@@ -141,6 +141,9 @@ def processor(
         min=1, max=20_000,
         help="input records applied per transaction at most (larger: more throughput when behind, "
              "and each record waits for a longer batch's commit)")] = 500,
+    accept_unsigned_commands: Annotated[bool, typer.Option(
+        help="apply job commands without a valid signature of their tenant's command key (ADR 0006): "
+             "any holder of the api Kafka credential can then act for every tenant; for a migration only")] = False,
     metrics_port: MetricsPort = None,
     stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,
@@ -150,6 +153,7 @@ def processor(
 
     require_server_extra("processor", "rocksdict")
 
+    from gnomon.command_keys import DirKeyring, keys_dir
     from gnomon.core.jobs import SchedulerConfig
     from gnomon.core.priorities import parse_weights
     from gnomon.core.runs import RunConfig
@@ -169,7 +173,14 @@ def processor(
                           runs=RunConfig(lease_ms=lease_s * 1000, retention_ms=retention_s * 1000,
                                          priority_weights=weights,
                                          stage_ahead_ms=(lookahead_s if stage_ahead_s is None else stage_ahead_s) * 1000))
-    proc = Processor(cfg)
+    if accept_unsigned_commands:
+        logging.getLogger("gnomon.processor").warning(
+            "--accept-unsigned-commands: job commands are applied without proof of their tenant; any holder of "
+            "the api Kafka credential may act for every tenant")
+        keyring = None
+    else:
+        keyring = DirKeyring(keys_dir(s))
+    proc = Processor(cfg, keyring=keyring)
     dog = _watchdog("processor", proc.metrics.registry, lambda: proc.progress_at_s, proc.stop, stall_limit_s,
                     role="processor")
     _serve_metrics(proc.metrics.registry, "processor", metrics_port, health=dog.health if dog else None)

@@ -134,3 +134,35 @@ def reset(tenant: TenantArg, json_: JsonOpt = False) -> None:
         print_json(view)
     else:
         typer.echo(f"reset: {clean(tenant)}")
+
+
+@app.command("command-key")
+@command
+def command_key(
+    tenant: Annotated[str, typer.Argument(help="the tenant whose Kafka producers sign job commands with it")],
+    rotate: Annotated[bool, typer.Option(help="add a new signing key; the old ones still verify")] = False,
+    revoke_old: Annotated[bool, typer.Option(
+        "--revoke-old", help="with --rotate: remove every other key (their producers are refused from then)")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Make (or rotate) a tenant's command key and print its file: hand that file to the
+    tenant's own Kafka producers ($GNOMON_COMMAND_KEY_FILE). Runs on a host that holds the
+    keys directory (the processors and the API read it); needs no API token."""
+    from gnomon import command_keys
+    from gnomon.config import load
+
+    if revoke_old and not rotate:
+        raise ValidationError("--revoke-old", "only with --rotate")
+    if tenant == "*":
+        raise ValidationError("TENANT", "a tenant's name; the operator's key is made by the tools that use it")
+    tenant = _tenant(tenant)
+    directory = command_keys.keys_dir(load())
+    key = (command_keys.rotate(directory, tenant, revoke_old=revoke_old) if rotate
+           else command_keys.ensure(directory, tenant))
+    path = command_keys.tenant_file(directory, tenant)
+    keys = command_keys.read_file(path)
+    out = {"tenant": tenant, "file": str(path), "signingKey": key.key_id, "keys": [k.key_id for k in keys]}
+    if json_:
+        print_json(out)
+    else:
+        typer.echo(f"{clean(tenant)}: signing key {key.key_id} ({len(keys)} key(s) verify)\n{path}")

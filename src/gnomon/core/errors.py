@@ -10,6 +10,7 @@
     │   ├── JobNotFound      ... on a job the sender cannot see (also a NotFound)
     │   └── RunNotFound      ... on a run the sender cannot see (also a NotFound)
     ├── LimitExceeded        a tenant limit refuses it (API -> 422, or 429 with Retry-After)
+    ├── Unauthenticated      a job command's signature does not prove its tenant (core.command_auth)
     ├── InternalError        a bug of gnomon's own (e.g. codec.EncodeError): API -> 500
     │   └── RegistryError    the packaged schema registry is unreadable (codec.registry)
     ├── InfraError           a real component misbehaved (Kafka, Cassandra, RocksDB, process)

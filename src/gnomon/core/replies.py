@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from gnomon.core.command_auth import Unauthenticated
 from gnomon.core.errors import (
     Conflict,
     GnomonError,
@@ -34,7 +35,7 @@ class ResultCode(StrEnum):
     LIMIT = "limit"  # a tenant limit (the API's 429 or 422); ``limit`` names it
     CONFLICT = "conflict"  # an expected version did not match (the API's 409/412)
     REFUSED = "refused"  # the job's state does not allow it (409); field "jobId": the job is missing,
-    # deleted or another tenant's (404)
+    # deleted or another tenant's (404); field "signature": the command does not prove its tenant
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,6 @@ def result_for(cmd: Any, partition: int, offset: int, now_ms: int, *, error: Gno
         return replace(accepted, code=ResultCode.INVALID, field=error.field, reason=reason)
     if isinstance(error, Conflict):
         return replace(accepted, code=ResultCode.CONFLICT, reason=reason)
-    if isinstance(error, JobNotFound | RunNotFound):
+    if isinstance(error, JobNotFound | RunNotFound | Unauthenticated):
         return replace(accepted, code=ResultCode.REFUSED, field=error.field, reason=reason)
     return replace(accepted, code=ResultCode.REFUSED, reason=reason)

@@ -24,6 +24,7 @@ from gnomon.core.errors import EventLogError
 from gnomon.eventlog.port import (
     TP,
     Delivery,
+    Headers,
     Partitions,
     ProducerFatalError,
     Record,
@@ -50,8 +51,21 @@ def _records(msgs: list[Message], where: str) -> list[Record]:
         topic, partition, offset = m.topic(), m.partition(), m.offset()
         if topic is None or partition is None or offset is None:
             continue
-        out.append(Record(topic, partition, offset, m.key(), m.value(), m.timestamp()[1]))
+        out.append(Record(topic, partition, offset, m.key(), m.value(), m.timestamp()[1], _headers(m)))
     return out
+
+
+def _headers(m: Message) -> Headers:
+    raw = m.headers()
+    if not raw:
+        return ()
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return tuple((str(k), v.encode() if isinstance(v, str) else bytes(v or b"")) for k, v in pairs)
+
+
+def _kheaders(headers: Headers) -> list[tuple[str, str | bytes | None]] | None:
+    """Headers as confluent-kafka's ``produce`` takes them (None: none)."""
+    return [(k, v) for k, v in headers] if headers else None
 
 
 def _txn_error(exc: KafkaException, what: str) -> TransactionError:
@@ -338,9 +352,11 @@ class KafkaProducer:
             raise ProducerFatalError(f"the producer is in a fatal state: {self.fatal}")
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Delivery | None = None,
-                ) -> None:
+                headers: Headers = ()) -> None:
         self._raise_if_fatal()
         kwargs: dict[str, Any] = {"key": key, "value": value}
+        if headers:
+            kwargs["headers"] = _kheaders(headers)
         if on_delivery is not None:
             report = on_delivery
 
@@ -467,7 +483,7 @@ def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s:
                     raise EventLogError(f"restoring {topic}[{partition}]: {err}")
                 offset = msg.offset()
                 assert offset is not None
-                yield Record(topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1])
+                yield Record(topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1], _headers(msg))
                 if offset + 1 >= high:
                     return
         raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
@@ -490,7 +506,8 @@ class SyncProducer:
     def __init__(self, bootstrap: str, *, role: str | None = None, **extra: Any) -> None:
         self._p = _KProducer(producer_config(bootstrap, role=role, **{"linger.ms": 0, **extra}))
 
-    def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0) -> tuple[int, int]:
+    def send(self, topic: str, key: str, value: bytes, timeout_s: float = 15.0, headers: Headers = (),
+             ) -> tuple[int, int]:
         """Where Kafka put the record: (partition, offset)."""
         errors: list[KafkaError] = []
         written: list[tuple[int, int]] = []
@@ -502,7 +519,8 @@ class SyncProducer:
                 written.append((int(msg.partition()), int(msg.offset())))
 
         try:
-            self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
+            self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery,
+                            headers=_kheaders(headers))
             remaining = self._p.flush(timeout_s)
         except (KafkaException, BufferError) as exc:
             raise EventLogError(f"could not write to {topic}: {exc}") from exc
@@ -515,10 +533,13 @@ class SyncProducer:
         return written[0]
 
     def send_many(self, topic: str, items: Sequence[tuple[str, bytes]], timeout_s: float = 15.0,
-                  positions: list[tuple[int, int] | None] | None = None) -> list[str | None]:
+                  positions: list[tuple[int, int] | None] | None = None,
+                  headers: Sequence[Headers] | None = None) -> list[str | None]:
         """Produce every ``(key, value)``, then wait once for Kafka's acknowledgements
         (acks=all). One entry per item: None, or why it is not known to be written.
-        ``positions``: filled with where each written item went (partition, offset)."""
+        ``positions``: filled with where each written item went (partition, offset).
+        ``headers``: each item's headers (the same length as ``items``)."""
+        assert headers is None or len(headers) == len(items)
         errors: list[str | None] = ["not acknowledged"] * len(items)
         if positions is not None:
             positions[:] = [None] * len(items)
@@ -534,7 +555,8 @@ class SyncProducer:
         for i, (key, value) in enumerate(items):
             while True:
                 try:
-                    self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery_of(i))
+                    own = _kheaders(headers[i]) if headers is not None else None
+                    self._p.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery_of(i), headers=own)
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     if time.monotonic() > deadline:

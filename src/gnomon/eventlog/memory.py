@@ -37,6 +37,7 @@ from gnomon.eventlog.port import (
     OFFSET_END,
     TP,
     Delivery,
+    Headers,
     Partitions,
     Record,
     TransactionError,
@@ -151,12 +152,12 @@ class MemoryEventLog:
         return part
 
     def append(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
-               txn: _Txn | None = None) -> int:
+               txn: _Txn | None = None, headers: Headers = ()) -> int:
         if partition is None:
             partition = partition_for((key or b"").decode(), self.partitions_of(topic))
         part = self._part((topic, partition))
         offset = len(part.entries)
-        part.entries.append(_Entry(Record(topic, partition, offset, key, value, self.clock.now_ms()), txn))
+        part.entries.append(_Entry(Record(topic, partition, offset, key, value, self.clock.now_ms(), headers), txn))
         if txn is not None:
             txn.tps.add((topic, partition))
         return offset
@@ -530,18 +531,21 @@ class MemoryTransactionalProducer:
         return 0
 
 
+_Queued = tuple[str, bytes | None, bytes | None, Delivery | None, Headers]
+
+
 class MemoryProducer:
     """Records wait in a local queue until ``poll``/``flush`` (as librdkafka's linger)."""
 
     def __init__(self, log: MemoryEventLog) -> None:
         self.log = log
-        self._queue: list[tuple[str, bytes | None, bytes | None, Delivery | None]] = []
-        self._held: list[tuple[str, bytes | None, bytes | None, Delivery | None]] = []
+        self._queue: list[_Queued] = []
+        self._held: list[_Queued] = []
         self.sent = 0
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Delivery | None = None,
-                ) -> None:
-        self._queue.append((topic, key, value, on_delivery))
+                headers: Headers = ()) -> None:
+        self._queue.append((topic, key, value, on_delivery, headers))
 
     def _deliver(self) -> int:
         faults = self.log.plain_faults
@@ -557,22 +561,22 @@ class MemoryProducer:
             n += self._write(item, may_duplicate=True)
         return n
 
-    def _write(self, item: tuple[str, bytes | None, bytes | None, Delivery | None], *, may_duplicate: bool) -> int:
+    def _write(self, item: _Queued, *, may_duplicate: bool) -> int:
         """Write one record (1), or report the broker's refusal (0); the delivery report
         says where it went. ``may_duplicate``: the plain-producer fault may write it twice."""
-        topic, key, value, report = item
+        topic, key, value, report, headers = item
         refused = self.log.refuse_writes.get(topic)
         if refused is not None:  # the broker says no (e.g. not authorized): nothing written
             if report is not None:
                 report(refused, -1, -1)
             return 0
         partition = partition_for((key or b"").decode(), self.log.partitions_of(topic))
-        offset = self.log.append(topic, key, value, partition)
+        offset = self.log.append(topic, key, value, partition, headers=headers)
         faults = self.log.plain_faults
         if may_duplicate and faults is not None and topic in faults.topics and faults.p_duplicate \
                 and faults.rng.random() < faults.p_duplicate:
             faults.duplicated += 1
-            self.log.append(topic, key, value, partition)  # a retry whose first send did land
+            self.log.append(topic, key, value, partition, headers=headers)  # a retry whose first send did land
         self.sent += 1
         if report is not None:
             report(None, partition, offset)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from gnomon.core.errors import EventLogError
 
 TP = tuple[str, int]  # (topic, partition)
+Headers = tuple[tuple[str, bytes], ...]  # a record's headers
 OFFSET_BEGINNING = -2  # as librdkafka: the first offset still on the log
 OFFSET_END = -1  # the end of the log as of the assignment
 
@@ -46,6 +47,7 @@ class Record:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: Headers = ()  # (name, value) pairs, as written (the job commands' signature)
 
 
 class TransactionError(EventLogError):
@@ -133,7 +135,7 @@ Delivery = Callable[[str | None, int, int], None]
 
 class Producer(Protocol):
     def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Delivery | None = None,
-                ) -> None:
+                headers: Headers = ()) -> None:
         """Queue a record (partition by key, murmur2); waits while the local queue is full.
         EventLogError: the record can never be sent (e.g. too large)."""
         ...

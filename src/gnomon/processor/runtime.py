@@ -26,6 +26,7 @@ from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import Clock, SystemClock
+from gnomon.core.command_auth import CommandKey, Keyring, Unauthenticated, verify
 from gnomon.core.errors import EventLogError, GnomonError, InfraError, StateStoreError
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.overload import OverloadGovernor, TickBudget
@@ -111,8 +112,11 @@ class Processor:
     def __init__(self, cfg: ProcessorConfig, clock: Clock | None = None, topology: Topology | None = None, *,
                  log: EventLog | None = None, stores: StateStores | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 metrics: ProcessorMetrics | None = None) -> None:
+                 metrics: ProcessorMetrics | None = None, keyring: Keyring | None = None) -> None:
         self.cfg = cfg
+        # every job command must be signed by a key of its tenant (core.command_auth);
+        # None: signatures are not checked (``gnomon processor --accept-unsigned-commands``)
+        self.keyring = keyring
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
         self.log: EventLog = log if log is not None else KafkaEventLog(cfg.bootstrap, role=ROLE)
@@ -583,7 +587,8 @@ class Processor:
     def _applied(self, task: PartitionTask, msg: Record, now: int) -> list[Output]:
         try:
             cmd = codec.decode(msg.value or b"")
-            return task.apply_record(cmd, now, msg.topic, msg.offset)
+            signed = None if self.keyring is None or msg.topic != self.topo.job_commands else self._signed(msg)
+            return task.apply_record(cmd, now, msg.topic, msg.offset, signed=signed)
         except InfraError:
             # the state store (or the log) failed, not the record: poisoning it would lose
             # it. The processor stops; its restart resumes from the last commit.
@@ -600,6 +605,14 @@ class Processor:
             log.error("%s[%d]@%d could not be decoded: %s", msg.topic, msg.partition, msg.offset, exc,
                       exc_info=exc)
             return self._poison(msg, f"{type(exc).__name__}: {str(exc)[:1000]}", now)
+
+    def _signed(self, msg: Record) -> CommandKey | Unauthenticated:
+        """The key that signed this command record, or why none did (answered by the task)."""
+        assert self.keyring is not None
+        try:
+            return verify(self.keyring, msg.topic, msg.key, msg.value, msg.headers)
+        except Unauthenticated as exc:
+            return exc
 
     def _poison(self, msg: Record, reason: str, now: int) -> list[Output]:
         self.poisoned += 1

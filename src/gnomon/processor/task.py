@@ -58,6 +58,8 @@ from gnomon.core import admission as A
 from gnomon.core import jobs as J
 from gnomon.core import quota as Q
 from gnomon.core import runs as R
+from gnomon.core.command_auth import CommandKey, Unauthenticated
+from gnomon.core.command_auth import require as require_signature
 from gnomon.core.command_checks import check_command
 from gnomon.core.errors import (
     Conflict,
@@ -245,6 +247,7 @@ class TaskStats:
     replays_refused: int = 0  # triggers for slots already decided (maybe purged), refused
     quota_waits: int = 0  # grants held back because the run's tenant was at its quota
     admissions_refused: int = 0  # commands over a tenant limit
+    unsigned_refused: int = 0  # commands whose signature did not prove their tenant (core.command_auth)
     commands_refused: int = 0  # job commands answered "refused" on the command-results topic
     rolled_back: int = 0  # records (and tick items) whose writes were taken back after they raised
     tick_failures: int = 0  # jobs and runs whose time-driven step raised (contained, retried next tick)
@@ -406,14 +409,16 @@ class PartitionTask:
                 self._runs_cache.pop(key[2:].decode(), None)
         self.stats.rolled_back += 1
 
-    def apply_record(self, cmd: Any, now_ms: int, topic: str, offset: int) -> list[Output]:
+    def apply_record(self, cmd: Any, now_ms: int, topic: str, offset: int,
+                     signed: CommandKey | Unauthenticated | None = None) -> list[Output]:
         """One decoded input record of ``topic`` at ``offset`` of this partition: a job
         command is answered on the command-results topic (``handle_command``); any other
         is applied (``handle``). Raises GnomonError for a refused non-command record, and
         ``RecordFailed`` (with the command's answer, if it is one) when it broke; either
-        way nothing it wrote stays."""
+        way nothing it wrote stays. ``signed``: the key that signed a command record or
+        why none did (None: signatures are not checked)."""
         if topic == self.topo.job_commands:
-            return self.handle_command(cmd, now_ms, self.partition, offset)
+            return self.handle_command(cmd, now_ms, self.partition, offset, signed)
         return self.savepoint(lambda: self.handle(cmd, now_ms, topic))
 
     def load_counts(self) -> int:
@@ -633,7 +638,8 @@ class PartitionTask:
                 raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: {refused}")
         return self._handle_run(cmd, now_ms)
 
-    def handle_command(self, cmd: Any, now_ms: int, partition: int, offset: int) -> list[Output]:
+    def handle_command(self, cmd: Any, now_ms: int, partition: int, offset: int,
+                       signed: CommandKey | Unauthenticated | None = None) -> list[Output]:
         """A decoded record of the job-commands topic at ``partition``/``offset``: apply it
         as ``handle`` does, and answer on the command-results topic (core.replies):
         accepted with the job's version, or refused with the field and reason. A refusal
@@ -644,6 +650,12 @@ class PartitionTask:
                 # or from workers on run-events, never from the producers of this topic
                 raise TransitionError(f"{type(cmd).__name__} refused: {self.topo.job_commands} carries job "
                                       "commands (and run cancel and replay) only")
+            if signed is not None:  # first: an unproven command learns nothing of the state
+                try:
+                    require_signature(signed, cmd.tenant)
+                except Unauthenticated:
+                    self.stats.unsigned_refused += 1
+                    raise
             self._check_owner(cmd)
             if isinstance(cmd, R.CancelRun | R.ReplayRun):
                 self._check_run_action(cmd, now_ms)

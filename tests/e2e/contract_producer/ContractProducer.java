@@ -48,9 +48,33 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * .avsc files) or the URL of gnomon's schema registry (Confluent REST API: the latest
  * version of each subject and the versions it references). Exit 0: accepted; 3:
  * refused; 4: no answer in time.
+ *
+ * <p>Every command is signed with the tenant's command key, read from the key file that
+ * $GNOMON_COMMAND_KEY_FILE names (docs/job-events.md, "Signing a command"); without it
+ * the command is sent unsigned (the processor then refuses it, naming "signature").
  */
 public final class ContractProducer {
   private static final ObjectMapper JSON = new ObjectMapper();
+
+  /** gnomon-sig: "v1:" keyId ":" hex(HMAC-SHA256(secret, "gnomon-command-v1\0" + len|topic + len|key + len|value)). */
+  static byte[] signature(String topic, byte[] key, byte[] value) throws Exception {
+    String file = System.getenv("GNOMON_COMMAND_KEY_FILE");
+    if (file == null || file.isEmpty()) {
+      return new byte[0];
+    }
+    JsonNode keys = JSON.readTree(new File(file)).get("keys");
+    JsonNode newest = keys.get(keys.size() - 1);
+    byte[] secret = java.util.HexFormat.of().parseHex(newest.get("secret").asText());
+    javax.crypto.Mac mac = javax.crypto.Mac.getInstance("HmacSHA256");
+    mac.init(new javax.crypto.spec.SecretKeySpec(secret, "HmacSHA256"));
+    mac.update("gnomon-command-v1\0".getBytes(StandardCharsets.US_ASCII));
+    for (byte[] part : new byte[][] {topic.getBytes(StandardCharsets.UTF_8), key, value}) {
+      mac.update(ByteBuffer.allocate(4).putInt(part.length).array());
+      mac.update(part);
+    }
+    String header = "v1:" + newest.get("id").asText() + ":" + java.util.HexFormat.of().formatHex(mac.doFinal());
+    return header.getBytes(StandardCharsets.US_ASCII);
+  }
 
   public static void main(String[] args) throws Exception {
     String bootstrap = args[0], user = args[1], password = args[2];
@@ -126,7 +150,10 @@ public final class ContractProducer {
       try (KafkaProducer<byte[], byte[]> producer =
                new KafkaProducer<>(pp, new ByteArraySerializer(), new ByteArraySerializer())) {
         // the key is the job id: the Java client's murmur2 partitioner is the one gnomon uses
-        md = producer.send(new ProducerRecord<>(commandsTopic, jobId.getBytes(StandardCharsets.UTF_8), value)).get();
+        byte[] key = jobId.getBytes(StandardCharsets.UTF_8);
+        ProducerRecord<byte[], byte[]> record = new ProducerRecord<>(commandsTopic, key, value);
+        record.headers().add("gnomon-sig", signature(commandsTopic, key, value));
+        md = producer.send(record).get();
       }
       System.out.println("sent " + jobId + " to " + md.topic() + "[" + md.partition() + "]@" + md.offset());
 

@@ -23,7 +23,11 @@ would be seen.
 Exit 0: every command answered exactly once; 4: some unanswered; 5: some answered twice.
 """
 
+import hashlib
+import hmac
 import json
+import os
+import struct
 import sys
 import time
 
@@ -35,6 +39,19 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 ANSWER_TIMEOUT_S = 150
 GRACE_S = 5
 DAY_MS = 86_400_000
+
+
+def signature(topic, key, value):
+    """The gnomon-sig header (docs/job-events.md, "Signing a command") made with the newest
+    key of the tenant's key file that $GNOMON_COMMAND_KEY_FILE names; none without it."""
+    path = os.environ.get("GNOMON_COMMAND_KEY_FILE")
+    if not path:
+        return []
+    with open(path) as f:
+        newest = json.load(f)["keys"][-1]
+    msg = b"gnomon-command-v1\0" + b"".join(struct.pack(">I", len(p)) + p for p in (topic.encode(), key, value))
+    mac = hmac.new(bytes.fromhex(newest["secret"]), msg, hashlib.sha256).hexdigest()
+    return [("gnomon-sig", f"v1:{newest['id']}:{mac}".encode())]
 
 
 def spec(name, *, cron=None, tz="UTC", run_at_ms=None, argv=("true",), **more):
@@ -135,6 +152,7 @@ def main(argv):
     def send(part):
         for label, job_id, value in part:
             producer.produce(commands, key=job_id.encode(), value=value,
+                             headers=signature(commands, job_id.encode(), value),
                              on_delivery=lambda err, msg, label=label: acked.__setitem__(
                                  label, (err, msg.partition(), msg.offset())))
             producer.poll(0)

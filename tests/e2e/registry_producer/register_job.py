@@ -7,7 +7,11 @@ Arguments: registry_url bootstrap username password commands_topic results_topic
 job_id tenant cron argv...  Exit 0: accepted; 3: refused; 4: no answer within 60 s.
 """
 
+import hashlib
+import hmac
 import json
+import os
+import struct
 import sys
 import time
 
@@ -15,6 +19,19 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
+
+def signature(topic, key, value):
+    """The gnomon-sig header (docs/job-events.md, "Signing a command") made with the newest
+    key of the tenant's key file that $GNOMON_COMMAND_KEY_FILE names; none without it."""
+    path = os.environ.get("GNOMON_COMMAND_KEY_FILE")
+    if not path:
+        return []
+    with open(path) as f:
+        newest = json.load(f)["keys"][-1]
+    msg = b"gnomon-command-v1\0" + b"".join(struct.pack(">I", len(p)) + p for p in (topic.encode(), key, value))
+    mac = hmac.new(bytes.fromhex(newest["secret"]), msg, hashlib.sha256).hexdigest()
+    return [("gnomon-sig", f"v1:{newest['id']}:{mac}".encode())]
 
 
 def main(argv):
@@ -47,7 +64,7 @@ def main(argv):
 
     acked = []
     producer = Producer({**kafka, "acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"})
-    producer.produce(commands, key=job_id.encode(), value=value,
+    producer.produce(commands, key=job_id.encode(), value=value, headers=signature(commands, job_id.encode(), value),
                      on_delivery=lambda err, msg: acked.append((err, msg)))
     producer.flush(30)
     err, msg = acked[0]
