@@ -15,6 +15,9 @@ from contextlib import contextmanager
 
 import httpx
 
+from gnomon.config import load
+from gnomon.infra import registry
+
 
 @contextmanager
 def private_registry(ready_id: int = 1, timeout_s: float = 30.0) -> Iterator[str]:
@@ -26,11 +29,13 @@ def private_registry(ready_id: int = 1, timeout_s: float = 30.0) -> Iterator[str
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "GNOMON_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
     url = f"http://127.0.0.1:{port}"
+    cred = registry.reader(load())  # it reads the users of this state dir, as Connect's converter does
+    auth = (cred.username, cred.password)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if httpx.get(f"{url}/schemas/ids/{ready_id}", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/schemas/ids/{ready_id}", timeout=1, auth=auth).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -18,12 +18,21 @@ def gnomon_documents() -> dict[str, dict[str, Any]]:
     return {f"/schemas/ids/{v.id}": {"schema": json.dumps(v.schema)} for v in load_registry(default_schema_dir())}
 
 
+class Hits(list[str]):
+    """The paths asked, in order; ``authorizations``: each request's Authorization header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.authorizations: list[str | None] = []
+
+
 class _Handler(BaseHTTPRequestHandler):
     docs: Mapping[str, Mapping[str, Any]] = {}
-    hits: list[str]
+    hits: Hits
 
     def do_GET(self) -> None:
         self.hits.append(self.path)
+        self.hits.authorizations.append(self.headers.get("Authorization"))
         doc = self.docs.get(self.path)
         body = json.dumps(doc if doc else {"error_code": 40403, "message": "Schema not found"}).encode()
         self.send_response(200 if doc else 404)
@@ -39,7 +48,7 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def serve(extra: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[tuple[str, list[str]]]:
     """(base URL, the paths asked so far) of a registry serving until the block ends."""
-    hits: list[str] = []
+    hits = Hits()
     handler = type("Handler", (_Handler,), {"docs": {**gnomon_documents(), **(extra or {})}, "hits": hits})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

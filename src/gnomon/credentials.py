@@ -12,7 +12,8 @@ operator may put their own credentials there first (infra/README.md).
 Names: the Kafka roles of :data:`KAFKA_ROLES` (SCRAM users of the same name),
 ``kafka-broker`` (the brokers' inter-broker SCRAM user), ``kafka-controller`` (SASL/PLAIN
 on the controller listener, servers only), ``cassandra`` (the application role
-``gnomon``) and ``cassandra-admin`` (the superuser that replaces ``cassandra/cassandra``).
+``gnomon``), ``cassandra-admin`` (the superuser that replaces ``cassandra/cassandra``),
+``registry-admin`` and ``registry-reader`` (the schema registry's two HTTP Basic users).
 
 Files are written atomically: a new file is created with ``O_CREAT|O_EXCL`` and mode
 0600 in the same directory, then renamed over the old one, so a secret is never
@@ -35,6 +36,8 @@ KAFKA_BROKER = "kafka-broker"
 KAFKA_CONTROLLER = "kafka-controller"
 CASSANDRA = "cassandra"
 CASSANDRA_ADMIN = "cassandra-admin"
+REGISTRY_ADMIN = "registry-admin"  # the schema registry's writer (HTTP Basic; gnomon.registry.auth)
+REGISTRY_READER = "registry-reader"  # its read-only user: producers, Connect's converter
 
 USERNAMES = {KAFKA_BROKER: "broker", KAFKA_CONTROLLER: "controller", CASSANDRA: "gnomon",
              CASSANDRA_ADMIN: "gnomon_admin"}
@@ -116,6 +119,6 @@ def ensure(directory: Path, name: str, username: str | None = None) -> Credentia
 
 def ensure_all(directory: Path) -> dict[str, Credential]:
     """Every credential the local stack uses, generating the missing ones."""
-    names = (*KAFKA_ROLES, KAFKA_BROKER, KAFKA_CONTROLLER, CASSANDRA, CASSANDRA_ADMIN)
+    names = (*KAFKA_ROLES, KAFKA_BROKER, KAFKA_CONTROLLER, CASSANDRA, CASSANDRA_ADMIN, REGISTRY_ADMIN, REGISTRY_READER)
     ensure_dir(directory)
     return {n: ensure(directory, n) for n in names}

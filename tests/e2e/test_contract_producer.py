@@ -20,6 +20,7 @@ from gnomon.codec import default_codec
 from gnomon.config import REPO_ROOT, load
 from gnomon.events import JobEvents
 from gnomon.infra import fetch, registry
+from gnomon.registry.auth import user_info
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,8 @@ def _produce(classpath: str, job_id: str, cron: str, *argv: str, schemas: str | 
          schemas or str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(settings),
-                                                                                   "acme"))})
+                                                                                   "acme")),
+             "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(settings))})
 
 
 def test_a_java_producer_registers_a_job_reads_the_answer_and_the_job_runs(stack: Stack,

@@ -41,6 +41,7 @@ from gnomon.config import load
 from gnomon.core.messages import PoisonRecord
 from gnomon.events import JobEvents
 from gnomon.infra import registry
+from gnomon.registry.auth import user_info
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration
@@ -54,8 +55,10 @@ RUN_WITHOUT_GNOMON = ("import runpy, sys; sys.modules['gnomon'] = None; "
 
 
 def key_env() -> dict[str, str]:
-    """Where the outside producer finds acme's command key (the file an operator hands over)."""
-    return {"GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(load()), "acme"))}
+    """What the operator hands the outside producer: acme's command key file and the
+    registry's read-only user."""
+    return {"GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(load()), "acme")),
+            "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(load()))}
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -21,6 +21,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from gnomon.codec import default_codec
 from gnomon.config import Settings
 from gnomon.infra import registry
+from gnomon.registry.auth import user_info
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ OTHER_PORT = 18181  # a second registry process on the same store (tests only)
 @pytest.fixture(scope="module")
 def client(infra: Settings) -> SchemaRegistryClient:
     assert registry.status(infra)["state"] == "up"
-    return SchemaRegistryClient({"url": registry.url(infra)})
+    return SchemaRegistryClient({"url": registry.url(infra), "basic.auth.user.info": user_info(registry.admin(infra))})
 
 
 def _record(name: str, *fields: dict[str, object]) -> str:
@@ -70,7 +71,8 @@ def test_compatibility_is_full_transitive_and_outsiders_ids_start_at_1000(infra:
     assert client.lookup_schema(subject, compatible).version == 2
     assert client.get_versions(subject) == [1, 2]
     # the same schema again: the same id, no new version
-    assert SchemaRegistryClient({"url": registry.url(infra)}).register_schema(subject, compatible) == v2
+    assert SchemaRegistryClient({"url": registry.url(infra), "basic.auth.user.info": user_info(registry.admin(infra))}
+                                ).register_schema(subject, compatible) == v2
     # gnomon's own subjects are read-only: their versions come from the checked-in files
     with pytest.raises(SchemaRegistryError) as exc:
         client.register_schema("gnomon.job-commands-value", compatible)
@@ -83,7 +85,8 @@ def test_compatibility_is_full_transitive_and_outsiders_ids_start_at_1000(infra:
 
     restarted = _second_registry(infra)
     try:
-        other = SchemaRegistryClient({"url": f"http://127.0.0.1:{OTHER_PORT}"})
+        other = SchemaRegistryClient({"url": f"http://127.0.0.1:{OTHER_PORT}",
+                                      "basic.auth.user.info": user_info(registry.reader(infra))})
         assert [other.get_version(subject, v).schema_id for v in (1, 2)] == [v1, v2]
         assert other.get_schema(v2).schema_str == compatible.schema_str
         for sv in default_codec.registry:
@@ -104,7 +107,9 @@ def _second_registry(infra: Settings) -> subprocess.Popen[bytes]:
             out = proc.stdout.read().decode() if proc.stdout else ""
             pytest.fail(f"the second registry exited {proc.returncode}:\n{out[-2000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{OTHER_PORT}/subjects", timeout=1).status_code == 200:
+            cred = registry.reader(infra)
+            if httpx.get(f"http://127.0.0.1:{OTHER_PORT}/subjects", timeout=1,
+                         auth=(cred.username, cred.password)).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass

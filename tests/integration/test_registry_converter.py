@@ -11,7 +11,9 @@ Connect loads). Needs Java 17 and Maven; no Kafka.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -63,11 +65,13 @@ def classpath() -> str:
     return f"{lib}/*:{api}/*"
 
 
-def _decode(classpath: str, url: str, values: list[bytes], tmp: Path, output: str) -> subprocess.CompletedProcess[str]:
+def _decode(classpath: str, url: str, values: list[bytes], tmp: Path, output: str,
+            user_info: str | None = None) -> subprocess.CompletedProcess[str]:
     framed = tmp / f"values.{output}.bin"
     framed.write_bytes(b"".join(len(v).to_bytes(4, "big") + v for v in values))
+    env = {**os.environ, **({"GNOMON_REGISTRY_USER_INFO": user_info} if user_info else {})}
     return subprocess.run(["java", "-cp", classpath, "gnomon.connect.Decode", url, str(framed), output],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def _finished_run() -> RunState:
@@ -131,6 +135,19 @@ def test_references_are_fetched_by_subject_version(classpath: str, registry_url:
     assert got.returncode == 0, got.stderr[-3000:]
     assert json.loads(got.stdout) == {"inner": {"n": 7}, "tags": ["a", "b"]}
     assert "/subjects/t.Inner/versions/1" in HITS
+
+
+def test_the_converter_authenticates_with_basic_auth_user_info(classpath: str, registry_url: str,
+                                                               tmp_path: Path) -> None:
+    """Connect passes ``value.converter.basic.auth.user.info`` (the registry's reader):
+    every request of the converter carries it as HTTP Basic (registry.auth)."""
+    assert isinstance(HITS, registry_stub.Hits)
+    before = len(HITS.authorizations)
+    got = _decode(classpath, registry_url, [encode(export_of(_finished_run()), EXPORTS)], tmp_path, "json",
+                  user_info="registry-reader:s3cret")
+    assert got.returncode == 0, got.stderr[-3000:]
+    sent = HITS.authorizations[before:]
+    assert sent and all(a == "Basic " + base64.b64encode(b"registry-reader:s3cret").decode() for a in sent), sent
 
 
 def test_unknown_ids_and_unframed_values_are_refused_with_the_reason(classpath: str, registry_url: str,

@@ -2,7 +2,8 @@
 "JSON only" guard was a substring check (``text/plain;json`` passed, a request a page on
 any origin may send without a preflight), it read bodies of any size (a 9.3 MB schema was
 accepted) and answered any ``Host`` (DNS rebinding: a page whose name resolves to
-127.0.0.1 reads and writes it)."""
+127.0.0.1 reads and writes it), and asked nobody who they were: anyone on the machine
+could register a schema. Now two users (registry.auth): the reader reads, the admin writes."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
+from gnomon.credentials import Credential
 from gnomon.registry.app import BODY_MAX_BYTES, create_app
+from gnomon.registry.auth import RegistryUsers
 from gnomon.registry.service import MemoryStore, Registry
 from gnomon.registry.state import State, checked_in_versions, fold, import_checked_in, own_subjects
 
@@ -20,13 +24,62 @@ SUBJECT = "orders-value"
 SCHEMA = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"}]})
 
 
-@pytest.fixture()
-def http() -> TestClient:
+ADMIN = Credential("registry-admin", "admin-secret")
+READER = Credential("registry-reader", "reader-secret")
+
+
+def _app() -> Starlette:
     checked = checked_in_versions()
     store = MemoryStore()
     store.append(import_checked_in(State(), checked))
     registry = Registry(fold(store.records), store, own_subjects(checked))
-    return TestClient(create_app(registry), base_url="http://127.0.0.1:8081")
+    return create_app(registry, users=RegistryUsers(ADMIN, READER))
+
+
+@pytest.fixture()
+def http() -> TestClient:
+    """The registry, called as its admin user."""
+    client = TestClient(_app(), base_url="http://127.0.0.1:8081")
+    client.auth = (ADMIN.username, ADMIN.password)
+    return client
+
+
+@pytest.fixture()
+def anon() -> TestClient:
+    """The same registry, called with no credentials."""
+    return TestClient(_app(), base_url="http://127.0.0.1:8081")
+
+
+def test_nothing_but_the_health_probe_is_served_without_a_registry_user(anon: TestClient) -> None:
+    assert anon.get("/").status_code == 200
+    for method, path in [("GET", "/subjects"), ("GET", "/schemas/ids/1"), ("GET", "/config"),
+                         ("POST", f"/subjects/{SUBJECT}/versions"), ("PUT", "/config")]:
+        r = anon.request(method, path, json={"schema": SCHEMA, "compatibility": "NONE"})
+        assert r.status_code == 401, (method, path, r.text)
+        assert r.headers["www-authenticate"].startswith("Basic realm=")
+    bad = [("registry-admin", "wrong"), ("registry-reader", "admin-secret"), ("nobody", "reader-secret"),
+           ("registry-admin", "")]
+    for user, password in bad:
+        assert anon.get("/subjects", auth=(user, password)).status_code == 401, user
+    for header in ["Bearer admin-secret", "Basic !!!", "Basic " + "QQ==" * 400, "Basic cmVnaXN0cnktYWRtaW4="]:
+        assert anon.get("/subjects", headers={"Authorization": header}).status_code == 401, header
+
+
+def test_the_reader_reads_and_looks_up_but_cannot_register_or_configure(anon: TestClient) -> None:
+    reader = (READER.username, READER.password)
+    assert anon.get("/subjects", auth=reader).status_code == 200
+    assert anon.get("/schemas/ids/1", auth=reader).status_code == 200
+    r = anon.post(f"/subjects/{SUBJECT}/versions", json={"schema": SCHEMA}, auth=reader)
+    assert r.status_code == 403 and "may only read" in r.json()["message"]
+    assert anon.put("/config", json={"compatibility": "NONE"}, auth=reader).status_code == 403
+    assert SUBJECT not in anon.get("/subjects", auth=reader).json()
+    # a lookup and a compatibility check are reads (serializers call them)
+    assert anon.post(f"/subjects/{SUBJECT}", json={"schema": SCHEMA}, auth=reader).status_code == 404
+    admin = (ADMIN.username, ADMIN.password)
+    assert anon.post(f"/subjects/{SUBJECT}/versions", json={"schema": SCHEMA}, auth=admin).status_code == 200
+    assert anon.post(f"/subjects/{SUBJECT}", json={"schema": SCHEMA}, auth=reader).status_code == 200
+    assert anon.post(f"/compatibility/subjects/{SUBJECT}/versions/latest", json={"schema": SCHEMA},
+                     auth=reader).status_code == 200
 
 
 def _subjects(http: TestClient) -> list[str]:

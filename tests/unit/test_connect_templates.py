@@ -19,6 +19,7 @@ VARIABLES = {
     "postgres_user": "gnomon_export",
     "postgres_password": "${file:/s/connect/secrets.properties:postgres.password}", "security_protocol": "SASL_PLAINTEXT",
     "sasl_mechanism": "SCRAM-SHA-512", "sasl_jaas_config": "x required;",
+    "registry_user_info": "${file:/s/connect/secrets.properties:registry.user.info}",
 }
 TEMPLATES = connect.connector_templates()
 
@@ -63,6 +64,8 @@ def test_the_run_exports_sinks_use_the_registry_converter() -> None:
         assert props["value.converter"] == "gnomon.connect.RegistryAvroConverter"
         assert props["value.converter.registry.url"] == VARIABLES["registry_url"]
         assert props["value.converter.output"] == output
+        # the registry's reader, as a FileConfigProvider reference (never the password itself)
+        assert props["value.converter.basic.auth.user.info"] == "${file:/s/connect/secrets.properties:registry.user.info}"
     assert pg["insert.mode"] == "upsert" and pg["primary.key.fields"] == "run_id"
     assert pg["connection.password"] == "${file:/s/connect/secrets.properties:postgres.password}"
     assert pg["connection.username"] == "gnomon_export" and pg["collection.name.format"] == "gnomon_runs"

@@ -318,7 +318,7 @@ def test_memory_mode_serves_the_checked_in_ids_and_confluent_serdes_match_the_co
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "gnomon.registry", "--memory", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "gnomon.registry", "--memory", "--no-auth", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "GNOMON_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
     try:

@@ -217,10 +217,13 @@ def template_variables(settings: Settings, w: Worker, role: str = ROLE,
         # resolved by the worker's FileConfigProvider when it starts the connector: Connect's
         # REST API shows this reference, never the password (KIP-297)
         "postgres_password": "${file:" + str(secrets_file(w)) + ":" + POSTGRES_PASSWORD_KEY + "}",
+        # the registry's read-only user (gnomon.registry.auth), resolved the same way
+        "registry_user_info": "${file:" + str(secrets_file(w)) + ":" + REGISTRY_USER_INFO_KEY + "}",
     }
 
 
 POSTGRES_PASSWORD_KEY = "postgres.password"
+REGISTRY_USER_INFO_KEY = "registry.user.info"
 
 
 def secrets_file(w: Worker) -> Path:
@@ -250,7 +253,11 @@ def render(
     from gnomon.credentials import write_secret
 
     write_secret(w.config, render_properties(WORKER_TEMPLATE.read_text(), variables))  # holds a password
-    write_secret(secrets_file(w), f"{POSTGRES_PASSWORD_KEY}={postgres.export_credential(settings).password}\n")
+    from gnomon.infra import registry
+    from gnomon.registry.auth import user_info
+
+    write_secret(secrets_file(w), f"{POSTGRES_PASSWORD_KEY}={postgres.export_credential(settings).password}\n"
+                                  f"{REGISTRY_USER_INFO_KEY}={user_info(registry.reader(settings))}\n")
     _clear_connectors(w.connectors_dir)
     rendered = []
     for item in connectors:

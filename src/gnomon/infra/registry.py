@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import gnomon
+from gnomon import credentials
 from gnomon.config import Settings
+from gnomon.credentials import Credential
 from gnomon.infra import kafka, procs
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
@@ -87,10 +89,21 @@ def start(settings: Settings, port: int | None = None) -> int:
                        env=environment(settings, port))
 
 
-def _probe(base: str) -> str | None:
+def reader(settings: Settings) -> Credential:
+    """The registry's read-only user (``registry.auth``), made if missing."""
+    return credentials.ensure(settings.credentials_dir, credentials.REGISTRY_READER)
+
+
+def admin(settings: Settings) -> Credential:
+    """The registry's admin user: it may register schemas and set compatibility levels."""
+    return credentials.ensure(settings.credentials_dir, credentials.REGISTRY_ADMIN)
+
+
+def _probe(base: str, settings: Settings) -> str | None:
     import httpx
 
-    response = httpx.get(f"{base}/subjects", timeout=2.0)
+    cred = reader(settings)
+    response = httpx.get(f"{base}/subjects", timeout=2.0, auth=(cred.username, cred.password))
     if response.status_code != 200:
         return f"GET /subjects answered {response.status_code}"
     return None
@@ -104,7 +117,7 @@ def wait_ready(settings: Settings, timeout_s: float = 60.0) -> float:
         state_dir=settings.state_dir,
         processes=[(NAME, "the schema registry")],
         ports=[running_port(settings)],
-        probe=lambda: _probe(base),
+        probe=lambda: _probe(base, settings),
         waiting_for=f"the schema registry on {base}",
         not_ready=f"the schema registry did not serve on {base}",
         excerpt=lambda _name: procs.log_excerpt(procs.out_file(settings.state_dir, NAME)),
@@ -129,7 +142,8 @@ def status(settings: Settings) -> dict[str, Any]:
     try:
         import httpx
 
-        response = httpx.get(f"{base}/subjects", timeout=2.0)
+        cred = reader(settings)
+        response = httpx.get(f"{base}/subjects", timeout=2.0, auth=(cred.username, cred.password))
         response.raise_for_status()
         info["subjects"] = len(response.json())
         info["state"] = "up"

@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", action="store_true", help="no Kafka store: the checked-in schemas in memory")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="a further name a request's Host header may carry (loopback names and --host always may)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve without credentials (anyone who can connect may register schemas)")
     args = p.parse_args(args_in)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gnomon.config import load
     from gnomon.registry.app import LOOPBACK_HOSTS, create_app
+    from gnomon.registry.auth import RegistryUsers
     from gnomon.registry.kafka_store import KafkaStore, read_all
     from gnomon.registry.service import MemoryStore, Registry, Store
     from gnomon.registry.state import checked_in_versions, fold, import_checked_in, own_subjects
@@ -78,7 +81,16 @@ def main(argv: list[str] | None = None) -> int:
              args.host, port)
     wildcard = args.host in ("0.0.0.0", "::")  # not a name a client puts in Host
     hosts = (*LOOPBACK_HOSTS, *(() if wildcard else (args.host,)), *args.allow_host)
-    app = create_app(Registry(state, store, own_subjects(state.by_id.values())), hosts)
+    users = None
+    if args.no_auth:
+        log.warning("--no-auth: anyone who can connect may read and register schemas")
+    else:
+        try:
+            users = RegistryUsers.ensure(settings.credentials_dir)
+        except GnomonError as exc:
+            print(f"gnomon registry: cannot start: {exc}", file=sys.stderr)
+            return 1
+    app = create_app(Registry(state, store, own_subjects(state.by_id.values())), hosts, users)
     try:
         uvicorn.run(app, host=args.host, port=port, log_level="warning", access_log=False)
     finally:

@@ -10,6 +10,8 @@ A browser on the same machine is the threat a loopback service forgets: every re
 must name an allowed host (``Host``: loopback names by default, against DNS rebinding), a
 write must carry exactly a JSON media type (not ``text/plain;json``, which a page on any
 origin may send without a preflight), and a body is read up to ``BODY_MAX_BYTES``.
+Every path but ``/`` wants a registry user, and registering or setting a compatibility
+level the admin user (``registry.auth``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gnomon.registry.auth import REALM, RegistryUsers
 from gnomon.registry.errors import INVALID_SCHEMA, ApiError
 from gnomon.registry.service import Registry
 from gnomon.registry.state import Ref, Version
@@ -43,7 +46,10 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 
 def _error(exc: ApiError) -> Response:
-    return _json({"error_code": exc.code, "message": exc.message}, exc.status)
+    response = _json({"error_code": exc.code, "message": exc.message}, exc.status)
+    if exc.status == 401:
+        response.headers["WWW-Authenticate"] = REALM
+    return response
 
 
 def _version_doc(v: Version) -> dict[str, Any]:
@@ -112,15 +118,23 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     return _json({"error_code": status, "message": f"HTTP {status} {getattr(exc, 'detail', '')}".strip()}, status)
 
 
-def create_app(registry: Registry, allowed_hosts: Collection[str] = LOOPBACK_HOSTS) -> Starlette:
-    """The app; ``allowed_hosts``: the names a request's ``Host`` may carry (port aside)."""
+def create_app(registry: Registry, allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
+               users: RegistryUsers | None = None) -> Starlette:
+    """The app; ``allowed_hosts``: the names a request's ``Host`` may carry (port aside);
+    ``users``: who may read and write (``registry.auth``; None: anyone, for tests of the
+    other rules; ``python -m gnomon.registry`` always passes them)."""
     hosts = frozenset(h.lower() for h in allowed_hosts)
 
-    def route(path: str, fn: Callable[[Request], Awaitable[Any]], methods: list[str]) -> Route:
+    def route(path: str, fn: Callable[[Request], Awaitable[Any]], methods: list[str], *,
+              writes: frozenset[str] = frozenset(), public: bool = False) -> Route:
+        """``writes``: the methods that change the registry (the admin user only);
+        ``public``: served without credentials."""
         async def endpoint(request: Request) -> Response:
             try:
                 if not _host_allowed(request, hosts):
                     raise ApiError(421, 421, "Host not served here (allowed: " + ", ".join(sorted(hosts)) + ")")
+                if users is not None and not public:
+                    users.may(request.headers.get("authorization"), write=request.method in writes)
                 result = await fn(request)
             except ApiError as exc:
                 return _error(exc)
@@ -208,10 +222,10 @@ def create_app(registry: Registry, allowed_hosts: Collection[str] = LOOPBACK_HOS
         return {"mode": r.mode(req.path_params.get("subject"))}
 
     return Starlette(exception_handlers={404: _http_error, 405: _http_error}, routes=[
-        route("/", root, ["GET"]),
+        route("/", root, ["GET"], public=True),
         route("/subjects", subjects, ["GET"]),
         route("/subjects/{subject}/versions", versions, ["GET"]),
-        route("/subjects/{subject}/versions", register, ["POST"]),
+        route("/subjects/{subject}/versions", register, ["POST"], writes=frozenset({"POST"})),
         route("/subjects/{subject}/versions/{version}", version, ["GET"]),
         route("/subjects/{subject}/versions/{version}/schema", version_schema, ["GET"]),
         route("/subjects/{subject}", lookup, ["POST"]),
@@ -220,8 +234,8 @@ def create_app(registry: Registry, allowed_hosts: Collection[str] = LOOPBACK_HOS
         route("/schemas/ids/{id}/subjects", id_subjects, ["GET"]),
         route("/schemas/ids/{id}/versions", id_versions, ["GET"]),
         route("/schemas/types", types, ["GET"]),
-        route("/config", config, ["GET", "PUT"]),
-        route("/config/{subject}", config, ["GET", "PUT"]),
+        route("/config", config, ["GET", "PUT"], writes=frozenset({"PUT"})),
+        route("/config/{subject}", config, ["GET", "PUT"], writes=frozenset({"PUT"})),
         route("/compatibility/subjects/{subject}/versions", compatibility, ["POST"]),
         route("/compatibility/subjects/{subject}/versions/{version}", compatibility, ["POST"]),
         route("/mode", mode, ["GET"]),

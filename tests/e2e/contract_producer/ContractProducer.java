@@ -196,8 +196,14 @@ public final class ContractProducer {
   private static final HttpClient HTTP = HttpClient.newHttpClient();
 
   private static JsonNode get(String url) throws Exception {
-    HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(url))
-        .header("Accept", "application/vnd.schemaregistry.v1+json").build(), HttpResponse.BodyHandlers.ofString());
+    HttpRequest.Builder request = HttpRequest.newBuilder(URI.create(url))
+        .header("Accept", "application/vnd.schemaregistry.v1+json");
+    String userInfo = System.getenv("GNOMON_REGISTRY_USER_INFO");  // the registry's reader, user:password
+    if (userInfo != null && !userInfo.isEmpty()) {
+      request.header("Authorization", "Basic "
+          + java.util.Base64.getEncoder().encodeToString(userInfo.getBytes(StandardCharsets.UTF_8)));
+    }
+    HttpResponse<String> r = HTTP.send(request.build(), HttpResponse.BodyHandlers.ofString());
     if (r.statusCode() != 200) {
       throw new IllegalStateException("GET " + url + ": " + r.statusCode() + " " + r.body());
     }

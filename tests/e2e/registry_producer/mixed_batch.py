@@ -110,7 +110,8 @@ def main(argv):
     flags = {a for a in argv if a.startswith("--")}
     halves, after_answer = bool(flags & {"--halves", "--halves-after-answer"}), "--halves-after-answer" in flags
     registry_url, bootstrap, user, password, commands, results, prefix, tenant = [a for a in argv if a not in flags]
-    sr = SchemaRegistryClient({"url": registry_url})
+    user_info = os.environ.get("GNOMON_REGISTRY_USER_INFO")  # the registry's reader, user:password
+    sr = SchemaRegistryClient({"url": registry_url, **({"basic.auth.user.info": user_info} if user_info else {})})
     serialize = AvroSerializer(sr, conf={"auto.register.schemas": False, "use.latest.version": True})
     deserialize = AvroDeserializer(sr)
     kafka = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",

@@ -37,7 +37,8 @@ def signature(topic, key, value):
 def main(argv):
     registry_url, bootstrap, user, password, commands, results, job_id, tenant, cron = argv[:9]
     command_argv = argv[9:]
-    sr = SchemaRegistryClient({"url": registry_url})
+    user_info = os.environ.get("GNOMON_REGISTRY_USER_INFO")  # the registry's reader, user:password
+    sr = SchemaRegistryClient({"url": registry_url, **({"basic.auth.user.info": user_info} if user_info else {})})
     serialize = AvroSerializer(sr, conf={"auto.register.schemas": False, "use.latest.version": True})
     deserialize = AvroDeserializer(sr)
     kafka = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",

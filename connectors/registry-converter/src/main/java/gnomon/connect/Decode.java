@@ -18,13 +18,18 @@ public final class Decode {
 
     public static void main(String[] args) throws IOException {
         if (args.length < 2) {
-            System.err.println("usage: Decode REGISTRY_URL FILE [struct|json]");
+            System.err.println("usage: Decode REGISTRY_URL FILE [struct|json]  (env GNOMON_REGISTRY_USER_INFO: user:password)");
             System.exit(2);
         }
         String output = args.length > 2 ? args[2] : "json";
         RegistryAvroConverter converter = new RegistryAvroConverter();
-        converter.configure(Map.of(RegistryAvroConverter.REGISTRY_URL, args[0], RegistryAvroConverter.OUTPUT, output),
-                false);
+        Map<String, String> config = new java.util.HashMap<>(
+                Map.of(RegistryAvroConverter.REGISTRY_URL, args[0], RegistryAvroConverter.OUTPUT, output));
+        String userInfo = System.getenv("GNOMON_REGISTRY_USER_INFO");  // user:password, as Connect passes it
+        if (userInfo != null) {
+            config.put(RegistryAvroConverter.USER_INFO, userInfo);
+        }
+        converter.configure(config, false);
         try (DataInputStream in = new DataInputStream(new FileInputStream(args[1]))) {
             while (true) {
                 int n;

@@ -30,6 +30,7 @@ public class RegistryAvroConverter implements Converter {
     public static final String REGISTRY_URL = "registry.url";
     public static final String OUTPUT = "output";
     public static final String TIMEOUT_MS = "registry.timeout.ms";
+    public static final String USER_INFO = "basic.auth.user.info";
     private static final byte MAGIC = 0;
 
     static final ConfigDef CONFIG = new ConfigDef()
@@ -38,7 +39,9 @@ public class RegistryAvroConverter implements Converter {
             .define(OUTPUT, ConfigDef.Type.STRING, "struct", ConfigDef.ValidString.in("struct", "json"),
                     ConfigDef.Importance.MEDIUM, "struct: a Connect Struct; json: one line of JSON text")
             .define(TIMEOUT_MS, ConfigDef.Type.LONG, 10_000L, ConfigDef.Range.atLeast(1),
-                    ConfigDef.Importance.LOW, "HTTP timeout for one registry request");
+                    ConfigDef.Importance.LOW, "HTTP timeout for one registry request")
+            .define(USER_INFO, ConfigDef.Type.PASSWORD, null, ConfigDef.Importance.HIGH,
+                    "user:password for the registry's HTTP Basic authentication (gnomon's registry-reader)");
 
     private RegistryClient registry;
     private boolean json;
@@ -54,7 +57,9 @@ public class RegistryAvroConverter implements Converter {
     @Override
     public void configure(Map<String, ?> configs, boolean isKey) {
         AbstractConfig config = new AbstractConfig(CONFIG, configs);
-        registry = new RegistryClient(config.getString(REGISTRY_URL), Duration.ofMillis(config.getLong(TIMEOUT_MS)));
+        org.apache.kafka.common.config.types.Password userInfo = config.getPassword(USER_INFO);
+        registry = new RegistryClient(config.getString(REGISTRY_URL), Duration.ofMillis(config.getLong(TIMEOUT_MS)),
+                userInfo == null ? null : userInfo.value());
         json = "json".equals(config.getString(OUTPUT));
     }
 

@@ -35,9 +35,13 @@ final class RegistryClient {
     private final HttpClient http;
     private final Map<Integer, Schema> byId = new ConcurrentHashMap<>();
 
-    RegistryClient(String baseUrl, Duration timeout) {
+    private final String authorization;
+
+    RegistryClient(String baseUrl, Duration timeout, String userInfo) {
         this.baseUrl = baseUrl.replaceAll("/+$", "");
         this.timeout = timeout;
+        this.authorization = userInfo == null || userInfo.isEmpty() ? null
+                : "Basic " + java.util.Base64.getEncoder().encodeToString(userInfo.getBytes(StandardCharsets.UTF_8));
         this.http = HttpClient.newBuilder().connectTimeout(timeout).build();
     }
 
@@ -78,8 +82,12 @@ final class RegistryClient {
     }
 
     private JsonNode get(String path, String what) {
-        HttpRequest request = HttpRequest.newBuilder(URI.create(baseUrl + path)).timeout(timeout)
-                .header("Accept", "application/vnd.schemaregistry.v1+json, application/json").GET().build();
+        HttpRequest.Builder builder = HttpRequest.newBuilder(URI.create(baseUrl + path)).timeout(timeout)
+                .header("Accept", "application/vnd.schemaregistry.v1+json, application/json");
+        if (authorization != null) {
+            builder.header("Authorization", authorization);
+        }
+        HttpRequest request = builder.GET().build();
         HttpResponse<String> response;
         try {
             response = http.send(request, HttpResponse.BodyHandlers.ofString());
