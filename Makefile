@@ -27,7 +27,7 @@ REAL_STACK := "$(BIN)/python -m pytest tests/integration tests/security -q -m in
 	&& $(BIN)/python -m pytest tests/e2e -q -m integration --durations=15"
 
 .DEFAULT_GOAL := help
-.PHONY: help setup sysdeps testdeps run test test-security test-unit test-integration test-chaos chaos-lanes test-long lint typecheck bench infra-up infra-down clean
+.PHONY: help setup sysdeps testdeps run test test-security test-nonroot test-unit test-integration test-chaos chaos-lanes test-long lint typecheck bench infra-up infra-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -42,8 +42,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## install gnomon and its dev tools into .venv/ (so .venv/bin/gnomon works)
 
 # command:package; pg_ctlcluster (postgresql-common) comes with the PostgreSQL server packages
-SYSDEPS := bwrap:bubblewrap prlimit:util-linux setpriv:util-linux podman:podman /usr/sbin/runc:runc busybox:busybox-static pg_ctlcluster:postgresql
-sysdeps: ## install the sandbox tools (bubblewrap, podman, runc, busybox-static) and PostgreSQL (the export's database) from Debian packages, as root, if missing
+SYSDEPS := bwrap:bubblewrap prlimit:util-linux setpriv:util-linux newuidmap:uidmap podman:podman /usr/sbin/runc:runc busybox:busybox-static pg_ctlcluster:postgresql
+sysdeps: ## install the sandbox tools (bubblewrap, uidmap, podman, runc, busybox-static) and PostgreSQL (the export's database) from Debian packages, as root, if missing
 	@missing=""; for dep in $(SYSDEPS); do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -71,7 +71,7 @@ test: setup sysdeps testdeps ## everything CI runs: lint, types, unit, security,
 	@set -u; out=$$(mktemp -d); \
 	echo "gnomon: starting Kafka and Cassandra in the background (log: $$out/infra-up.log)"; \
 	( $(BIN)/python -m gnomon.infra up >$$out/infra-up.log 2>&1; echo $$? >$$out/infra-up.rc ) & infra=$$!; \
-	$(BIN)/python -m pytest tests/unit -q -n 2 -m "not sweep" && $(BIN)/python -m pytest tests/security -q -n 2 -m "not integration"; rc=$$?; \
+	$(BIN)/python -m pytest tests/unit -q -n 2 -m "not sweep" && $(BIN)/python -m pytest tests/security -q -n 2 -m "not integration" && tests/nonroot.sh; rc=$$?; \
 	wait $$infra; cat $$out/infra-up.log; \
 	[ $$rc = 0 ] || exit $$rc; [ "$$(cat $$out/infra-up.rc)" = 0 ] || { echo "gnomon: infra up failed"; exit 1; }
 	tests/lanes.sh sweeps $(SWEEPS) integration-e2e $(REAL_STACK)
@@ -88,6 +88,9 @@ test-long: setup ## the chaos suite with its faults at full length (2-minute out
 
 test-security: setup sysdeps ## the security suite that needs no services (sandboxes, SSRF, API contract)
 	$(BIN)/python -m pytest tests/security -q -m "not integration"
+
+test-nonroot: setup sysdeps ## as root: the sandbox suite again as a non-root worker with subordinate ids (per-attempt host uids)
+	tests/nonroot.sh
 
 test-unit: setup ## pure tests only (no services), on both cores
 	$(BIN)/python -m pytest tests/unit -q -n 2

@@ -128,21 +128,28 @@ class SandboxedCommandExecutor:
             ctx.log(LogStream.SYSTEM, f"sandbox unavailable: {exc}")
             return AttemptResult(Outcome.FAILED, None, f"sandbox unavailable: {exc}")
         env = {**ctx.sandbox_env(), **extra}
+        ids = self.sandbox.ids
+        attempt_id = ids.acquire() if ids is not None else None
         try:
+            if ids is not None and attempt_id is None:
+                ctx.log(LogStream.SYSTEM, f"sandbox unavailable: all {ids.count} per-attempt host ids are in use")
+                return AttemptResult(Outcome.FAILED, None, "sandbox unavailable: no free per-attempt host id")
             return self._run(SandboxRequest(name, target.argv, env, self.limits, self.network), cgroups, ctx,
-                             redactor(extra.values()))
+                             redactor(extra.values()), attempt_id)
         finally:
             if cgroups is not None:
                 cgroups.kill_all()
                 cgroups.remove()
+            if ids is not None and attempt_id is not None:
+                ids.release(attempt_id)
 
     def _run(self, req: SandboxRequest, cgroups: Cgroups | None, ctx: AttemptContext,
-             redact: Callable[[str], str]) -> AttemptResult:
+             redact: Callable[[str], str], attempt_id: int | None = None) -> AttemptResult:
         env_r, env_w = os.pipe()
         filter_r: int | None = None
         try:
             filter_r = _seccomp_pipe()
-            argv, launcher_env = self.sandbox.argv(req, cgroups, env_r, filter_r)
+            argv, launcher_env = self.sandbox.argv(req, cgroups, env_r, filter_r, attempt_id)
             env_bytes = self.sandbox.env_args(req)
             fds = (env_r,) if filter_r is None else (env_r, filter_r)
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -8,6 +8,8 @@ A command attempt runs as::
 * **User.** The sandbox process is never root: the worker (when it is root) drops to
   ``uid`` (65534, nobody) before bwrap builds an unprivileged user namespace, so host
   files owned by root are out of reach even through a bind, and ``RLIMIT_NPROC`` binds.
+  A non-root worker with subordinate ids runs each attempt as a host uid of its own
+  (``host_ids``); without them, as its own uid (it says so at start).
 * **Namespaces.** ``--unshare-all``: its own pid, ipc, uts, cgroup, user and network
   namespaces. No network unless the policy grants it (then the host's network).
 * **Filesystem.** Only ``/usr`` (read-only, with the merged-usr links), a few files of
@@ -35,8 +37,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gnomon.core.errors import InfraError
+from gnomon.worker import host_ids
+from gnomon.worker.host_ids import AttemptIds
 
 log = logging.getLogger("gnomon.worker")
 
@@ -217,9 +222,15 @@ def _alive(pid: int) -> bool:
 class BwrapSandbox:
     """Builds the argv that runs one attempt in bubblewrap (see the module docstring)."""
 
-    def __init__(self, uid: int = SANDBOX_UID, bwrap: str | None = None) -> None:
+    def __init__(self, uid: int = SANDBOX_UID, bwrap: str | None = None,
+                 ids: AttemptIds | Literal["detect"] | None = "detect") -> None:
+        """``ids``: the per-attempt host ids of a non-root worker (``host_ids``; by default
+        detected once per process; None: the worker's own uid)."""
         self.uid = uid
         self.bwrap = bwrap or shutil.which("bwrap") or ""
+        if ids == "detect":
+            ids = host_ids.shared()[0] if os.geteuid() != 0 else None
+        self.ids: AttemptIds | None = ids
 
     def check(self) -> None:
         """Raise SandboxError with the fix when this host cannot run sandboxes."""
@@ -231,14 +242,15 @@ class BwrapSandbox:
                 raise SandboxError(f"{tool} (util-linux) is not installed; the sandbox needs it")
 
     def argv(self, req: SandboxRequest, cgroups: Cgroups | None, env_fd: int,
-             seccomp_fd: int | None = None) -> tuple[list[str], dict[str, str]]:
+             seccomp_fd: int | None = None, attempt_id: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The full argv and the (tiny) environment of the launcher process.
 
         The sandbox's variables (payload, secrets) are not in the argv, which any local
         user can read in /proc/<pid>/cmdline: bwrap reads them from ``env_fd``
         (``--args``), where the caller writes ``env_args(req)``. ``seccomp_fd``: where
         bwrap reads the seccomp filter (``gnomon.worker.seccomp``) it loads before the
-        command runs."""
+        command runs. ``attempt_id``: the attempt's id of ``self.ids`` (a non-root worker
+        with subordinate ids): the sandbox runs as that id's host uid."""
         lim = req.limits
         rlimits = [f"--nproc={lim.uid_processes_max}", f"--cpu={lim.cpu_time_max_s}",
                    f"--fsize={lim.file_size_max_bytes}", f"--nofile={lim.open_files_max}", "--core=0"]
@@ -248,6 +260,10 @@ class BwrapSandbox:
         if os.geteuid() == 0:
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
+        elif self.ids is not None:
+            if attempt_id is None:
+                raise SandboxError("no per-attempt host id was given for this attempt")
+            drop = self.ids.prefix(attempt_id)
         launcher_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                         "GNOMON_CGROUP_PROCS": " ".join(cgroups.procs_files) if cgroups else ""}
         seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []

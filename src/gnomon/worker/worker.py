@@ -280,10 +280,20 @@ class Worker:
                             "cgroup v1 or hybrid host): sandboxes get rlimits only, with no per-attempt "
                             "process or memory cgroup")
             if os.geteuid() != 0:
-                log.warning("commands run as this worker's own uid %d on the host (the sandbox's namespaces "
-                            "map nobody onto it): the worker's Kafka credential and the tenants' secrets are "
-                            "that uid's too. Run the worker as root for a separate host identity (65534) per "
-                            "attempt (docs/security.md, known gaps)", os.geteuid())
+                from gnomon.worker import host_ids
+
+                ids, why_not = host_ids.shared()
+                if ids is not None:
+                    log.info("commands run as a host uid of their own per attempt: %d..%d (subordinate ids), "
+                             "never this worker's uid %d", ids.host_uid(1), ids.host_uid(ids.count), os.geteuid())
+                    if ids.count < self.concurrency_max:
+                        log.warning("only %d subordinate ids for %d attempts at once: attempts beyond them fail "
+                                    "(give the user a larger range)", ids.count, self.concurrency_max)
+                else:
+                    log.warning("commands run as this worker's own uid %d on the host (the sandbox's namespaces "
+                                "map nobody onto it): the worker's Kafka credential and the tenants' secrets are "
+                                "that uid's too, because %s. Give the worker's user subordinate ids for a host "
+                                "uid per attempt, or run it as root (docs/security.md)", os.geteuid(), why_not)
             from gnomon.worker.command import SECCOMP_PROGRAM
 
             if SECCOMP_PROGRAM is None:
