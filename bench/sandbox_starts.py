@@ -8,6 +8,10 @@ output line) p50/p99. Kinds: an in-process handler, a bwrap command (`true`-like
 if podman is missing).
 
     .venv/bin/python bench/sandbox_starts.py --attempts 200 --concurrency 4
+
+As a non-root worker with subordinate ids (per-attempt host uids, gnomon.worker.host_ids),
+from root: ``tests/nonroot.sh bench/sandbox_starts.py --attempts 200 --container-attempts 0``
+(then "bwrap command" runs with them and "bwrap, worker's uid" without, in the same run).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gnomon.worker.attempt import AttemptContext, AttemptResult
 from gnomon.worker.command import SandboxedCommandExecutor
 from gnomon.worker.container import ContainerExecutor, PodmanRunner
 from gnomon.worker.executors import HandlerExecutor
+from gnomon.worker.sandbox import BwrapSandbox
 
 IMAGE = "localhost/gnomon-bench-busybox:1"
 
@@ -104,7 +109,11 @@ def main() -> None:
     command = SandboxedCommandExecutor()
     measure("bwrap command", lambda ctx: command.execute(Target(TargetType.COMMAND, argv=("echo", "hi")), ctx),
             args.attempts, args.concurrency)
-    img = image()
+    if command.sandbox.ids is not None:  # a non-root worker with subordinate ids: their cost, in the same run
+        own = SandboxedCommandExecutor(sandbox=BwrapSandbox(ids=None))
+        measure("bwrap, worker's uid", lambda ctx: own.execute(Target(TargetType.COMMAND, argv=("echo", "hi")), ctx),
+                args.attempts, args.concurrency)
+    img = image() if args.container_attempts > 0 else None
     if img:
         container = ContainerExecutor()
         measure("podman container", lambda ctx: container.execute(

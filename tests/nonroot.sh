@@ -9,6 +9,10 @@
 # and the venv's interpreter may sit under 0700 directories the user cannot enter) and
 # runs pytest there with the system's Python of the venv's version. Not root: the suite
 # already ran as this user (`make test-security`); nothing to do.
+#
+#   tests/nonroot.sh                       the sandbox suite (make test-nonroot)
+#   tests/nonroot.sh bench/sandbox_starts.py --attempts 200 --container-attempts 0
+#                                          a script instead, as that user
 set -euo pipefail
 cd "$(dirname "$0")/.."
 USER_NAME=gnomon-nonroot
@@ -47,18 +51,24 @@ done
 work=$(mktemp -d /var/tmp/gnomon-nonroot.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 chmod 0755 "$work"
-cp -a src tests streams schemas pyproject.toml "$work/"  # (src/gnomon/_data links to streams/ and schemas/)
+cp -a src tests bench streams schemas pyproject.toml "$work/"  # (src/gnomon/_data links to streams/ and schemas/)
 cp -a "$site" "$work/site"
 chmod -R go+rX,go-w "$work"
 chown "$USER_NAME" "$work"  # its own scratch space (the tests write .gnomon/ and state/ there)
 echo "gnomon: the sandbox suite as $USER_NAME (uid $(id -u "$USER_NAME"), subordinate ids" \
      "$(grep "^$USER_NAME:" /etc/subuid | cut -d: -f2-)) with $python"
+if [ $# -gt 0 ]; then args=("$@"); else args=(-q -p no:cacheprovider -p no:randomly tests/security/test_sandbox.py); fi
 cd "$work"
 runuser -u "$USER_NAME" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$work" LANG=C.UTF-8 \
   GNOMON_EXPECT_SUBUIDS=1 GNOMON_STATE_DIR="$work/state" PYTHONPATH="$work/src:$work/site" "$python" -c '
-import site, sys
+import runpy, site, sys
 sys.path.insert(0, sys.argv[1] + "/src")
 site.addsitedir(sys.argv[1] + "/site")
-import pytest
-sys.exit(pytest.main(sys.argv[2:]))
-' "$work" -q -p no:cacheprovider -p no:randomly tests/security/test_sandbox.py
+args = sys.argv[2:]
+if args[0].endswith(".py"):  # a script (a bench), with its arguments
+    sys.argv = args
+    runpy.run_path(args[0], run_name="__main__")
+else:
+    import pytest
+    sys.exit(pytest.main(args))
+' "$work" "${args[@]}"

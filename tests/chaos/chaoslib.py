@@ -48,7 +48,8 @@ def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 9
     return _decoded([(msg.key(), msg.value()) for msg in read_messages(bootstrap, start, timeout_s)])
 
 
-OPEN_TAPS: list[Tap] = []  # closed after each test (conftest)
+OPEN_TAPS: list[Tap] = []
+TAP_STALL_S = 15.0  # closed after each test (conftest)
 
 
 class Tap:
@@ -61,16 +62,29 @@ class Tap:
         self._records: list[tuple[str, bytes | None, bytes | None]] = []  # topic, key, value
         self._position = {(tp.topic, tp.partition): tp.offset for tp in start}
         self._stop = threading.Event()
+        self._rebuild = threading.Event()  # a consumer that stopped fetching is replaced (``records``)
+        self.rebuilds = 0
         self._error: BaseException | None = None
-        self._consumer = Consumer(consumer_config(bootstrap, "chaos-tap", **{"enable.partition.eof": True}))
-        self._consumer.assign(start)
+        self._consumer = self._new_consumer(start)
         self._thread = threading.Thread(target=self._run, name="chaos-tap", daemon=True)
         self._thread.start()
         OPEN_TAPS.append(self)
 
+    def _new_consumer(self, start: list[TopicPartition]) -> Consumer:
+        consumer = Consumer(consumer_config(self._bootstrap, "chaos-tap", **{"enable.partition.eof": True}))
+        consumer.assign(start)
+        return consumer
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                if self._rebuild.is_set():  # from where it got: nothing read twice, nothing skipped
+                    self._rebuild.clear()
+                    self._consumer.close()
+                    with self._lock:
+                        at = [TopicPartition(t, p, off) for (t, p), off in self._position.items()]
+                    self._consumer = self._new_consumer(at)
+                    self.rebuilds += 1
                 msg = self._consumer.poll(0.2)
                 if msg is None:
                     continue
@@ -98,6 +112,7 @@ class Tap:
         processor's transaction is open, it stops before the records its successor committed."""
         ends = {(topic, tp.partition): tp.offset for tp in end_offsets(self._bootstrap, topic, committed=False)}
         deadline = time.monotonic() + timeout_s
+        seen, moved_at = -1, time.monotonic()
         while True:
             if self._error is not None:
                 raise AssertionError(f"the chaos tap failed: {self._error!r}")
@@ -105,9 +120,19 @@ class Tap:
                 behind = {tp: end for tp, end in ends.items() if self._position.get(tp, 0) < end}
                 if not behind:
                     return [(k, v) for t, k, v in self._records if t == topic]
+                at = sum(self._position.values())
+            if at != seen:
+                seen, moved_at = at, time.monotonic()
+            elif time.monotonic() - moved_at > TAP_STALL_S:
+                # librdkafka's consumer sometimes stops fetching after a broker came back; a
+                # new one from the same positions tells that apart from a transaction left
+                # open (which would stop it too, and fail below)
+                log(f"the tap read nothing for {TAP_STALL_S:.0f} s, behind on {sorted(behind)}: new consumer")
+                self._rebuild.set()
+                moved_at = time.monotonic()
             if time.monotonic() > deadline:
                 raise AssertionError(f"the chaos tap did not reach the end of {topic} in {timeout_s:.0f} s: "
-                                     f"behind on {sorted(behind)}")
+                                     f"behind on {sorted(behind)} (its consumer rebuilt {self.rebuilds} times)")
             time.sleep(0.2)
 
     def close(self) -> None:
