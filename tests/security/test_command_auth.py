@@ -151,6 +151,7 @@ def test_tenant_a_cannot_register_patch_or_delete_tenant_bs_job_through_kafka() 
     after = c.jobs()["b-job"]
     assert after.version == b_job.version and after.spec == b_job.spec
     assert c.processor("p0").tasks[part].stats.unsigned_refused == len(sent)
+    assert c.processor("p0").metrics.registry.get_sample_value("gnomon_job_commands_unauthenticated_total") == len(sent)
     # B's own key still works
     value = codec.encode(J.PauseJob("b-job", "globex", now), topic)
     offset = c.log.append(topic, b"b-job", value, part, headers=c.keys.sign("globex", topic, b"b-job", value))

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from gnomon.core.replies import CommandResult
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.core.workers import WorkerDirectory
 from gnomon.eventlog.port import GroupConsumer
@@ -73,6 +74,9 @@ class ProcessorMetrics:
         self.poison = Counter("gnomon_poison_records", "Input records that could not be decoded or applied",
                               ["topic"], registry=r)
         self.transactions = Counter("gnomon_processor_transactions", "Kafka transactions committed", registry=r)
+        self.unsigned_commands = Counter(
+            "gnomon_job_commands_unauthenticated", "Job commands refused because their signature did not prove "
+            "their tenant (unsigned, tampered, an unknown key or another tenant's; ADR 0006)", registry=r)
         self.restore_seconds = Histogram("gnomon_partition_restore_seconds", "Time to restore a partition's state "
                                          "when it is assigned, by source", ["source"], buckets=RESTORE_BUCKETS_S,
                                          registry=r)
@@ -133,10 +137,14 @@ class ProcessorMetrics:
         finished: Tally[tuple[str, str, str]] = Tally()
         skipped: Tally[tuple[str, str]] = Tally()
         other: Tally[tuple[Any, tuple[str, ...]]] = Tally()
+        unsigned = 0
         for o in outputs:
             value = o.value
             if o.topic == topo.poison:
                 other[(self.poison, (o.key,))] += 1
+                continue
+            if o.topic == topo.command_results:
+                unsigned += isinstance(value, CommandResult) and value.field == "signature" and not value.accepted
                 continue
             if not isinstance(value, RunState):
                 continue
@@ -159,6 +167,8 @@ class ProcessorMetrics:
             self.slots_skipped.labels(*key2).inc(n)
         for (metric, labels), n in other.items():
             metric.labels(*labels).inc(n)
+        if unsigned:
+            self.unsigned_commands.inc(unsigned)
 
     def overloaded(self, window_runs: float, in_flight: int, deferred: int, lag_ms: int) -> None:
         """The overload governor after a tick."""
