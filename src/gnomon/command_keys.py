@@ -18,11 +18,15 @@ tenant's file only (``$GNOMON_COMMAND_KEY_FILE``, ``gnomon.events``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +37,10 @@ from gnomon.core.errors import ValidationError
 from gnomon.core.tenants import check_tenant_name
 from gnomon.credentials import CredentialError
 
+log = logging.getLogger("gnomon.command_keys")
+
 KEYS_PER_TENANT_MAX = 4  # the signing key and the ones still accepted during a rotation
 RELOAD_MIN_S = 1.0  # a key id not found re-reads the directory at most this often
-SIGNER_CACHE_S = 30.0  # the API picks up a rotated key within this
 OPERATOR_FILE = "operator.json"
 KEY_FILE_ENV = "GNOMON_COMMAND_KEY_FILE"
 
@@ -80,14 +85,38 @@ def _write(path: Path, tenant: str, keys: list[CommandKey]) -> None:
     credentials.write_secret(path, json.dumps(doc, indent=2) + "\n")
 
 
-_lock = threading.Lock()  # one issuer per process: two first commands of a tenant make one key
+_lock = threading.Lock()  # the threads of one process; ``_locked`` adds the other processes
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """One writer of the keys directory at a time, across processes (the API's workers, the
+    CLI): two first commands of a tenant make one key, and a rotation loses no key."""
+    credentials.ensure_dir(directory)
+    with _lock:
+        fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # (releases the lock)
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def ensure(directory: Path, tenant: str) -> CommandKey:
     """The signing key of ``tenant`` (``OPERATOR``: the operator's), made if it has none."""
     path = directory / OPERATOR_FILE if tenant == OPERATOR else tenant_file(directory, tenant)
-    with _lock:
-        keys = read_file(path)
+    keys = read_file(path)
+    if keys:
+        return keys[-1]
+    with _locked(directory):
+        keys = read_file(path)  # another process may have made it meanwhile
         if not keys:
             keys = [_new_key(tenant)]
             _write(path, tenant, keys)
@@ -97,7 +126,7 @@ def ensure(directory: Path, tenant: str) -> CommandKey:
 def rotate(directory: Path, tenant: str, *, revoke_old: bool = False) -> CommandKey:
     """Add a new signing key for ``tenant``; ``revoke_old``: drop every other key."""
     path = directory / OPERATOR_FILE if tenant == OPERATOR else tenant_file(directory, tenant)
-    with _lock:
+    with _locked(directory):
         keys = [] if revoke_old else read_file(path)
         keys = [*keys, _new_key(tenant)][-KEYS_PER_TENANT_MAX:]
         _write(path, tenant, keys)
@@ -134,20 +163,40 @@ def key_for_producer(settings: Settings, tenant: str) -> CommandKey:
 
 class DirKeyring:
     """The processor's view of every key in the directory. A key id it does not know
-    re-reads the directory (at most every ``RELOAD_MIN_S``), so a new tenant's first
-    command verifies without a restart, and a flood of forged ids costs no more I/O."""
+    re-reads the directory when it changed (its files are replaced by rename, which
+    changes the directory's mtime: a stat, at most every ``RELOAD_MIN_S`` for a known id)
+    or, unchanged, at most every ``RELOAD_MIN_S``: a new tenant's first command verifies
+    without a restart, a revoked key stops verifying within a second, and a flood of
+    forged ids costs a stat each, no re-read."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._keys: dict[str, CommandKey] = {}
         self._loaded_at = -RELOAD_MIN_S
+        self._checked_at = -RELOAD_MIN_S
+        self._stamp: tuple[int, int] | None = None
         self.reloads = 0
 
+    def _dir_stamp(self) -> tuple[int, int]:
+        def mtime(path: Path) -> int:
+            try:
+                return path.stat().st_mtime_ns
+            except OSError:
+                return -1
+        return mtime(self.directory), mtime(self.directory / "tenants")
+
     def _load(self) -> None:
+        self._stamp = self._dir_stamp()
+        self._loaded_at = time.monotonic()
         keys: dict[str, CommandKey] = {}
         files = [self.directory / OPERATOR_FILE, *sorted((self.directory / "tenants").glob("*.json"))]
         for path in files:
-            for key in read_file(path):
+            try:
+                found = read_file(path)
+            except CredentialError as exc:  # one bad file refuses its tenant's commands, not everyone's
+                log.error("command keys: %s (its keys are not loaded)", exc)
+                continue
+            for key in found:
                 if key.tenant == OPERATOR and path.name != OPERATOR_FILE:
                     continue  # only operator.json may hold the operator's key
                 keys[key.key_id] = key
@@ -155,18 +204,19 @@ class DirKeyring:
         self.reloads += 1
 
     def find(self, key_id: str) -> CommandKey | None:
-        key = self._keys.get(key_id)
-        if key is None and time.monotonic() - self._loaded_at >= RELOAD_MIN_S:
-            self._loaded_at = time.monotonic()
-            self._load()
-            key = self._keys.get(key_id)
-        return key
+        now = time.monotonic()
+        known = key_id in self._keys
+        if not known or now - self._checked_at >= RELOAD_MIN_S:
+            self._checked_at = now
+            if self._dir_stamp() != self._stamp or (not known and now - self._loaded_at >= RELOAD_MIN_S):
+                self._load()
+        return self._keys.get(key_id)
 
 
 @dataclass
 class _Cached:
     key: CommandKey
-    at_s: float
+    mtime_ns: int
 
 
 class Signer:
@@ -180,18 +230,19 @@ class Signer:
         self._cache: dict[str, _Cached] = {}
 
     def key(self, tenant: str) -> CommandKey:
-        now = time.monotonic()
+        """The tenant's signing key; its file is re-read when it changed (a stat per call)."""
+        path = tenant_file(self.directory, tenant)
         hit = self._cache.get(tenant)
-        if hit is not None and now - hit.at_s < SIGNER_CACHE_S:
+        if hit is not None and hit.mtime_ns == _mtime_ns(path):
             return hit.key
         if self.issue:
             key = ensure(self.directory, tenant)
         else:
-            keys = read_file(tenant_file(self.directory, tenant))
+            keys = read_file(path)
             if not keys:
                 raise CredentialError(f"no command key for tenant {tenant!r} under {self.directory}")
             key = keys[-1]
-        self._cache[tenant] = _Cached(key, now)
+        self._cache[tenant] = _Cached(key, _mtime_ns(path))
         return key
 
     def headers(self, tenant: str, topic: str, record_key: bytes | None, value: bytes | None) -> Headers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,23 @@ def test_keys_live_in_0600_files_and_the_processor_sees_a_new_tenant_without_res
     assert ring.find(forged.key_id) is None
     ops = command_keys.ensure(d, OPERATOR)
     assert ring.find(ops.key_id) == ops and ops.tenant == OPERATOR
+    # a malformed file loses its own keys only; the processor goes on verifying the others
+    (d / "tenants" / "broken.json").write_text("{not json")
+    other = command_keys.ensure(d, "globex")
+    assert ring.find(other.key_id) == other and ring.find(ops.key_id) == ops
+
+
+def test_a_key_issued_or_revoked_just_after_a_reread_counts_at_once(tmp_path: Path) -> None:
+    """No one-second blind spot: a forged id looked up (a re-read), then a new tenant's
+    first key: it verifies at once; a revoked key stops verifying at the next check."""
+    ring = command_keys.DirKeyring(tmp_path)
+    command_keys.ensure(tmp_path, "acme")
+    assert ring.find("forged.1") is None
+    first = command_keys.ensure(tmp_path, "globex")
+    assert ring.find(first.key_id) == first
+    command_keys.rotate(tmp_path, "globex", revoke_old=True)
+    time.sleep(command_keys.RELOAD_MIN_S)
+    assert ring.find(first.key_id) is None
 
 
 def test_the_api_signer_issues_a_first_key_and_a_producer_signer_does_not(tmp_path: Path) -> None:

@@ -39,3 +39,14 @@ def test_the_prefix_maps_the_range_and_drops_to_the_attempts_id() -> None:
                         "--"]
     assert argv[5:] == ["setpriv", "--reuid=7", "--regid=7", "--clear-groups", "--inh-caps=-all",
                         "--bounding-set=-all", "--"]
+
+
+def test_two_workers_of_one_user_never_hold_the_same_id_at_once(tmp_path: Path) -> None:
+    a = AttemptIds(SubIdRange(100000, 4), SubIdRange(100000, 4), tmp_path)
+    b = AttemptIds(SubIdRange(100000, 4), SubIdRange(100000, 4), tmp_path)
+    held_a = [a.acquire(), a.acquire()]
+    held_b = [b.acquire(), b.acquire()]
+    assert held_a == [1, 2] and held_b == [3, 4]  # b skipped what a holds
+    assert a.acquire() is None and b.acquire() is None
+    a.release(1)
+    assert b.acquire() == 1  # a lock released is free for the other

@@ -177,10 +177,7 @@ def processor(
         logging.getLogger("gnomon.processor").warning(
             "--accept-unsigned-commands: job commands are applied without proof of their tenant; any holder of "
             "the api Kafka credential may act for every tenant")
-        keyring = None
-    else:
-        keyring = DirKeyring(keys_dir(s))
-    proc = Processor(cfg, keyring=keyring)
+    proc = Processor(cfg, keyring=None if accept_unsigned_commands else DirKeyring(keys_dir(s)))
     dog = _watchdog("processor", proc.metrics.registry, lambda: proc.progress_at_s, proc.stop, stall_limit_s,
                     role="processor")
     _serve_metrics(proc.metrics.registry, "processor", metrics_port, health=dog.health if dog else None)

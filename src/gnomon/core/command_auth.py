@@ -7,8 +7,9 @@ belongs to one tenant (or to the operator, ``*``, who may act for any tenant). T
 covers the topic, the record key and the record value (the encoded command, with its
 tenant and its ``at_ms``), each length-prefixed so no two inputs share a message.
 
-The processor (the one decider) verifies it before anything else and refuses, with an
-answer on the command-results topic (code ``refused``, field ``signature``), a command
+The processor (the one decider) decodes the record (one that does not decode is
+poisoned, as before) and then verifies it before it looks at the job the command names,
+refusing, with an answer on the command-results topic (code ``refused``, field ``signature``), a command
 that is unsigned, signed with a key it does not know, signed wrongly (any byte of the
 record changed), or signed by another tenant's key than the command's ``tenant``.
 
@@ -58,9 +59,11 @@ class CommandKey:
     tenant: str
     secret: bytes = field(repr=False)
 
-    def __post_init__(self) -> None:
-        assert self.key_id and len(self.key_id) <= KEY_ID_MAX_CHARS and ":" not in self.key_id, self.key_id
-        assert len(self.secret) >= SECRET_MIN_BYTES, "a command key's secret is at least 32 bytes"
+    def __post_init__(self) -> None:  # (not asserts: these hold under python -O too)
+        if not self.key_id or len(self.key_id) > KEY_ID_MAX_CHARS or ":" in self.key_id:
+            raise ValueError(f"a command key id is 1 to {KEY_ID_MAX_CHARS} characters without ':'")
+        if len(self.secret) < SECRET_MIN_BYTES:
+            raise ValueError(f"a command key's secret is at least {SECRET_MIN_BYTES} bytes")
 
 
 class Keyring(Protocol):

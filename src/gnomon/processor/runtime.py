@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gnomon import codec
 from gnomon.core import jobs as J
@@ -112,11 +113,18 @@ class Processor:
     def __init__(self, cfg: ProcessorConfig, clock: Clock | None = None, topology: Topology | None = None, *,
                  log: EventLog | None = None, stores: StateStores | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 metrics: ProcessorMetrics | None = None, keyring: Keyring | None = None) -> None:
+                 metrics: ProcessorMetrics | None = None,
+                 keyring: Keyring | Literal["settings"] | None = "settings") -> None:
         self.cfg = cfg
-        # every job command must be signed by a key of its tenant (core.command_auth);
-        # None: signatures are not checked (``gnomon processor --accept-unsigned-commands``)
-        self.keyring = keyring
+        # every job command must be signed by a key of its tenant (core.command_auth), by
+        # default one of the keys directory of the settings (gnomon.command_keys); None:
+        # signatures are not checked (``gnomon processor --accept-unsigned-commands``)
+        if keyring == "settings":
+            from gnomon.command_keys import DirKeyring, keys_dir
+            from gnomon.config import load
+
+            keyring = DirKeyring(keys_dir(load()))
+        self.keyring: Keyring | None = keyring
         self.clock = clock or SystemClock()
         self.topo = topology or load_topology()
         self.log: EventLog = log if log is not None else KafkaEventLog(cfg.bootstrap, role=ROLE)

@@ -122,7 +122,7 @@ def create_app(registry: Registry, allowed_hosts: Collection[str] = LOOPBACK_HOS
                users: RegistryUsers | None = None) -> Starlette:
     """The app; ``allowed_hosts``: the names a request's ``Host`` may carry (port aside);
     ``users``: who may read and write (``registry.auth``; None: anyone, for tests of the
-    other rules; ``python -m gnomon.registry`` always passes them)."""
+    other rules, and ``python -m gnomon.registry --no-auth``)."""
     hosts = frozenset(h.lower() for h in allowed_hosts)
 
     def route(path: str, fn: Callable[[Request], Awaitable[Any]], methods: list[str], *,

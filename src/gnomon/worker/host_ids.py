@@ -13,7 +13,8 @@ tenant's secret files. Where the host gives the worker's user a subordinate id r
 a user namespace whose root is the worker and whose ids 1..n are the range; the
 attempt's ``k`` is distinct among the attempts in flight, so on the host the command runs
 as ``<sub start> + k - 1``: not the worker's uid (its files, 0600, are out of reach), not
-another attempt's (no signals, no ``/proc`` between attempts), and ``RLIMIT_NPROC``
+another attempt's, of this worker or of another worker of the same user on the host (a
+lock file per id; no signals, no ``/proc`` between attempts), and ``RLIMIT_NPROC``
 counts per attempt. The worker owns the namespace, so it can still kill the sandbox.
 
 ``AttemptIds.detect()`` says at start whether the host allows it, and why not.
@@ -21,11 +22,13 @@ counts per attempt. The worker owns the namespace, so it can still kill the sand
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,13 +67,22 @@ def read_range(path: Path, user: str, uid: int) -> SubIdRange | None:
     return None
 
 
+def lock_dir() -> Path:
+    """Where the workers of this user on this host lock the ids they hand out."""
+    return Path(tempfile.gettempdir()) / f"gnomon-host-ids-{os.geteuid()}"
+
+
 @dataclass
 class AttemptIds:
-    """Hands out the in-namespace ids 1..``count``, one per attempt in flight."""
+    """Hands out the in-namespace ids 1..``count``, one per attempt in flight. With
+    ``locks`` (a directory), an id is also held by an exclusive lock on ``<locks>/<id>``,
+    so the workers of one user on one host never hand out the same id at once (a lock
+    dies with its process: nothing to clean up after a kill -9)."""
 
     uids: SubIdRange
     gids: SubIdRange
-    _in_use: set[int] = field(default_factory=set)
+    locks: Path | None = None
+    _in_use: dict[int, int] = field(default_factory=dict)  # id -> its lock's fd (-1: no lock)
     _next: int = 1
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -80,19 +92,36 @@ class AttemptIds:
 
     def acquire(self) -> int | None:
         """A free id (round robin, so a just-freed id waits its turn), or None when every
-        id is in flight."""
+        id is in flight here or held by another worker."""
         with self._lock:
             for _ in range(self.count):
                 k = self._next
                 self._next = k % self.count + 1
-                if k not in self._in_use:
-                    self._in_use.add(k)
+                if k in self._in_use:
+                    continue
+                fd = self._hold(k)
+                if fd is not None:
+                    self._in_use[k] = fd
                     return k
         return None
 
+    def _hold(self, k: int) -> int | None:
+        """-1 without a lock directory; the locked file's fd; None if another holds it."""
+        if self.locks is None:
+            return -1
+        fd = os.open(self.locks / str(k), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
     def release(self, k: int) -> None:
         with self._lock:
-            self._in_use.discard(k)
+            fd = self._in_use.pop(k, None)
+        if fd is not None and fd >= 0:
+            os.close(fd)  # (releases the lock)
 
     def host_uid(self, k: int) -> int:
         return self.uids.start + k - 1
@@ -125,7 +154,14 @@ class AttemptIds:
                               ("setpriv", "util-linux")):
             if shutil.which(tool) is None:
                 return None, f"{tool} is not installed (apt-get install {package})"
-        ids = cls(uids, gids)
+        locks = lock_dir()
+        try:
+            locks.mkdir(mode=0o700, exist_ok=True)
+            if locks.stat().st_uid != uid:
+                return None, f"{locks} belongs to another user"
+        except OSError as exc:
+            return None, f"cannot make {locks} for the id locks: {exc}"
+        ids = cls(uids, gids, locks)
         probe = [*ids.prefix(1), "true"]
         try:
             done = subprocess.run(probe, capture_output=True, timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
