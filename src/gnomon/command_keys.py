@@ -178,12 +178,7 @@ class DirKeyring:
         self.reloads = 0
 
     def _dir_stamp(self) -> tuple[int, int]:
-        def mtime(path: Path) -> int:
-            try:
-                return path.stat().st_mtime_ns
-            except OSError:
-                return -1
-        return mtime(self.directory), mtime(self.directory / "tenants")
+        return _mtime_ns(self.directory), _mtime_ns(self.directory / "tenants")
 
     def _load(self) -> None:
         self._stamp = self._dir_stamp()

@@ -63,6 +63,18 @@ class Stack:
                 p.wait()
 
 
+def outside_producer_env(tenant: str = "acme") -> dict[str, str]:
+    """What an operator hands a producer outside gnomon: the tenant's command key file
+    (docs/job-events.md, "Signing a command") and the schema registry's read-only user."""
+    from gnomon.config import load
+    from gnomon.infra import registry
+    from gnomon.registry.auth import user_info
+
+    settings = load()
+    return {"GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(settings), tenant)),
+            "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(settings))}
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     from gnomon.config import load

@@ -13,14 +13,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import Stack, wait_for
+from harness import Stack, outside_producer_env, wait_for
 
-from gnomon import command_keys, credentials
+from gnomon import credentials
 from gnomon.codec import default_codec
 from gnomon.config import REPO_ROOT, load
 from gnomon.events import JobEvents
 from gnomon.infra import fetch, registry
-from gnomon.registry.auth import user_info
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration
@@ -45,9 +44,7 @@ def _produce(classpath: str, job_id: str, cron: str, *argv: str, schemas: str | 
         ["java", "-cp", classpath, "ContractProducer", settings.kafka_bootstrap, cred.username, cred.password,
          schemas or str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
         capture_output=True, text=True, timeout=120,
-        env={**os.environ, "GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(settings),
-                                                                                   "acme")),
-             "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(settings))})
+        env={**os.environ, **outside_producer_env()})
 
 
 def test_a_java_producer_registers_a_job_reads_the_answer_and_the_job_runs(stack: Stack,

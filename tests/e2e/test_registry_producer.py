@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
-from harness import Stack, end_offsets, wait_for
+from harness import Stack, end_offsets, outside_producer_env, wait_for
 
-from gnomon import codec, command_keys, credentials
+from gnomon import codec, credentials
 from gnomon.adapters.kafka import consumer_config
 from gnomon.client import ApiError
 from gnomon.codec import default_codec
@@ -41,7 +41,6 @@ from gnomon.config import load
 from gnomon.core.messages import PoisonRecord
 from gnomon.events import JobEvents
 from gnomon.infra import registry
-from gnomon.registry.auth import user_info
 from gnomon.topology import load_topology
 
 pytestmark = pytest.mark.integration
@@ -52,13 +51,6 @@ PROGRAMS = (SCRIPT, BATCH)
 # `import gnomon` fails in the producer's interpreter (sys.modules["gnomon"] = None)
 RUN_WITHOUT_GNOMON = ("import runpy, sys; sys.modules['gnomon'] = None; "
                       "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-
-
-def key_env() -> dict[str, str]:
-    """What the operator hands the outside producer: acme's command key file and the
-    registry's read-only user."""
-    return {"GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(load()), "acme")),
-            "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(load()))}
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -89,7 +81,7 @@ def _produce(job_id: str, cron: str, *argv: str) -> subprocess.CompletedProcess[
     return subprocess.run(
         [sys.executable, "-c", RUN_WITHOUT_GNOMON, str(SCRIPT), registry.url(settings), settings.kafka_bootstrap,
          cred.username, cred.password, topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
-        capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin", **key_env()})
+        capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin", **outside_producer_env()})
 
 
 def test_a_producer_using_only_the_registry_registers_a_job_and_it_runs(stack: Stack) -> None:
@@ -154,7 +146,7 @@ def _run_batch(stack: Stack, prefix: str, kill_at: str | None) -> tuple[int, lis
     flag = {None: [], "flushed": ["--halves"], "answered": ["--halves-after-answer"]}[kill_at]
     proc = subprocess.Popen([*args, *flag], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
-                            env={"PATH": "/usr/bin:/bin", **key_env()})
+                            env={"PATH": "/usr/bin:/bin", **outside_producer_env()})
     assert proc.stdout is not None and proc.stdin is not None
     events: list[dict[str, Any]] = []
     killed_ms = None

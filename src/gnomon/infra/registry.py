@@ -99,11 +99,16 @@ def admin(settings: Settings) -> Credential:
     return credentials.ensure(settings.credentials_dir, credentials.REGISTRY_ADMIN)
 
 
-def _probe(base: str, settings: Settings) -> str | None:
+def _get_subjects(base: str, settings: Settings) -> Any:
+    """``GET /subjects`` as the read-only user (the httpx response)."""
     import httpx
 
     cred = reader(settings)
-    response = httpx.get(f"{base}/subjects", timeout=2.0, auth=(cred.username, cred.password))
+    return httpx.get(f"{base}/subjects", timeout=2.0, auth=(cred.username, cred.password))
+
+
+def _probe(base: str, settings: Settings) -> str | None:
+    response = _get_subjects(base, settings)
     if response.status_code != 200:
         return f"GET /subjects answered {response.status_code}"
     return None
@@ -140,10 +145,7 @@ def status(settings: Settings) -> dict[str, Any]:
     base = url(settings)
     info: dict[str, Any] = {"pid": pid, "url": base}
     try:
-        import httpx
-
-        cred = reader(settings)
-        response = httpx.get(f"{base}/subjects", timeout=2.0, auth=(cred.username, cred.password))
+        response = _get_subjects(base, settings)
         response.raise_for_status()
         info["subjects"] = len(response.json())
         info["state"] = "up"
