@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gnomon.core.cron import CronSchedule
+from gnomon.core import schedule as slots
 from gnomon.core.jobs import JobState
 from gnomon.core.messages import Grant, Stop, StopReason
 from gnomon.core.runs import RunState, RunStatus
@@ -117,12 +117,21 @@ class HistoryChecker:
         # (start == end: a paused job whose first state left the compacted changelog, so its
         # first known position is where it stopped; nothing from there is due)
         expected = [start] if start < end else []
-        if job.spec.schedule.cron is not None:
-            for ms in CronSchedule(job.spec.schedule.cron, job.spec.schedule.tz).iter_after(start):
-                if ms >= end:
-                    break
+        if job.spec.schedule.run_at_ms is None:
+            ms = slots.next_after(job.spec.schedule, start)
+            while ms is not None and ms < end:
                 expected.append(ms)
+                ms = slots.next_after(job.spec.schedule, ms)
         by_slot = {s.slot_ms: s for s in mine.values()}
+        # within the schedule's bounds: no scheduled run outside them, no more than maxRuns
+        sched = job.spec.schedule
+        for run in mine.values():
+            if not run.backfill and not slots.is_slot(sched, run.slot_ms) and run.spec.schedule == sched:
+                rep.problems.append(f"{run.run_id}: slot {run.slot_ms} is not one of the schedule's (bounds)")
+        ran = [run for run in mine.values() if run.status is not RunStatus.SKIPPED and not run.backfill]
+        if sched.max_runs is not None and len(ran) > sched.max_runs:
+            rep.duplicates += len(ran) - sched.max_runs
+            rep.problems.append(f"{job.job_id}: {len(ran)} scheduled runs, maxRuns is {sched.max_runs}")
         # skipped ranges: every slot of the schedule in [from, last] is accounted for by one record
         ranges = sorted((s.skipped_from_ms, s.slot_ms, s) for s in mine.values()
                         if s.status is RunStatus.SKIPPED and s.skipped_from_ms is not None)

@@ -144,6 +144,13 @@ class Client:
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{quote(job_id)}")  # type: ignore[no-any-return]
 
+    def job_fires(self, job_id: str, count: int = 10, after: str | None = None) -> dict[str, Any]:
+        """The job's next fire times within its bounds (``GET /v1/jobs/{id}/fires``)."""
+        params: dict[str, Any] = {"count": count}
+        if after is not None:
+            params["after"] = after
+        return self._call("GET", f"/v1/jobs/{quote(job_id)}/fires", params=params)  # type: ignore[no-any-return]
+
     def list_jobs(self, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if cursor:

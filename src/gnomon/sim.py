@@ -75,7 +75,7 @@ from gnomon.core.clock import Clock, FakeClock
 from gnomon.core.command_auth import OPERATOR, CommandKey, Headers, MemoryKeyring
 from gnomon.core.command_auth import sign as sign_command
 from gnomon.core.errors import HistoryStoreError
-from gnomon.core.model import Target
+from gnomon.core.model import Schedule, Target
 from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, MemoryProducer, PlainFaults
 from gnomon.history.base import HistoryBatch
 from gnomon.history.export import RunExportPublisher
@@ -579,12 +579,13 @@ class SimCluster:
 
     def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
                  timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
-                 tenant: str = TENANT, run_at_ms: int | None = None) -> None:
-        """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time), as the API
-        registers it."""
-        from gnomon.core.model import JobSpec, Priority, RetryPolicy, Schedule, TargetType
+                 tenant: str = TENANT, run_at_ms: int | None = None, schedule: Schedule | None = None) -> None:
+        """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time; with
+        ``schedule``, that one: an interval, bounds), as the API registers it."""
+        from gnomon.core.model import JobSpec, Priority, RetryPolicy, TargetType
 
-        schedule = Schedule(run_at_ms=run_at_ms) if run_at_ms is not None else Schedule(cron=cron)
+        if schedule is None:
+            schedule = Schedule(run_at_ms=run_at_ms) if run_at_ms is not None else Schedule(cron=cron)
         spec = JobSpec(name=job_id, schedule=schedule, target=Target(TargetType.HANDLER, handler=HANDLER),
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
                        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),

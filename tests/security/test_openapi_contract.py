@@ -95,7 +95,11 @@ SEEDED_CALLS = [
                                                                               "argv": ["true"]}}),
     ("/v1/jobs", "POST", {}, {"name": "c", "runAt": "2099-01-01T00:00:00Z", "secrets": ["db-password"],
                               "target": {"type": "container", "image": "registry.local/app:1", "argv": ["run"]}}),
+    ("/v1/jobs", "POST", {}, {"name": "i", "every": "90m", "from": "2099-01-01T09:00", "timezone": "Europe/London",
+                              "endAt": "2099-03-01T00:00:00Z", "maxRuns": 10,
+                              "target": {"type": "handler", "name": "h"}}),
     ("/v1/jobs/{job_id}", "GET", {"job_id": JOB_ID}, None),
+    ("/v1/jobs/{job_id}/fires", "GET", {"job_id": JOB_ID}, None),
     ("/v1/jobs/{job_id}", "PATCH", {"job_id": JOB_ID}, {"priority": "high"}),
     ("/v1/jobs/{job_id}/runs", "GET", {"job_id": JOB_ID}, None),
     ("/v1/jobs/{job_id}:pause", "POST", {"job_id": JOB_ID}, None),
@@ -154,7 +158,8 @@ def test_the_contract_is_real(gnomon_api: Any) -> None:
         "$ref": "#/components/schemas/JobSpecInput"}
     spec_input = doc["components"]["schemas"]["JobSpecInput"]
     assert {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS", "retry",
-            "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS"} == set(spec_input["properties"])
+            "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS",
+            "every", "from", "startAt", "endAt", "maxRuns"} == set(spec_input["properties"])
     kinds = {ref["$ref"].rsplit("/", 1)[1] for ref in spec_input["properties"]["target"]["oneOf"]}
     assert kinds == {"HandlerTarget", "HttpTarget", "CommandTarget", "ContainerTarget"}
     assert {"401", "409", "413", "422", "503"} <= set(create["responses"])

@@ -39,6 +39,7 @@ BY_ID: dict[tuple[str, str], tuple[Any, str]] = {
     # a range over the job's own life (a backfill covers none before it existed): built at the call
     ("POST", "/v1/jobs/{job_id}:backfill"): (lambda: {"from": "2026-01-01T00:00:00Z", "to": _now_iso()}, "job"),
     ("GET", "/v1/jobs/{job_id}/runs"): (None, "job"),
+    ("GET", "/v1/jobs/{job_id}/fires"): (None, "job"),
     ("GET", "/v1/runs/{run_id}"): (None, "run"),
     ("GET", "/v1/runs/{run_id}/logs"): (None, "run"),
     ("POST", "/v1/runs/{run_id}:cancel"): (None, "run"),

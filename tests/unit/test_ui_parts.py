@@ -8,9 +8,7 @@ from typing import Any
 import pytest
 
 from gnomon.core.clock import iso_to_ms
-from gnomon.core.model import jitter_offset_ms
 from gnomon.ui.filters import JobFilter
-from gnomon.ui.preview import next_fires
 from gnomon.ui.session import csrf_for, csrf_ok, safe_next, same_origin
 from gnomon.ui.timeline import BLOCK_WIDTH_MAX_PX, COLOURS, LAG_BAND_PX, WIDTH_PX, layout
 
@@ -42,31 +40,6 @@ def test_timeline_fits_many_runs_and_small_lags_stay_small() -> None:
     assert all(b.lag_height_px == 1.0 for b in tl.blocks)  # 1 ms of a 100 ms minimum scale: a 1 px mark
     empty = layout([])
     assert empty.blocks == () and empty.lag_p50_s is None and empty.first_slot is None
-
-
-def test_next_fires_follow_the_zone_across_daylight_saving() -> None:
-    # 02:30 every day in New York; DST starts 2026-03-08 (02:30 does not exist: runs at 03:00 EDT)
-    job = {"id": "j1", "schedule": "30 2 * * *", "timezone": "America/New_York", "jitterS": 0}
-    fires = next_fires(job, iso_to_ms("2026-03-06T12:00:00Z"), count=4)
-    assert [f.local for f in fires] == ["2026-03-07 02:30:00 EST", "2026-03-08 03:00:00 EDT",
-                                        "2026-03-09 02:30:00 EDT", "2026-03-10 02:30:00 EDT"]
-    assert [f.slot_utc for f in fires][:2] == ["2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z"]
-    assert all(f.start_utc == f.slot_utc for f in fires)
-
-
-def test_next_fires_show_the_jittered_start() -> None:
-    job = {"id": "job_x", "schedule": "*/10 * * * * *", "timezone": "UTC", "jitterS": 5}
-    fires = next_fires(job, iso_to_ms("2026-01-01T00:00:00Z"))
-    assert len(fires) == 10 and fires[0].slot_utc == "2026-01-01T00:00:10Z"
-    for f in fires:
-        slot = iso_to_ms(f.slot_utc)
-        assert iso_to_ms(f.start_utc) == slot + jitter_offset_ms("job_x", slot, 5)
-
-
-def test_next_fires_of_a_one_time_job() -> None:
-    job = {"id": "j", "runAt": "2026-05-01T09:00:00Z", "timezone": "Europe/London"}
-    assert [f.local for f in next_fires(job, iso_to_ms("2026-04-01T00:00:00Z"))] == ["2026-05-01 10:00:00 BST"]
-    assert next_fires(job, iso_to_ms("2026-06-01T00:00:00Z")) == []
 
 
 JOBS = [{"id": "job_a1", "name": "Nightly billing", "status": "active", "target": {"type": "command"}, "pool": "batch"},

@@ -47,8 +47,8 @@ from gnomon.api.openapi import finish, problem_responses, request_body
 from gnomon.api.recent import RecentJobs
 from gnomon.api.tenants import TenantService, limit_responses
 from gnomon.api.tenants import install as install_tenant_routes
-from gnomon.api.views import RunViews, job_view, log_view, run_view
-from gnomon.core.clock import Clock, SystemClock
+from gnomon.api.views import FIRES_SHOWN, RunViews, fires_view, job_view, log_view, run_view
+from gnomon.core.clock import Clock, SystemClock, iso_to_ms
 from gnomon.core.command_checks import check_job_id
 from gnomon.core.errors import Conflict, EventLogError, HistoryStoreError, NotFound, ValidationError
 from gnomon.core.jobs import (
@@ -118,6 +118,24 @@ IdempotencyKey = Annotated[str | None, Header(
     "mean the same job (1-128 of A-Z a-z 0-9 . _ : -)")]
 # Documented bounds only: the handlers check them, with the core's field names and messages.
 Limit = Annotated[int, Query(json_schema_extra={"minimum": 1, "maximum": PAGE_MAX})]
+FIRES_MAX = 100
+FireCount = Annotated[int, Query(json_schema_extra={"minimum": 1, "maximum": FIRES_MAX})]
+
+
+def limit_of_fires(count: int) -> int:
+    if not 1 <= count <= FIRES_MAX:
+        raise ValidationError("count", f"must be between 1 and {FIRES_MAX}, got {count}")
+    return count
+
+
+def instant_param(value: str | None, field: str, default_ms: int) -> int:
+    """An ISO-8601 instant query parameter (with offset), or ``default_ms``."""
+    if value is None:
+        return default_ms
+    try:
+        return iso_to_ms(value)
+    except (ValueError, OverflowError) as exc:
+        raise ValidationError(field, f"not an ISO-8601 instant with offset: {exc}") from None
 RunStatusQuery = Annotated[str | None, Query(json_schema_extra={"enum": [s.value for s in RunStatus]})]
 
 
@@ -508,6 +526,17 @@ def create_app(
              responses={200: {"model": schemas.Job}, **problem_responses(401, 404, 422, 503)})
     def get_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
         return job_view(owned_job(tenant, job_id))
+
+    @app.get("/v1/jobs/{job_id}/fires", summary="The job's next fire times", response_model=None,
+             description="The next slots of the job's schedule after `after` (default now), within its bounds "
+             "(startAt, endAt, and the runs its maxRuns leaves), each with the run's start (the slot plus the "
+             "job's jitter) and its wall time in the job's zone; `ends` says when the schedule has no slot after "
+             "the last one shown. Computed with the scheduler's own code.",
+             responses={200: {"model": schemas.Fires}, **problem_responses(401, 404, 422, 503)})
+    def job_fires(job_id: str, tenant: Tenant, count: FireCount = FIRES_SHOWN,
+                  after: str | None = None) -> dict[str, Any]:
+        job = owned_job(tenant, job_id)
+        return fires_view(job, instant_param(after, "after", clock.now_ms()), limit_of_fires(count))
 
     def update(job_id: str, tenant: str, patch: Any, if_match: str | None) -> JSONResponse:
         """Field names and values are checked here (a fast 422); the processor merges the

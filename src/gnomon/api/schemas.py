@@ -24,6 +24,7 @@ from gnomon.core.validation import (
     IDEMPOTENCY_KEY_MAX_CHARS,
     JITTER_MAX_S,
     LATE_MAX_S,
+    MAX_RUNS_MAX,
     NAME_MAX_CHARS,
     RETRY_MAX_ATTEMPTS,
     SECRETS_MAX_ITEMS,
@@ -56,10 +57,10 @@ def _drop_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)
 
 
-def Omittable(description: str | None = None) -> Any:
+def Omittable(description: str | None = None, alias: str | None = None) -> Any:
     """A field that may be left out but is never null (annotate it ``T | SkipJsonSchema[None]``):
     the core refuses null for most fields, and the views leave fields out rather than null them."""
-    return Field(default=None, json_schema_extra=_drop_default, description=description)
+    return Field(default=None, json_schema_extra=_drop_default, description=description, alias=alias)
 
 
 class HandlerTarget(_Closed):
@@ -108,7 +109,18 @@ class Retry(_Closed):
     backoffCapS: float
 
 
-_SCHEDULE_DOC = "cron expression (5 fields, or 6 with seconds first); exactly one of schedule and runAt"
+_SCHEDULE_DOC = ("cron expression (5 fields, or 6 with seconds first), wall clock in the job's timezone; "
+                 "exactly one of schedule, every and runAt")
+_EVERY_DOC = ("an interval: a slot every this long, e.g. 90m, 1h30m, 7d, 45s (1 s to 366 days); absolute time "
+              "(a DST change does not shape it: use schedule for a fixed wall time); exactly one of schedule, "
+              "every and runAt")
+_FROM_DOC = ("the interval's first slot (its anchor); later slots are every apart from it. Default: the Unix "
+             "epoch (every 90m: 00:00, 01:30, 03:00 UTC...)")
+Duration = Annotated[str, Field(pattern=r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$", max_length=32,
+                                examples=["90m", "1h30m", "7d"])]
+LocalOrInstant = Annotated[str, Field(max_length=64, description="ISO-8601 date-time: with an offset "
+                                      "(2026-03-01T09:00:00Z), or without one, read in the job's timezone "
+                                      "(2026-03-01T09:00)")]
 
 
 class _JobFields(_Closed):
@@ -118,6 +130,15 @@ class _JobFields(_Closed):
     schedule: str | None = Field(default=None, description=_SCHEDULE_DOC)
     timezone: str | SkipJsonSchema[None] = Omittable(description="IANA zone of the schedule, default UTC")
     runAt: Instant | None = Field(default=None, description="one-time run at this instant (with offset)")
+    every: Duration | None = Field(default=None, description=_EVERY_DOC)
+    from_: LocalOrInstant | None = Field(default=None, alias="from", description=_FROM_DOC)
+    startAt: LocalOrInstant | None = Field(default=None, description="no slot before this instant (inclusive); "
+                                                                     "a repeating schedule only")
+    endAt: LocalOrInstant | None = Field(default=None, description="no slot after this instant (inclusive); then "
+                                                                   "the job is done. A repeating schedule only")
+    maxRuns: Annotated[int, Field(ge=1, le=MAX_RUNS_MAX)] | None = Field(
+        default=None, description="at most this many runs triggered by the schedule (manual triggers and "
+                                  "backfills do not count); then the job is done")
     target: Target | SkipJsonSchema[None] = Omittable()
     payload: Any = Field(default=None, description="any JSON, at most 64 KiB; passed to the target")
     priority: Priority | SkipJsonSchema[None] = Omittable()
@@ -186,8 +207,15 @@ class Job(_Closed):
     updatedAt: Instant
     name: str
     timezone: str
+    scheduledRuns: int = Field(description="runs the schedule triggered so far (what maxRuns counts)")
+    endedBecause: str | None = Field(description="status done: why the schedule has no slot left")
     schedule: str | SkipJsonSchema[None] = Omittable(description="present for cron jobs")
     runAt: Instant | SkipJsonSchema[None] = Omittable(description="present for one-time jobs")
+    every: str | SkipJsonSchema[None] = Omittable(description="present for interval jobs, e.g. 1h30m")
+    from_: Instant | SkipJsonSchema[None] = Omittable(alias="from", description="an interval's anchor, if set")
+    startAt: Instant | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
+    endAt: Instant | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
+    maxRuns: int | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
     target: Target
     payload: Any
     priority: Priority
@@ -200,6 +228,26 @@ class Job(_Closed):
     overlap: Overlap
     alertLateS: int | None
     lateMaxS: int | None
+
+
+class Fire(_Closed):
+    slot: Instant
+    start: Instant = Field(description="when the run starts: the slot plus the job's jitter")
+    local: str = Field(description="the slot's wall time in the job's zone, with the zone's abbreviation")
+
+
+class Fires(_Closed):
+    """GET /v1/jobs/{job_id}/fires."""
+
+    jobId: str
+    timezone: str
+    schedule: str = Field(description="the schedule and its bounds in words")
+    status: JobStatus
+    after: Instant
+    fires: list[Fire]
+    ends: str | None = Field(description="the schedule has no slot after the last one shown: why "
+                                         "(endAt, maxRuns, one time); null while it goes on")
+    endedBecause: str | None = Field(description="status done: why the job has no slot left")
 
 
 class Run(_Closed):

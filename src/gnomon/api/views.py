@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gnomon.core.clock import ms_to_iso
-from gnomon.core.jobs import JobState
+from gnomon.core.fires import preview
+from gnomon.core.jobs import JobState, JobStatus, describe_schedule, ended_because, runs_left
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.core.validation import job_spec_to_json
@@ -29,7 +30,35 @@ def job_view(state: JobState) -> dict[str, Any]:
         "version": state.version,
         "createdAt": _iso(state.created_at_ms),
         "updatedAt": _iso(state.updated_at_ms),
+        # runs the schedule triggered so far (what maxRuns counts), and why a job with no
+        # slot left ended (status done)
+        "scheduledRuns": state.scheduled_runs,
+        "endedBecause": ended_because(state),
         **job_spec_to_json(state.spec),
+    }
+
+
+FIRES_SHOWN = 10
+
+
+def fires_view(state: JobState, after_ms: int, count: int) -> dict[str, Any]:
+    """``GET /v1/jobs/{id}/fires``: the job's next ``count`` slots after ``after_ms``."""
+    spec = state.spec
+    if state.status is JobStatus.DONE:
+        shown = preview(spec.schedule, after_ms=after_ms, count=1, runs_left=0)
+    else:
+        shown = preview(spec.schedule, after_ms=after_ms, count=count, job_id=state.job_id,
+                        jitter_s=spec.jitter_s, runs_left=runs_left(state))
+    return {
+        "jobId": state.job_id,
+        "timezone": spec.schedule.tz,
+        "schedule": describe_schedule(spec),
+        "status": state.status.value,
+        "after": ms_to_iso(after_ms),
+        "fires": [{"slot": ms_to_iso(f.slot_ms), "start": ms_to_iso(f.start_ms), "local": f.local(spec.schedule.tz)}
+                  for f in shown.fires],
+        "ends": shown.ends,
+        "endedBecause": ended_because(state),
     }
 
 

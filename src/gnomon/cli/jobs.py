@@ -29,8 +29,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")
 def create(
     name: Annotated[str, typer.Argument(help="a human name for the job")],
     cron: Annotated[str | None, typer.Option("--cron", help="cron expression (6 fields = seconds first)")] = None,
-    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the cron expression")] = "UTC",
+    every: Annotated[str | None, typer.Option("--every", help="an interval such as 90m, 1h30m, 7d")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="the interval's first slot (ISO-8601; default: "
+                                                             "counted from the Unix epoch)")] = None,
+    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the schedule")] = "UTC",
     at: Annotated[str | None, typer.Option("--at", help="one-time run at this ISO-8601 instant")] = None,
+    start_at: Annotated[str | None, typer.Option("--start-at", help="no slot before this instant")] = None,
+    end_at: Annotated[str | None, typer.Option("--end-at", help="no slot after this instant; then the job is done")] = None,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", help="at most N scheduled runs; then the job is done")] = None,
     cmd: Annotated[str | None, typer.Option("--command", help="shell-free command line, split on spaces")] = None,
     http: Annotated[str | None, typer.Option("--http", help="callback URL to POST to")] = None,
     handler: Annotated[str | None, typer.Option("--handler", help="name of a Python handler in the pool's workers")] = None,
@@ -53,8 +59,8 @@ def create(
     json_: JsonOpt = False,
 ) -> None:
     """Register a job and print its id."""
-    if (cron is None) == (at is None):
-        raise ValidationError("--cron/--at", "give exactly one of --cron or --at")
+    if sum(v is not None for v in (cron, every, at)) != 1:
+        raise ValidationError("--cron/--every/--at", "give exactly one of --cron, --every or --at")
     targets = [t for t in (cmd, http, handler) if t is not None]
     if len(targets) != 1:
         raise ValidationError("--command/--http/--handler", "give exactly one target")
@@ -66,8 +72,13 @@ def create(
         body["lateMaxS"] = late_max_s
     if cron is not None:
         body["schedule"] = cron
+    elif every is not None:
+        body["every"] = every
     else:
         body["runAt"] = at
+    for field, value in (("from", from_), ("startAt", start_at), ("endAt", end_at), ("maxRuns", max_runs)):
+        if value is not None:
+            body[field] = value
     if cmd is not None:
         import shlex
 
@@ -96,9 +107,30 @@ def get(job_id: str, json_: JsonOpt = False) -> None:
     if json_:
         print_json(job)
         return
-    for k in ("id", "name", "status", "schedule", "runAt", "timezone", "nextRunAt", "priority", "pool", "target"):
-        if k in job:
+    for k in ("id", "name", "status", "endedBecause", "schedule", "every", "from", "runAt", "timezone", "startAt",
+              "endAt", "maxRuns", "scheduledRuns", "nextRunAt", "priority", "pool", "target"):
+        if job.get(k) is not None and (k != "scheduledRuns" or job.get("maxRuns") is not None):
             _field(k, job[k])
+
+
+@jobs_app.command("fires")
+@command
+def fires(job_id: str, count: Annotated[int, typer.Option(min=1, max=100)] = 10,
+          after: Annotated[str | None, typer.Option(help="ISO-8601 instant with offset; default now")] = None,
+          json_: JsonOpt = False) -> None:
+    """The job's next fire times, within its bounds (startAt, endAt, maxRuns)."""
+    shown = Client().job_fires(job_id, count, after)
+    if json_:
+        print_json(shown)
+        return
+    console.print(Text.assemble(("schedule", "bold"), ": ", safe(shown["schedule"])), highlight=False)
+    if shown.get("endedBecause"):
+        _field("done", shown["endedBecause"])
+    for fire in shown["fires"]:
+        start = f"  starts {fire['start']}" if fire["start"] != fire["slot"] else ""
+        console.print(safe(f"{fire['slot']}  ({fire['local']}){start}"), highlight=False)
+    if shown.get("ends"):
+        _field("then no more", shown["ends"])
 
 
 @jobs_app.command("list")
@@ -114,7 +146,8 @@ def list_(limit: int = 100, json_: JsonOpt = False) -> None:
     for name in ("name", "status", "schedule", "next run (UTC)"):
         table.add_column(name)
     for j in page["items"]:
-        _row(table, j["id"], j["name"], j["status"], j.get("schedule") or j.get("runAt"), j.get("nextRunAt"))
+        when = j.get("schedule") or (f"every {j['every']}" if j.get("every") else j.get("runAt"))
+        _row(table, j["id"], j["name"], j["status"], when, j.get("nextRunAt"))
     console.print(table)
 
 

@@ -20,12 +20,11 @@ processor decides). Each refusal is a ``LimitExceeded`` naming the limit:
 
 from __future__ import annotations
 
-import itertools
 from functools import lru_cache
 
-from gnomon.core.cron import CronSchedule
+from gnomon.core import schedule as slots
 from gnomon.core.errors import LimitExceeded
-from gnomon.core.model import JobSpec
+from gnomon.core.model import JobSpec, Schedule
 from gnomon.core.tenants import TenantLimits
 
 INTERVAL_SAMPLE_FIRES = 64  # fire times examined for a schedule's shortest gap
@@ -35,20 +34,20 @@ BACKFILL_RUNS_PER_DAY_MAX = 10_000
 
 
 @lru_cache(maxsize=4096)
-def _shortest_gap_s(expr: str, tz: str, from_ms: int) -> float:
-    fires = CronSchedule(expr, tz).next_n(from_ms, INTERVAL_SAMPLE_FIRES)
-    gaps = [b - a for a, b in itertools.pairwise(fires)]
-    return min(gaps) / 1000 if gaps else float("inf")
+def _shortest_gap_s(schedule: Schedule, from_ms: int) -> float:
+    gap = slots.shortest_gap_ms(schedule, from_ms, INTERVAL_SAMPLE_FIRES)
+    return gap / 1000 if gap is not None else float("inf")
 
 
 def shortest_interval_s(spec: JobSpec, now_ms: int) -> float:
     """The shortest gap between two of the schedule's next fire times (over the next
-    ``INTERVAL_SAMPLE_FIRES`` fires, sampled from the start of the current day so that
-    the answer is stable within it); infinity for a one-time job."""
-    if spec.schedule.cron is None:
+    ``INTERVAL_SAMPLE_FIRES`` fires of a cron schedule, sampled from the start of the
+    current day so that the answer is stable within it; an interval's own length);
+    infinity for a one-time job. Bounds do not change it."""
+    if spec.schedule.run_at_ms is not None:
         return float("inf")
     day_ms = now_ms - now_ms % 86_400_000
-    return _shortest_gap_s(spec.schedule.cron, spec.schedule.tz, day_ms)
+    return _shortest_gap_s(spec.schedule, day_ms)
 
 
 def check_schedule(limits: TenantLimits, spec: JobSpec, now_ms: int) -> None:

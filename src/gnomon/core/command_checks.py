@@ -60,9 +60,9 @@ def check_spec(spec: JobSpec, now_ms: int, *, pools: frozenset[str] = DEFAULT_PO
     """``spec`` as the API would have built it from the same request, or ValidationError
     naming the API's field (``schedule``, ``timezone``, ``target.argv``...)."""
     schedule = spec.schedule
-    if (schedule.cron is None) == (schedule.run_at_ms is None):
-        raise ValidationError("schedule", "give exactly one of schedule (a cron expression) or runAt "
-                                          "(an ISO-8601 instant)")
+    if sum(v is not None for v in (schedule.cron, schedule.run_at_ms, schedule.every_s)) != 1:
+        raise ValidationError("schedule", "give exactly one of schedule (a cron expression), every (an "
+                                          "interval) or runAt (an ISO-8601 instant)")
     if schedule.run_at_ms is not None and not 0 <= schedule.run_at_ms <= _RUN_AT_MAX_MS:
         raise ValidationError("runAt", f"must be an instant between 1970 and 9999, got {schedule.run_at_ms} ms")
     try:
@@ -74,7 +74,8 @@ def check_spec(spec: JobSpec, now_ms: int, *, pools: frozenset[str] = DEFAULT_PO
     except (ValueError, RecursionError, OverflowError) as exc:
         raise ValidationError("body", f"does not convert to a job definition: {type(exc).__name__}") from None
     try:
-        return parse_job_spec(data, now_ms, pools=pools, run_at_must_be_future=run_at_must_be_future)
+        return parse_job_spec(data, now_ms, pools=pools, run_at_must_be_future=run_at_must_be_future,
+                              end_at_must_be_future=run_at_must_be_future)
     except RecursionError:
         raise ValidationError("payload", "is nested too deeply") from None
 

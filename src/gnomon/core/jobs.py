@@ -12,23 +12,21 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
-from zoneinfo import ZoneInfo
 
-from cronsim import CronSim
-
-from gnomon.core.cron import CronSchedule
+from gnomon.core import schedule as S
 from gnomon.core.errors import Conflict, JobNotFound, TransitionError, ValidationError
-from gnomon.core.model import CatchUp, JobSpec, jitter_offset_ms, manual_run_id, slot_run_id
+from gnomon.core.model import CatchUp, JobSpec, Schedule, jitter_offset_ms, manual_run_id, slot_run_id
 from gnomon.core.records import replace
-from gnomon.core.validation import DEFAULT_POOLS, apply_patch
+from gnomon.core.validation import DEFAULT_POOLS, apply_patch, format_duration_s
 
 
 class JobStatus(StrEnum):
     ACTIVE = "active"
     PAUSED = "paused"
-    DONE = "done"  # a one-time job whose slot was triggered
+    # no slot left: a one-time job whose slot was triggered, or a bounded schedule past
+    # its endAt or at its maxRuns (``ended_because`` says which)
+    DONE = "done"
     DELETED = "deleted"
 
 
@@ -61,6 +59,32 @@ class JobState:
     version: int
     created_at_ms: int
     updated_at_ms: int
+    # runs the schedule triggered so far (not manual triggers, not backfills): what a
+    # schedule's ``max_runs`` is counted against
+    scheduled_runs: int = 0
+
+
+def runs_left(state: JobState) -> int | None:
+    """How many more runs the schedule's ``max_runs`` allows (None: no limit)."""
+    limit = state.spec.schedule.max_runs
+    return None if limit is None else max(0, limit - state.scheduled_runs)
+
+
+def ended_because(state: JobState) -> str | None:
+    """Why a job whose schedule has no slot left ended (None while it has one, or when
+    it is paused or deleted): the reason a job page and ``gnomon jobs show`` print."""
+    if state.status is not JobStatus.DONE:
+        return None
+    sched = state.spec.schedule
+    if sched.run_at_ms is not None:
+        return "its one-time slot was triggered"
+    if sched.max_runs is not None and state.scheduled_runs >= sched.max_runs:
+        return f"maxRuns reached ({state.scheduled_runs} of {sched.max_runs} runs)"
+    if sched.end_at_ms is not None:
+        from gnomon.core.clock import ms_to_iso
+
+        return f"endAt passed ({ms_to_iso(sched.end_at_ms)})"
+    return "the schedule has no slot left"
 
 
 # ---- commands (gnomon.job-commands) -------------------------------------------------
@@ -252,34 +276,35 @@ JobEvent = JobRegistered | JobUpdated | JobPaused | JobResumed | JobDeleted | Ru
 
 
 def first_slot_after(spec: JobSpec, after_ms: int) -> int | None:
-    """The first slot strictly after ``after_ms`` (a one-time job's run_at, if later)."""
+    """The first slot strictly after ``after_ms`` within the schedule's bounds (a one-time
+    job's run_at, if at or after ``after_ms``)."""
     if spec.schedule.run_at_ms is not None:
         return spec.schedule.run_at_ms if spec.schedule.run_at_ms >= after_ms else None
-    assert spec.schedule.cron is not None
-    return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(after_ms)
+    return S.next_after(spec.schedule, after_ms)
 
 
 def _next_slot(spec: JobSpec, slot_ms: int) -> int | None:
     if spec.schedule.run_at_ms is not None:
         return None
-    assert spec.schedule.cron is not None
-    return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms)
+    return S.next_after(spec.schedule, slot_ms)
+
+
+def same_slots(a: Schedule, b: Schedule) -> bool:
+    """Do ``a`` and ``b`` make the same slots before their bounds?"""
+    return (a.cron, a.tz, a.run_at_ms, a.every_s, a.anchor_ms) == (b.cron, b.tz, b.run_at_ms, b.every_s, b.anchor_ms)
+
+
+def _first_slot(state: JobState, spec: JobSpec, after_ms: int) -> int | None:
+    """``first_slot_after`` unless the schedule's ``max_runs`` is spent."""
+    left = spec.schedule.max_runs
+    if left is not None and state.scheduled_runs >= left:
+        return None
+    return first_slot_after(spec, after_ms)
 
 
 def last_slots_at_or_before(spec: JobSpec, until_ms: int, count: int) -> list[int]:
-    """Up to ``count`` latest cron slots <= until_ms, newest first (reverse iteration)."""
-    assert spec.schedule.cron is not None
-    zone = ZoneInfo(spec.schedule.tz)
-    start = datetime.fromtimestamp(until_ms / 1000 + 1, tz=UTC).astimezone(zone).replace(microsecond=0)
-    out: list[int] = []
-    for dt in CronSim(spec.schedule.cron, start, reverse=True):
-        ms = int(dt.timestamp()) * 1000
-        if ms > until_ms:
-            continue
-        out.append(ms)
-        if len(out) >= count:
-            break
-    return out
+    """Up to ``count`` latest slots <= until_ms within the bounds, newest first."""
+    return S.last_at_or_before(spec.schedule, until_ms, count)
 
 
 def _check(state: JobState, target: JobStatus) -> None:
@@ -328,7 +353,10 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
         # Slots that fell while paused are recorded as skipped, then resume at the next slot.
         if state.next_run_at_ms is not None and state.next_run_at_ms < now:
             events.extend(_skip_range(state, state.next_run_at_ms, now - 1, "paused", now, cfg))
-        return [*events, JobResumed(cmd.job_id, first_slot_after(state.spec, now - 1), now)]
+        # (slots before next_run_at were decided already: a lookahead's triggers made
+        # before the pause are not made again, nor counted twice against maxRuns)
+        resume_at = max(now, state.next_run_at_ms) if state.next_run_at_ms is not None else now
+        return [*events, JobResumed(cmd.job_id, _first_slot(state, state.spec, resume_at - 1), now)]
     if isinstance(cmd, DeleteJob):
         _check(state, JobStatus.DELETED)
         # slots already due and not triggered (a job behind: deferred by an overloaded
@@ -361,7 +389,7 @@ def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str 
     passed (at or after the job's ``next_run_at``: the scheduler triggers those itself). ``TransitionError`` for
     the job's state, ``ValidationError(field)`` for the slots."""
     if state.spec.schedule.run_at_ms is not None:
-        raise TransitionError(f"job {state.job_id} is a one-time job; backfill needs a cron schedule "
+        raise TransitionError(f"job {state.job_id} is a one-time job; backfill needs a repeating schedule "
                               "(trigger it by hand instead)")
     if state.status is not JobStatus.ACTIVE:
         raise TransitionError(f"job {state.job_id} is {state.status.value}; resume it before a backfill")
@@ -371,12 +399,10 @@ def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str 
         raise ValidationError(field, f"names {len(slots_ms)} slots; at most {BACKFILL_SLOTS_MAX} per backfill")
     if len(set(slots_ms)) != len(slots_ms):
         raise ValidationError(field, "names a slot twice")
-    assert state.spec.schedule.cron is not None
-    cron = CronSchedule(state.spec.schedule.cron, state.spec.schedule.tz)
     for i, slot in enumerate(slots_ms):
-        if cron.next_after(slot - 1) != slot:
+        if not S.is_slot(state.spec.schedule, slot):
             raise ValidationError(f"{field}[{i}]", f"{slot} is not a slot of the schedule "
-                                                   f"{state.spec.schedule.cron!r} ({state.spec.schedule.tz})")
+                                                   f"({describe_schedule(state.spec)})")
         if slot < state.created_at_ms:
             raise ValidationError(f"{field}[{i}]", f"{slot} is before the job existed (created at "
                                                    f"{state.created_at_ms})")
@@ -398,6 +424,28 @@ def _backfill(state: JobState, cmd: BackfillJob) -> list[JobEvent]:
     ]
 
 
+def describe_schedule(spec: JobSpec) -> str:
+    """One line: the schedule and its bounds, for messages and previews."""
+    from gnomon.core.clock import ms_to_iso
+
+    sched = spec.schedule
+    if sched.run_at_ms is not None:
+        return f"once at {ms_to_iso(sched.run_at_ms)}"
+    if sched.every_s is not None:
+        text = f"every {format_duration_s(sched.every_s)}"
+        if sched.anchor_ms is not None:
+            text += f" from {ms_to_iso(sched.anchor_ms)}"
+    else:
+        text = f"cron {sched.cron!r} ({sched.tz})"
+    if sched.start_at_ms is not None:
+        text += f", not before {ms_to_iso(sched.start_at_ms)}"
+    if sched.end_at_ms is not None:
+        text += f", not after {ms_to_iso(sched.end_at_ms)}"
+    if sched.max_runs is not None:
+        text += f", at most {sched.max_runs} runs"
+    return text
+
+
 def slots_between(spec: JobSpec, from_ms: int, to_ms: int, limit: int) -> list[int]:
     """The schedule's slots in [from_ms, to_ms], oldest first; at most ``limit + 1`` of them
     (so a caller sees that the range holds more than ``limit``)."""
@@ -416,8 +464,13 @@ def _updated(state: JobState, spec: JobSpec, now: int) -> JobUpdated:
     a finished one-time job gets a new slot)."""
     if spec.schedule == state.spec.schedule and state.status is not JobStatus.DONE:
         nxt = state.next_run_at_ms
+    elif (state.status is not JobStatus.DONE and state.next_run_at_ms is not None
+          and same_slots(spec.schedule, state.spec.schedule)):
+        # only the bounds changed: the job keeps its place (the slots before it were
+        # decided, the lookahead's triggers included), within the new bounds
+        nxt = _first_slot(state, spec, state.next_run_at_ms - 1)
     else:
-        nxt = first_slot_after(spec, now - 1)
+        nxt = _first_slot(state, spec, now - 1)
     return JobUpdated(state.job_id, spec, nxt, now)
 
 
@@ -506,6 +559,7 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
     events: list[JobEvent] = []
     missed_before = now_ms - cfg.misfire_grace_ms
     spec = state.spec
+    left = runs_left(state)
 
     def trigger(slot: int, advance: int | None, advances: bool) -> RunTriggered:
         return RunTriggered(
@@ -546,13 +600,16 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         keep_n = {CatchUp.SKIP: 0, CatchUp.ONCE: 1, CatchUp.ALL: cfg.catch_up_all_max}[spec.catch_up]
         latest = sorted(last_slots_at_or_before(spec, now_ms, keep_n)) if keep_n else []
         latest = [s for s in latest if s >= first]
+        if left is not None:  # (maxRuns: the oldest of them run, the job ends after them)
+            latest = latest[:left]
+            left -= len(latest)
         skip_until = (latest[0] - 1) if latest else now_ms
         reason = f"catch-up policy {spec.catch_up.value}"
         events.extend(_skip_range(state, first, skip_until, reason, now_ms, cfg))
         for s in latest:
             events.append(trigger(s, None, advances=False))
         last_missed = latest[-1] if latest else skip_until
-        slot = _next_slot(spec, last_missed)
+        slot = _next_slot(spec, last_missed) if left != 0 else None
         # the state must advance past everything decided so far
         if events:
             final = events[-1]
@@ -560,6 +617,10 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
             events[-1] = replace(final, advances=True, advance_to_ms=slot)
     while slot is not None and slot <= horizon and len(events) < cfg.triggers_per_tick_max:
         nxt = _next_slot(spec, slot)
+        if left is not None:
+            left -= 1
+            if left <= 0:
+                nxt = None  # maxRuns reached with this run: the job ends
         events.append(trigger(slot, nxt, advances=True))
         slot = nxt
     return events
@@ -591,6 +652,8 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
     if isinstance(event, JobDeleted):
         return None
     if isinstance(event, RunTriggered | RunSkipped):
+        if isinstance(event, RunTriggered) and not event.manual and not event.backfill:
+            state = replace(state, scheduled_runs=state.scheduled_runs + 1)
         if not event.advances:
             return state
         nxt = event.advance_to_ms

@@ -69,11 +69,21 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Exactly one of ``cron`` (with ``tz``) or ``run_at_ms`` is set."""
+    """Exactly one of ``cron`` (with ``tz``), ``every_s`` (an interval) or ``run_at_ms``
+    (one time) is set. The slots it makes: ``gnomon.core.schedule``."""
 
     cron: str | None = None
     tz: str = "UTC"
     run_at_ms: int | None = None
+    # an interval: slots every this many seconds (absolute time, DST does not shape it),
+    # from ``anchor_ms`` (None: the Unix epoch)
+    every_s: int | None = None
+    anchor_ms: int | None = None
+    # bounds of a repeating schedule: no slot before start_at_ms nor after end_at_ms
+    # (inclusive), at most max_runs runs triggered by the schedule (core.jobs counts them)
+    start_at_ms: int | None = None
+    end_at_ms: int | None = None
+    max_runs: int | None = None
 
     @property
     def is_one_time(self) -> bool:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gnomon.core.cron import CronSchedule
+from gnomon.core import schedule as schedule_slots
 from gnomon.core.errors import TransitionError
 from gnomon.core.jobs import (
     JobState,
@@ -617,7 +617,7 @@ def reopened_range_rest(before: RunState, now_ms: int, has_run: Callable[[str], 
     reopened at its last slot. The rest of the range stays skipped: a new range record
     named by the latest earlier slot of the range that has no run of its own (``has_run``
     tells; a slot backfilled earlier has one), or None if there is no such slot."""
-    if before.status is not RunStatus.SKIPPED or before.skipped_from_ms is None or before.spec.schedule.cron is None:
+    if before.status is not RunStatus.SKIPPED or before.skipped_from_ms is None or before.spec.schedule.run_at_ms is not None:
         return None
     lo = before.skipped_from_ms
     until = before.slot_ms - 1
@@ -766,15 +766,9 @@ def is_active(run: RunState) -> bool:
 
 
 def _is_slot_of(spec: JobSpec, slot_ms: int) -> bool:
-    if spec.schedule.run_at_ms is not None:
-        return spec.schedule.run_at_ms == slot_ms
-    assert spec.schedule.cron is not None
-    try:
-        return CronSchedule(spec.schedule.cron, spec.schedule.tz).next_after(slot_ms - 1) == slot_ms
-    except (ValueError, OverflowError, OSError):
-        # an instant outside what a calendar holds (years 1-9999): a forged or corrupt
-        # slot (issue 21 fuzzing), no slot of any schedule
-        return False
+    # (an instant outside what a calendar holds, years 1-9999, is a forged or corrupt slot
+    # (issue 21 fuzzing): no slot of any schedule)
+    return schedule_slots.is_slot(spec.schedule, slot_ms)
 
 
 # ---- evolve ----------------------------------------------------------------------------

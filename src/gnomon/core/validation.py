@@ -10,9 +10,12 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlparse
 
+from gnomon.core import schedule as slots
 from gnomon.core.clock import iso_to_ms, ms_to_iso
 from gnomon.core.cron import CronSchedule, load_zone
 from gnomon.core.errors import ValidationError
@@ -40,8 +43,16 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
-     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS"}
+     "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS",
+     "every", "from", "startAt", "endAt", "maxRuns"}
 )
+# the fields that say when a job runs (what a PATCH of one of them replaces)
+_KIND_FIELDS = {"schedule": ("runAt", "every", "from"), "runAt": ("schedule", "every", "from"),
+                "every": ("schedule", "runAt")}
+EVERY_MIN_S = 1
+EVERY_MAX_S = 366 * 86_400
+MAX_RUNS_MAX = 1_000_000_000
+_DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _RETRY_FIELDS = frozenset({"max", "backoffS", "backoffCapS"})
 _TARGET_FIELDS = {
     TargetType.HANDLER: frozenset({"type", "name"}),
@@ -76,6 +87,9 @@ def _reject_unknown(data: Mapping[str, Any], allowed: frozenset[str], prefix: st
     for key in data:
         if key not in allowed:
             raise ValidationError(f"{prefix}{key}", f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+SLOT_MAX_MS = slots.SLOT_MAX_MS
 
 
 def _int(value: Any, field: str, lo: int, hi: int) -> int:
@@ -200,12 +214,125 @@ def canonical_payload(value: Any, field: str = "payload") -> str:
     return text
 
 
+def parse_duration_s(value: Any, field: str) -> int:
+    """``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` -> whole seconds, from EVERY_MIN_S to
+    EVERY_MAX_S (days, hours, minutes, seconds, in that order, each at most once)."""
+    match = _DURATION_RE.fullmatch(value) if isinstance(value, str) and len(value) <= 32 else None
+    if match is None or not any(match.groups()):
+        raise ValidationError(field, f"must be a duration such as \"90m\", \"1h30m\", \"7d\" or \"45s\", got {value!r}")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    total = days * 86_400 + hours * 3600 + minutes * 60 + seconds
+    if not EVERY_MIN_S <= total <= EVERY_MAX_S:
+        raise ValidationError(field, f"must be from {EVERY_MIN_S} s to {EVERY_MAX_S // 86_400} days, got {value!r}")
+    return total
+
+
+def format_duration_s(seconds: int) -> str:
+    """``5400`` -> ``"1h30m"``: the duration text ``parse_duration_s`` reads."""
+    out = ""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            out += f"{seconds // size}{unit}"
+            seconds %= size
+    return out or "0s"
+
+
+def parse_instant(value: Any, tz: str, field: str) -> int:
+    """An ISO-8601 instant (``2026-03-01T09:00:00Z``, ``...+01:00``) or a local date-time
+    without offset (``2026-03-01T09:00``, ``2026-03-01``), read in the zone ``tz``; whole
+    seconds, UTC epoch ms."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValidationError(field, "must be an ISO-8601 date-time such as 2026-03-01T09:00:00Z")
+    raw = value.strip()
+    if raw.endswith(("Z", "z")):
+        raw = raw[:-1] + "+00:00"
+    try:
+        dt = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise ValidationError(field, f"not an ISO-8601 date-time: {exc}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=load_zone(tz, "timezone"))
+    try:
+        ms = int(dt.timestamp()) * 1000
+    except (OverflowError, OSError, ValueError):
+        raise ValidationError(field, f"{value!r} is outside the years 1970-9999") from None
+    if not 0 <= ms <= SLOT_MAX_MS:
+        raise ValidationError(field, f"{value!r} is outside the years 1970-9999")
+    return ms
+
+
+def _parse_bounds(data: Mapping[str, Any], schedule: Schedule, now_ms: int, end_at_must_be_future: bool) -> Schedule:
+    """``startAt``, ``endAt`` and ``maxRuns`` onto a repeating ``schedule``."""
+    given = [f for f in ("startAt", "endAt", "maxRuns") if data.get(f) is not None]
+    if not given:
+        return schedule
+    if schedule.run_at_ms is not None:
+        raise ValidationError(given[0], "bounds (startAt, endAt, maxRuns) apply to a repeating schedule "
+                                        "(schedule or every), not to runAt")
+    start = parse_instant(data["startAt"], schedule.tz, "startAt") if data.get("startAt") is not None else None
+    end = parse_instant(data["endAt"], schedule.tz, "endAt") if data.get("endAt") is not None else None
+    if start is not None and end is not None and end < start:
+        raise ValidationError("endAt", f"{ms_to_iso(end)} is before startAt ({ms_to_iso(start)})")
+    if end is not None and end_at_must_be_future and end < now_ms - 1000:
+        raise ValidationError("endAt", f"{ms_to_iso(end)} is in the past (now {ms_to_iso(now_ms)})")
+    max_runs = _int(data["maxRuns"], "maxRuns", 1, MAX_RUNS_MAX) if data.get("maxRuns") is not None else None
+    bounded = replace(schedule, start_at_ms=start, end_at_ms=end, max_runs=max_runs)
+    if slots.first_at_or_after(bounded, start if start is not None else 0) is None:
+        raise ValidationError(given[0], f"the schedule has no slot between startAt and endAt "
+                                        f"({ms_to_iso(start or 0)} .. {ms_to_iso(end or SLOT_MAX_MS)})")
+    return bounded
+
+
+def _parse_when(data: Mapping[str, Any], tz: str, now_ms: int, run_at_must_be_future: bool) -> Schedule:
+    """Exactly one of ``schedule`` (cron), ``every`` (an interval, with ``from``) or ``runAt``."""
+    cron_expr, run_at, every = data.get("schedule"), data.get("runAt"), data.get("every")
+    if sum(v is not None for v in (cron_expr, run_at, every)) != 1:
+        raise ValidationError("schedule", "give exactly one of schedule (a cron expression), every (an "
+                                          "interval such as \"90m\") or runAt (an ISO-8601 instant)")
+    if data.get("from") is not None and every is None:
+        raise ValidationError("from", "is the anchor of an interval: give it with every")
+    if cron_expr is not None:
+        if not isinstance(cron_expr, str):
+            raise ValidationError("schedule", "must be a cron expression string")
+        cron = CronSchedule.parse(cron_expr, tz, "schedule")
+        return Schedule(cron=cron.expr, tz=tz)
+    if every is not None:
+        every_s = parse_duration_s(every, "every")
+        anchor = parse_instant(data["from"], tz, "from") if data.get("from") is not None else None
+        return Schedule(every_s=every_s, anchor_ms=anchor, tz=tz)
+    if not isinstance(run_at, str):
+        raise ValidationError("runAt", "must be an ISO-8601 instant with offset, e.g. 2026-01-01T09:00:00Z")
+    try:
+        run_at_ms = iso_to_ms(run_at)
+    except ValueError as exc:
+        raise ValidationError("runAt", f"not an ISO-8601 instant with offset: {exc}") from None
+    run_at_ms -= run_at_ms % 1000  # slots are whole seconds
+    if run_at_must_be_future and run_at_ms < now_ms - 1000:
+        raise ValidationError("runAt", f"{ms_to_iso(run_at_ms)} is in the past (now {ms_to_iso(now_ms)})")
+    return Schedule(run_at_ms=run_at_ms, tz=tz)
+
+
+SCHEDULE_FIELDS = frozenset({"schedule", "every", "from", "runAt", "timezone", "startAt", "endAt", "maxRuns"})
+
+
+def parse_schedule(data: Mapping[str, Any], now_ms: int) -> Schedule:
+    """Only the fields that say when a job runs (``SCHEDULE_FIELDS``), as ``parse_job_spec``
+    reads them (no "in the past" check): what a preview takes."""
+    _reject_unknown(data, SCHEDULE_FIELDS, "")
+    tz = data.get("timezone", "UTC")
+    if not isinstance(tz, str):
+        raise ValidationError("timezone", "must be an IANA zone name such as Europe/London")
+    load_zone(tz, "timezone")
+    return _parse_bounds(data, _parse_when(data, tz, now_ms, False), now_ms, False)
+
+
 def parse_job_spec(
     data: Any,
     now_ms: int,
     *,
     pools: frozenset[str] = DEFAULT_POOLS,
     run_at_must_be_future: bool = True,
+    end_at_must_be_future: bool = True,
 ) -> JobSpec:
     """Validate a job definition in the API's JSON shape. ``now_ms`` decides "in the past"."""
     if not isinstance(data, Mapping):
@@ -217,29 +344,12 @@ def parse_job_spec(
         raise ValidationError("name", f"must be a non-empty string of at most {NAME_MAX_CHARS} characters")
     reject_control_chars(name, "name")
 
-    cron_expr, run_at = data.get("schedule"), data.get("runAt")
     tz = data.get("timezone", "UTC")
     if not isinstance(tz, str):
         raise ValidationError("timezone", "must be an IANA zone name such as Europe/London")
     load_zone(tz, "timezone")
-    if (cron_expr is None) == (run_at is None):
-        raise ValidationError("schedule", "give exactly one of schedule (a cron expression) or runAt (an ISO-8601 instant)")
-    if cron_expr is not None:
-        if not isinstance(cron_expr, str):
-            raise ValidationError("schedule", "must be a cron expression string")
-        cron = CronSchedule.parse(cron_expr, tz, "schedule")
-        schedule = Schedule(cron=cron.expr, tz=tz)
-    else:
-        if not isinstance(run_at, str):
-            raise ValidationError("runAt", "must be an ISO-8601 instant with offset, e.g. 2026-01-01T09:00:00Z")
-        try:
-            run_at_ms = iso_to_ms(run_at)
-        except ValueError as exc:
-            raise ValidationError("runAt", f"not an ISO-8601 instant with offset: {exc}") from None
-        run_at_ms -= run_at_ms % 1000  # slots are whole seconds
-        if run_at_must_be_future and run_at_ms < now_ms - 1000:
-            raise ValidationError("runAt", f"{ms_to_iso(run_at_ms)} is in the past (now {ms_to_iso(now_ms)})")
-        schedule = Schedule(run_at_ms=run_at_ms, tz=tz)
+    schedule = _parse_bounds(data, _parse_when(data, tz, now_ms, run_at_must_be_future), now_ms,
+                             end_at_must_be_future)
 
     if "target" not in data:
         raise ValidationError("target", "is required")
@@ -276,12 +386,24 @@ def parse_job_spec(
 
 def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     """The inverse of ``parse_job_spec``: the API's JSON shape of a spec."""
-    out: dict[str, Any] = {"name": spec.name, "timezone": spec.schedule.tz}
-    if spec.schedule.cron is not None:
-        out["schedule"] = spec.schedule.cron
+    sched = spec.schedule
+    out: dict[str, Any] = {"name": spec.name, "timezone": sched.tz}
+    if sched.cron is not None:
+        out["schedule"] = sched.cron
+    elif sched.every_s is not None:
+        out["every"] = format_duration_s(sched.every_s)
+        if sched.anchor_ms is not None:
+            out["from"] = ms_to_iso(sched.anchor_ms)
     else:
-        assert spec.schedule.run_at_ms is not None
-        out["runAt"] = ms_to_iso(spec.schedule.run_at_ms)
+        assert sched.run_at_ms is not None
+        out["runAt"] = ms_to_iso(sched.run_at_ms)
+    # bounds only when set (a reader of an older job sees the fields it knew)
+    if sched.start_at_ms is not None:
+        out["startAt"] = ms_to_iso(sched.start_at_ms)
+    if sched.end_at_ms is not None:
+        out["endAt"] = ms_to_iso(sched.end_at_ms)
+    if sched.max_runs is not None:
+        out["maxRuns"] = sched.max_runs
     t = spec.target
     if t.type is TargetType.HANDLER:
         out["target"] = {"type": "handler", "name": t.handler}
@@ -315,12 +437,13 @@ def apply_patch(spec: JobSpec, patch: Any, now_ms: int, *, pools: frozenset[str]
         raise ValidationError("body", "must be a JSON object")
     _reject_unknown(patch, _JOB_FIELDS, "")
     merged = job_spec_to_json(spec)
-    if "schedule" in patch:
-        merged.pop("runAt", None)
-    if "runAt" in patch:
-        merged.pop("schedule", None)
+    for kind, others in _KIND_FIELDS.items():
+        if patch.get(kind) is not None:
+            for other in others:
+                merged.pop(other, None)
     merged.update(patch)
-    return parse_job_spec(merged, now_ms, pools=pools, run_at_must_be_future="runAt" in patch)
+    return parse_job_spec(merged, now_ms, pools=pools, run_at_must_be_future="runAt" in patch,
+                          end_at_must_be_future="endAt" in patch)
 
 
 def check_patch(patch: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOLS) -> None:

@@ -66,7 +66,7 @@ def _wait_api(url: str, dev: subprocess.Popen[bytes], timeout_s: float = 120) ->
 def register_demo(client: Client, callback_url: str) -> dict[str, str]:
     tag = secrets.token_hex(2)
     in_a_minute = ms_to_iso((int(time.time()) + 60) * 1000)
-    jobs = {
+    jobs: dict[str, dict[str, Any]] = {
         "every 10 s (command)": {"schedule": "*/10 * * * * *",
                                  "target": {"type": "command", "argv": ["sh", "-c", "echo tick $GNOMON_RUN_ID; date -u"]}},
         "one-time, in a minute": {"runAt": in_a_minute, "target": {"type": "handler", "name": "echo"},
@@ -74,6 +74,9 @@ def register_demo(client: Client, callback_url: str) -> dict[str, str]:
         "HTTP callback every 15 s": {"schedule": "*/15 * * * * *", "target": {"type": "http", "url": callback_url}},
         "fails (retries, then dead letter)": {"schedule": "*/30 * * * * *", "retry": {"max": 2, "backoffS": 2},
                                               "target": {"type": "command", "argv": ["sh", "-c", "echo oops >&2; exit 3"]}},
+        # an interval with bounds: every 20 s from a minute from now, six runs, then done
+        "every 20 s, 6 runs (interval)": {"every": "20s", "from": in_a_minute, "maxRuns": 6,
+                                          "target": {"type": "handler", "name": "echo"}},
     }
     ids = {}
     for name, body in jobs.items():

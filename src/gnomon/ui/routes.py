@@ -23,7 +23,6 @@ from gnomon.history._paging import LOGS, encode_cursor
 from gnomon.ui.backend import Answer, ApiBackend, path_id
 from gnomon.ui.filters import STATUSES, TARGETS, JobFilter
 from gnomon.ui.overload import OverloadProbe, processor_targets
-from gnomon.ui.preview import next_fires
 from gnomon.ui.session import (
     COOKIE,
     CSRF_FIELD,
@@ -233,7 +232,8 @@ def install(app: FastAPI, clock: Clock) -> None:
         status = request.query_params.get("status") or None
         job, runs = await job_and_runs(session, job_id, status)
         now = clock.now_ms()
-        return render("job.html", session, fires=next_fires(job, now), definition=job,
+        fires = await read(session, f"/v1/jobs/{quoted(job_id, 'job')}/fires", f"job {job_id!r}")
+        return render("job.html", session, fires=fires, definition=job,
                       backfill_from=ms_to_iso((now - 3_600_000) // 1000 * 1000),
                       backfill_to=ms_to_iso(now // 1000 * 1000), **runs_context(job, runs, status))
 

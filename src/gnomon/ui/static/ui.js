@@ -91,8 +91,16 @@ function jobBody(form) {
   const body = { name: value("name") };
   if (value("when") === "once") {
     body.runAt = value("runAt");
+  } else if (value("when") === "every") {
+    body.every = value("every");
+    if (value("from")) body.from = value("from");
   } else {
     body.schedule = value("schedule");
+  }
+  if (value("when") !== "once") {
+    if (value("startAt")) body.startAt = value("startAt");
+    if (value("endAt")) body.endAt = value("endAt");
+    if (value("maxRuns")) body.maxRuns = Number(value("maxRuns"));
   }
   if (value("timezone")) body.timezone = value("timezone");
   const type = value("targetType");
