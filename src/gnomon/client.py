@@ -228,6 +228,20 @@ class Client:
     def delete_alerts(self) -> dict[str, Any]:
         return self._call("DELETE", "/v1/alerts")  # type: ignore[no-any-return]
 
+    # exclusion calendars
+    def list_calendars(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/calendars")  # type: ignore[no-any-return]
+
+    def get_calendar(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/calendars/{quote(name)}")  # type: ignore[no-any-return]
+
+    def put_calendar(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace a calendar: ``{"timezone", "dates": ["2026-12-25", {"from", "to"}]}``."""
+        return self._call("PUT", f"/v1/calendars/{quote(name)}", json=body)  # type: ignore[no-any-return]
+
+    def delete_calendar(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/calendars/{quote(name)}")  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._http.close()
 

@@ -579,7 +579,8 @@ class SimCluster:
 
     def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
                  timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
-                 tenant: str = TENANT, run_at_ms: int | None = None, schedule: Schedule | None = None) -> None:
+                 tenant: str = TENANT, run_at_ms: int | None = None, schedule: Schedule | None = None,
+                 exclude_calendars: tuple[str, ...] = ()) -> None:
         """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time; with
         ``schedule``, that one: an interval, bounds), as the API registers it."""
         from gnomon.core.model import JobSpec, Priority, RetryPolicy, TargetType
@@ -589,8 +590,19 @@ class SimCluster:
         spec = JobSpec(name=job_id, schedule=schedule, target=Target(TargetType.HANDLER, handler=HANDLER),
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
                        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),
-                       priority=Priority(priority), late_max_s=late_max_s)
+                       priority=Priority(priority), late_max_s=late_max_s, exclude_calendars=exclude_calendars)
         self.submit(J.RegisterJob(job_id, tenant, spec, self.clock.now_ms()))
+
+    def put_calendar(self, name: str, dates: list[Any], *, tz: str = "UTC", tenant: str = TENANT) -> None:
+        """The tenant's calendar on the calendars topic (as ``PUT /v1/calendars/{name}``);
+        the processors read it between batches."""
+        from gnomon.adapters.kafka import partition_for
+        from gnomon.core.calendars import parse_calendar
+
+        topic = self.topo.calendars
+        cal = parse_calendar(tenant, name, {"timezone": tz, "dates": dates}, self.clock.now_ms())
+        self.log.append(topic, cal.key.encode(), codec.encode(cal, topic),
+                        partition_for(cal.key, self.log.partitions_of(topic)))
 
     def set_limits(self, tenant: str, **limits: int) -> None:
         """The tenant's limits on the tenants topic (as ``PUT /v1/tenants/{tenant}``);

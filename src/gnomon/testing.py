@@ -29,6 +29,7 @@ from gnomon.adapters.kv import MemoryKV
 from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
+from gnomon.core.calendars import CalendarBook
 from gnomon.core.clock import FakeClock, SystemClock
 from gnomon.core.errors import GnomonError
 from gnomon.core.messages import Grant, Stop
@@ -107,8 +108,9 @@ class DecidingProducer(ListProducer):
         self.topo = topology or load_topology()
         self.partitions = partitions = self.topo.partitions
         self.quota = QuotaBook(tenants or TenantBook(), partitions)
+        self.calendars = CalendarBook()  # what the processors read from the calendars topic
         self.tasks = {p: PartitionTask(p, FloorKV(MemoryKV()), self.topo, J.SchedulerConfig(), R.RunConfig(),
-                                       quota=self.quota) for p in range(partitions)}
+                                       quota=self.quota, calendars=self.calendars) for p in range(partitions)}
         for task in self.tasks.values():
             task.load_counts()
         self.results: dict[tuple[int, int], CommandResult] = {}
@@ -132,6 +134,8 @@ class DecidingProducer(ListProducer):
     def send(self, topic: str, key: str, value: bytes | None, **kw: Any) -> tuple[int, int] | None:
         with self._lock:
             super().send(topic, key, value, **kw)
+            if topic == self.topo.calendars:
+                self.calendars.apply(key, None if value is None else codec.decode(value, topic=topic))
             if topic != self.topo.job_commands or value is None:
                 return None
             p = partition_for(key, self.partitions)

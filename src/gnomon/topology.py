@@ -34,6 +34,7 @@ from gnomon.core.model import Priority
 ROLES: tuple[str, ...] = (
     "job_commands", "command_results", "run_events", "jobs", "runs", "run_exports", "worker_inbox",
     "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas", "alert_configs",
+    "calendars",
 )
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
 CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs")
@@ -105,6 +106,7 @@ class Topology:
     tenant_usage: str = field(default_factory=_packaged("tenant_usage"))  # per-partition usage, "<tenant>/<p>"
     schemas: str = field(default_factory=_packaged("schemas"))  # the schema registry's store (gnomon.registry)
     alert_configs: str = field(default_factory=_packaged("alert_configs"))  # alert webhooks (core.alerts), key tenant
+    calendars: str = field(default_factory=_packaged("calendars"))  # exclusion calendars, key "<tenant>/<name>"
     topics: tuple[TopicSpec, ...] = ()  # every topic ((): not from a file)
     processors: tuple[ProcessorSpec, ...] = ()
     replication_factor: int = 1

@@ -17,6 +17,7 @@ import pytest
 
 from gnomon.api.alerts import AlertService
 from gnomon.api.app import CommandSink, create_app
+from gnomon.api.calendars import CalendarService
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.outbound.http import HttpPolicy
 from gnomon.testing import DecidingProducer
@@ -47,7 +48,7 @@ def gnomon_api() -> GnomonApi:
     app = create_app(history=history, commands=CommandSink(producer, topo.job_commands),
                      auth=Authenticator({token: tenant for tenant, token in tokens.items()}), topology=topo,
                      alerts=AlertService(writer=producer, topic=topo.alert_configs, policy=HttpPolicy()),
-                     answers=producer.answers)
+                     calendars=CalendarService(writer=producer, topic=topo.calendars), answers=producer.answers)
     return GnomonApi(app, history, producer, tokens)
 
 

@@ -98,6 +98,10 @@ SEEDED_CALLS = [
     ("/v1/jobs", "POST", {}, {"name": "i", "every": "90m", "from": "2099-01-01T09:00", "timezone": "Europe/London",
                               "endAt": "2099-03-01T00:00:00Z", "maxRuns": 10,
                               "target": {"type": "handler", "name": "h"}}),
+    ("/v1/calendars/{name}", "PUT", {"name": "xmas"}, {"timezone": "Europe/London",
+                                                       "dates": ["2099-12-25", {"from": "2099-12-28", "to": "2099-12-29"}]}),
+    ("/v1/calendars/{name}", "GET", {"name": "xmas"}, None),
+    ("/v1/calendars", "GET", {}, None),
     ("/v1/jobs/{job_id}", "GET", {"job_id": JOB_ID}, None),
     ("/v1/jobs/{job_id}/fires", "GET", {"job_id": JOB_ID}, None),
     ("/v1/jobs/{job_id}", "PATCH", {"job_id": JOB_ID}, {"priority": "high"}),
@@ -159,7 +163,7 @@ def test_the_contract_is_real(gnomon_api: Any) -> None:
     spec_input = doc["components"]["schemas"]["JobSpecInput"]
     assert {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS", "retry",
             "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS",
-            "every", "from", "startAt", "endAt", "maxRuns"} == set(spec_input["properties"])
+            "every", "from", "startAt", "endAt", "maxRuns", "excludeCalendars"} == set(spec_input["properties"])
     kinds = {ref["$ref"].rsplit("/", 1)[1] for ref in spec_input["properties"]["target"]["oneOf"]}
     assert kinds == {"HandlerTarget", "HttpTarget", "CommandTarget", "ContainerTarget"}
     assert {"401", "409", "413", "422", "503"} <= set(create["responses"])

@@ -53,13 +53,16 @@ ANSWERS = {("GET", "/v1/commands/{command_id}")}
 ADMIN_ONLY = {("GET", "/v1/tenants"), ("GET", "/v1/tenants/{tenant}"), ("PUT", "/v1/tenants/{tenant}"),
               ("DELETE", "/v1/tenants/{tenant}")}
 # ... and a tenant's own limits and usage, and its own alert webhook (the tenant is the token's).
-OWN = {("GET", "/v1/tenant"), ("GET", "/v1/alerts"), ("PUT", "/v1/alerts"), ("DELETE", "/v1/alerts")}
+OWN = {("GET", "/v1/tenant"), ("GET", "/v1/alerts"), ("PUT", "/v1/alerts"), ("DELETE", "/v1/alerts"),
+       ("GET", "/v1/calendars"), ("GET", "/v1/calendars/{name}"), ("PUT", "/v1/calendars/{name}"),
+       ("DELETE", "/v1/calendars/{name}")}
 # The web UI: signed in by cookie, not by bearer header; its isolation, sign-in and CSRF
 # matrix is tests/security/test_ui.py (which checks these routes against app.routes too).
 UI = {("GET", "/ui"), ("GET", "/ui/login"), ("POST", "/ui/login"), ("POST", "/ui/logout"),
       ("GET", "/ui/static/{name}"), ("GET", "/ui/jobs"), ("GET", "/ui/jobs/{job_id}"),
       ("GET", "/ui/jobs/{job_id}/runs"), ("GET", "/ui/runs/{run_id}"), ("GET", "/ui/runs/{run_id}/tail"),
-      ("GET", "/ui/dead-letters"), *((m, "/ui/api/v1/{rest:path}") for m in ("GET", "POST", "PATCH", "DELETE"))}
+      ("GET", "/ui/dead-letters"), ("GET", "/ui/calendars"),
+      *((m, "/ui/api/v1/{rest:path}") for m in ("GET", "POST", "PUT", "PATCH", "DELETE"))}
 
 
 def _app_routes(app: Any) -> set[tuple[str, str]]:

@@ -24,9 +24,9 @@ JOB = {"name": "acme-<script>alert(1)</script>", "schedule": "*/5 * * * * *", "t
 PUBLIC = {("GET", "/ui/login"), ("POST", "/ui/login"), ("GET", "/ui/static/{name}"), ("GET", "/ui")}
 PAGES_BY_ID = {("GET", "/ui/jobs/{job_id}"): "job", ("GET", "/ui/jobs/{job_id}/runs"): "job",
                ("GET", "/ui/runs/{run_id}"): "run", ("GET", "/ui/runs/{run_id}/tail"): "run"}
-LISTINGS = {("GET", "/ui/jobs"), ("GET", "/ui/dead-letters")}
+LISTINGS = {("GET", "/ui/jobs"), ("GET", "/ui/dead-letters"), ("GET", "/ui/calendars")}
 SESSION = {("POST", "/ui/logout")}
-PROXY = {(m, "/ui/api/v1/{rest:path}") for m in ("GET", "POST", "PATCH", "DELETE")}
+PROXY = {(m, "/ui/api/v1/{rest:path}") for m in ("GET", "POST", "PUT", "PATCH", "DELETE")}
 
 
 def _ui_routes(app: Any) -> set[tuple[str, str]]:

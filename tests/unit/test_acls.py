@@ -57,9 +57,10 @@ def test_roles_are_least_privilege(table: list[acls.Grant]) -> None:
     assert acls.roles_with(table, topo.worker_inbox, "READ") == {"worker"}
     assert not any(g.pattern == acls.PREFIXED and g.resource == acls.TOPIC for g in table)  # no topic by prefix
     # the API reads only tenants' limits and usage (admission), its commands' results and the
-    # alert configs it writes; never jobs, runs or inboxes
+    # alert configs and calendars it writes; never jobs, runs or inboxes
     api_reads = {g.name for g in table if g.role == "api" and g.operation == "READ" and g.resource == acls.TOPIC}
-    assert api_reads == {topo.tenants, topo.tenant_usage, topo.command_results, topo.alert_configs}
+    assert api_reads == {topo.tenants, topo.tenant_usage, topo.command_results, topo.alert_configs,
+                         topo.calendars}
     # the alerter reads the ledger and the alert configs, and writes nothing
     assert {g.name for g in table if g.role == "alerter" and g.resource == acls.TOPIC} == {
         topo.runs, topo.alert_configs}

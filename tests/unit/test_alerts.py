@@ -82,6 +82,8 @@ def test_skipped_alerts_with_its_range_and_again_after_a_reopen() -> None:
     assert decide(Seen.of(skipped), skipped, CFG, NOW) == []
     (b,) = decide(Seen.of(run(RunStatus.SCHEDULED, reopens=1)), replace(skipped, reopens=1), CFG, NOW)
     assert b.key.endswith(":skipped:1")
+    # a slot on a date the job excludes was skipped as asked: no alert
+    assert decide(None, run(RunStatus.SKIPPED, reason="calendar uk-bank-holidays"), CFG, NOW) == []
 
 
 def test_late_uses_the_job_threshold_then_the_tenant_default() -> None:

@@ -565,7 +565,7 @@ def test_a_backfill_is_the_processors_decision_and_the_sdk_returns_its_plan(
     producer.hold()
     plan = c.backfill(job["id"], "2026-11-29T00:00:00Z", "2026-11-29T00:30:00Z")
     assert plan == {"id": job["id"], "accepted": "backfill", "slots": 1, "sent": 1,
-                    "runIds": [f"{job['id']}@2026-11-29T00:00:00Z"], "alreadyRun": []}, plan
+                    "runIds": [f"{job['id']}@2026-11-29T00:00:00Z"], "alreadyRun": [], "excluded": []}, plan
     assert polls and "status" not in plan and "commandId" not in plan
     c.pause(job["id"])
     with pytest.raises(ApiError) as refused:

@@ -282,7 +282,7 @@ def test_api_documents_the_route(api: Any) -> None:
 
 
 def test_plan_backfill_without_history_sends_every_slot() -> None:
-    send, ids, left = plan_backfill(job(), T0, T0 + 2 * MIN, lambda _: None)
+    send, ids, left, _ = plan_backfill(job(), T0, T0 + 2 * MIN, lambda _: None)
     assert send == [T0, T0 + MIN, T0 + 2 * MIN] and left == [] and ids[0] == slot_run_id("job", T0)
 
 
@@ -311,7 +311,7 @@ def _backfill_in_memory(c: InMemoryCluster, from_ms: int, to_ms: int) -> J.Backf
     """What the API does, with the cluster's ledger as history."""
     state = c.job_state("job")
     assert state is not None
-    send, _, _ = plan_backfill(state, from_ms, to_ms, c.run_state)
+    send, _, _, _ = plan_backfill(state, from_ms, to_ms, c.run_state)
     cmd = J.BackfillJob("job", "t", tuple(send), c.clock.now_ms())
     if send:
         c.submit(cmd)

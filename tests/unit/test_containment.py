@@ -176,10 +176,11 @@ def test_a_job_whose_tick_breaks_is_poisoned_once_and_the_others_keep_running(
     original = J.decide_tick
 
     def broken(state: J.JobState, now_ms: int, cfg: J.SchedulerConfig | None = None,
-               present_since_ms: int | None = None, *, triggers: bool = True) -> list[J.JobEvent]:
+               present_since_ms: int | None = None, *, triggers: bool = True,
+               calendars: tuple[object, ...] = ()) -> list[J.JobEvent]:
         if state.job_id == "sick":
             raise ZeroDivisionError("a schedule no code expected")
-        return original(state, now_ms, cfg, present_since_ms, triggers=triggers)
+        return original(state, now_ms, cfg, present_since_ms, triggers=triggers, calendars=calendars)
 
     monkeypatch.setattr(J, "decide_tick", broken)
     sim = _sim()

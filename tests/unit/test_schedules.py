@@ -334,3 +334,15 @@ def test_changing_only_the_bounds_keeps_the_jobs_place_and_a_resume_does_not_tri
     assert state.next_run_at_ms == T0 + 3000
     state, triggered, _ = run_ticks(state, T0 + 10_000)
     assert [ev.slot_ms - T0 for ev in triggered] == [3000] and state.status is J.JobStatus.DONE
+
+
+def test_the_preview_counts_the_lookaheads_triggers_once() -> None:
+    # maxRuns 6, every 20 s: the lookahead triggered the slots at 0, 20 and 40 s (3 runs
+    # counted, next_run_at 60 s); at 10 s the preview shows 20, 40 (triggered) and then
+    # the 3 runs left: 60, 80, 100, and ends there
+    state = state_of(spec_of(every="20s", maxRuns=6))
+    state, _, _ = run_ticks(state, T0, cfg=J.SchedulerConfig(lookahead_ms=45_000))
+    assert state.scheduled_runs == 3 and state.next_run_at_ms == T0 + 60_000
+    shown = fires_view(state, T0 + 10_000, 10)
+    assert [iso_to_ms(f["slot"]) - T0 for f in shown["fires"]] == [20_000, 40_000, 60_000, 80_000, 100_000]
+    assert shown["ends"] == "maxRuns: the last run is 2026-01-01T00:01:40Z"

@@ -258,8 +258,8 @@ def test_acls_of_the_tenant_topics() -> None:
     assert acls.roles_with(table, topo.tenant_usage, "WRITE") == {"processor"}
     assert acls.roles_with(table, topo.tenant_usage, "READ") == {"api"}
     api_reads = {g.name for g in table if g.role == "api" and g.operation == "READ" and g.resource == acls.TOPIC}
-    # + its commands' answers and the alert configs it writes (/v1/alerts)
-    assert api_reads == {topo.tenants, topo.tenant_usage, topo.command_results, topo.alert_configs}
+    # + its commands' answers, the alert configs (/v1/alerts) and calendars (/v1/calendars) it writes
+    assert api_reads == {topo.tenants, topo.tenant_usage, topo.command_results, topo.alert_configs, topo.calendars}
     groups = {(g.role, g.name) for g in table if g.resource == acls.GROUP}
     assert {("api", "gnomon-tenants"), ("processor", "gnomon-tenants")} <= groups
 

@@ -43,6 +43,8 @@ from gnomon.api.alerts import install as install_alert_routes
 from gnomon.api.answers import ANSWER_TIMEOUT_S_DEFAULT, AnswerSource, Position, refusal
 from gnomon.api.backfill import add_backfill_route
 from gnomon.api.batch import add_batch_route
+from gnomon.api.calendars import CalendarService
+from gnomon.api.calendars import install as install_calendar_routes
 from gnomon.api.openapi import finish, problem_responses, request_body
 from gnomon.api.recent import RecentJobs
 from gnomon.api.tenants import TenantService, limit_responses
@@ -319,7 +321,8 @@ def _forget(task: asyncio.Future[Any] | None) -> None:
 def create_app(
     *, history: HistoryStore, commands: CommandSink, auth: Authenticator, topology: Topology,
     clock: Clock | None = None, tenants: TenantService | None = None, runs_cache_s: float = 0.0,
-    alerts: AlertService | None = None, overload: OverloadProbe | None = None,
+    alerts: AlertService | None = None, calendars: CalendarService | None = None,
+    overload: OverloadProbe | None = None,
     answers: AnswerSource | None = None, answer_timeout_s: float = ANSWER_TIMEOUT_S_DEFAULT,
     recent: RecentJobs | None = None,
 ) -> FastAPI:
@@ -355,6 +358,8 @@ def create_app(
     app.state.overload_probe = overload  # (the UI's banner reads it too)
     install_tenant_routes(app, tenants, clock)
     install_alert_routes(app, alerts or AlertService(topic=topology.alert_configs), clock)  # /v1/alerts
+    calendars = calendars or CalendarService(topic=topology.calendars)
+    install_calendar_routes(app, calendars, history, clock)  # /v1/calendars
 
     async def body_of(request: Request) -> Any:
         return parse_json(await read_bounded(request, BODY_MAX_BYTES))
@@ -389,7 +394,8 @@ def create_app(
         return res
 
     # POST /v1/jobs/{id}:backfill, decided by the processor like every other write
-    add_backfill_route(app, history=history, commands=commands, clock=clock, decide=decided)
+    add_backfill_route(app, history=history, commands=commands, clock=clock, decide=decided,
+                       calendars=lambda tenant, names: calendars.book.for_job(tenant, names))
 
     def remember(job_id: str, res: CommandResult, change: Callable[[JobState], JobState]) -> JobState | None:
         """The state this accepted write made, from the one kept of this API's own last
@@ -536,7 +542,8 @@ def create_app(
     def job_fires(job_id: str, tenant: Tenant, count: FireCount = FIRES_SHOWN,
                   after: str | None = None) -> dict[str, Any]:
         job = owned_job(tenant, job_id)
-        return fires_view(job, instant_param(after, "after", clock.now_ms()), limit_of_fires(count))
+        cals = calendars.book.for_job(tenant, job.spec.exclude_calendars)
+        return fires_view(job, instant_param(after, "after", clock.now_ms()), limit_of_fires(count), cals)
 
     def update(job_id: str, tenant: str, patch: Any, if_match: str | None) -> JSONResponse:
         """Field names and values are checked here (a fast 422); the processor merges the

@@ -23,7 +23,7 @@ Wire it in ``create_app`` with ``add_backfill_route(app, history=..., commands=.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import Depends, FastAPI, Request, Security
@@ -33,6 +33,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from gnomon.api.openapi import REF, problem_responses, request_body
+from gnomon.core.calendars import Calendar, excluded_by
 from gnomon.core.clock import Clock, SystemClock, iso_to_ms, ms_to_iso
 from gnomon.core.errors import Conflict, NotFound, ValidationError
 from gnomon.core.jobs import BACKFILL_SLOTS_MAX, BackfillJob, JobState, JobStatus, slots_between
@@ -66,6 +67,8 @@ class BackfillAck(BaseModel):
     sent: int = Field(description="slots sent to run: not run yet, or recorded skipped (reopened)")
     runIds: list[str] = Field(description="the runs of the slots sent")
     alreadyRun: list[str] = Field(description="runs of the range left alone: they ran, run or are due")
+    excluded: list[str] = Field(default_factory=list, description="slots of the range on a date of one of the "
+                                "job's excludeCalendars: not run (they are recorded skipped by the calendar)")
 
 
 class BackfillPending(BackfillAck):
@@ -107,11 +110,13 @@ def parse_range(body: Any, now_ms: int) -> tuple[int, int]:
     return ends["from"], ends["to"]
 
 
-def plan_backfill(job: JobState, from_ms: int, to_ms: int,
-                  history_run: Callable[[str], RunState | None]) -> tuple[list[int], list[str], list[str]]:
-    """(slots to send, their run ids, run ids left alone) for the slots of ``job`` in
-    [from_ms, to_ms] before its schedule position. ``history_run`` reads a run from
-    history. A range that starts before the job existed starts at its creation; one that
+def plan_backfill(job: JobState, from_ms: int, to_ms: int, history_run: Callable[[str], RunState | None],
+                  excluded: Callable[[int], bool] | None = None,
+                  ) -> tuple[list[int], list[str], list[str], list[str]]:
+    """(slots to send, their run ids, run ids left alone, run ids of slots a calendar
+    excludes) for the slots of ``job`` in [from_ms, to_ms] before its schedule position.
+    ``history_run`` reads a run from history; ``excluded`` says whether one of the job's
+    calendars holds a slot (such a slot is not sent: the calendar says it does not run). A range that starts before the job existed starts at its creation; one that
     ends before it is refused (ValidationError("from")). Raises Conflict for a job that
     cannot be backfilled, ValidationError("to") for a range of more than
     ``BACKFILL_SLOTS_MAX`` slots."""
@@ -133,13 +138,17 @@ def plan_backfill(job: JobState, from_ms: int, to_ms: int,
                                     f"{ms_to_iso(slots[BACKFILL_SLOTS_MAX - 1])} and send the rest after)")
     send: list[int] = []
     left: list[str] = []
+    skip: list[str] = []
     for slot in slots:
+        if excluded is not None and excluded(slot):
+            skip.append(slot_run_id(job.job_id, slot))
+            continue
         run = history_run(slot_run_id(job.job_id, slot))
         if run is not None and run.status is not RunStatus.SKIPPED:
             left.append(run.run_id)  # ran, runs or is due: never twice (maybe purged from the processor)
         else:
             send.append(slot)
-    return send, [slot_run_id(job.job_id, s) for s in send], left
+    return send, [slot_run_id(job.job_id, s) for s in send], left, skip
 
 
 _bearer = HTTPBearer(auto_error=False, scheme_name="bearerAuth", description="an API token")
@@ -168,7 +177,8 @@ def _document_body(app: FastAPI) -> None:
 
 
 def add_backfill_route(app: FastAPI, *, history: HistoryStore, commands: _Sink, clock: Clock | None = None,
-                       decide: Callable[[str, Any], object] | None = None) -> None:
+                       decide: Callable[[str, Any], object] | None = None,
+                       calendars: Callable[[str, Sequence[str]], Sequence[Calendar]] | None = None) -> None:
     """Add ``POST /v1/jobs/{job_id}:backfill`` to ``app`` (built by ``create_app``, whose
     ``state.auth`` authenticates). ``decide(job_id, command)`` writes the command and
     waits for the processor's answer (raising ``Pending`` or the refusal); without it,
@@ -181,9 +191,11 @@ def add_backfill_route(app: FastAPI, *, history: HistoryStore, commands: _Sink, 
         job = history.get_job(job_id)
         if job is None or job.tenant != tenant or job.status is JobStatus.DELETED:
             raise NotFound(f"no job {job_id!r}")
-        send, run_ids, left = plan_backfill(job, from_ms, to_ms, history.get_run)
-        ack = {"id": job_id, "accepted": "backfill", "slots": len(send) + len(left), "sent": len(send),
-               "runIds": run_ids, "alreadyRun": left}
+        cals = calendars(tenant, job.spec.exclude_calendars) if calendars is not None else ()
+        send, run_ids, left, skip = plan_backfill(job, from_ms, to_ms, history.get_run,
+                                                  (lambda s: excluded_by(cals, s) is not None) if cals else None)
+        ack = {"id": job_id, "accepted": "backfill", "slots": len(send) + len(left) + len(skip), "sent": len(send),
+               "runIds": run_ids, "alreadyRun": left, "excluded": skip}
         if not send:
             return JSONResponse(ack)
         command = BackfillJob(job_id, tenant, tuple(send), now)

@@ -139,6 +139,9 @@ class _JobFields(_Closed):
     maxRuns: Annotated[int, Field(ge=1, le=MAX_RUNS_MAX)] | None = Field(
         default=None, description="at most this many runs triggered by the schedule (manual triggers and "
                                   "backfills do not count); then the job is done")
+    excludeCalendars: Annotated[list[str], Field(max_length=10)] | None = Field(
+        default=None, description="names of this tenant's calendars (PUT /v1/calendars/{name}): a slot on one of "
+                                  "their dates is recorded skipped, reason 'calendar <name>'")
     target: Target | SkipJsonSchema[None] = Omittable()
     payload: Any = Field(default=None, description="any JSON, at most 64 KiB; passed to the target")
     priority: Priority | SkipJsonSchema[None] = Omittable()
@@ -216,6 +219,7 @@ class Job(_Closed):
     startAt: Instant | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
     endAt: Instant | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
     maxRuns: int | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
+    excludeCalendars: list[str] | SkipJsonSchema[None] = Omittable(description="present when the job names any")
     target: Target
     payload: Any
     priority: Priority
@@ -234,6 +238,8 @@ class Fire(_Closed):
     slot: Instant
     start: Instant = Field(description="when the run starts: the slot plus the job's jitter")
     local: str = Field(description="the slot's wall time in the job's zone, with the zone's abbreviation")
+    excludedBy: str | None = Field(description="a calendar of the job's excludeCalendars holds the slot's date: "
+                                               "it will be recorded skipped, not run")
 
 
 class Fires(_Closed):
@@ -471,3 +477,41 @@ class AlertConfigView(_Closed):
 
 
 REQUEST_MODELS = (*REQUEST_MODELS, AlertConfigInput)
+
+
+# ---- calendars (api/calendars.py) -------------------------------------------------------
+
+IsoDate = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", examples=["2026-12-25"])]
+
+
+class DateSpan(_Closed):
+    from_: IsoDate = Field(alias="from")
+    to: IsoDate = Field(description="inclusive; at most 366 days after from")
+
+
+class CalendarInput(_Closed):
+    """An exclusion calendar (PUT /v1/calendars/{name} replaces it whole)."""
+
+    timezone: str | SkipJsonSchema[None] = Omittable(description="IANA zone whose dates these are, default UTC")
+    dates: list[IsoDate | DateSpan] = Field(max_length=1000, description="dates, or ranges {from, to}")
+
+
+class CalendarView(_Closed):
+    name: str
+    timezone: str
+    dates: list[IsoDate | DateSpan] = Field(description="sorted, overlapping ranges merged; a one-day range is "
+                                                        "its date")
+    days: int = Field(description="how many dates the calendar holds")
+    updatedAt: Instant
+
+
+class CalendarList(_Closed):
+    items: list[CalendarView]
+
+
+class CalendarDeleted(_Closed):
+    name: str
+    deleted: bool
+
+
+REQUEST_MODELS = (*REQUEST_MODELS, CalendarInput)

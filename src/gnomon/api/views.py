@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from gnomon.core.calendars import Calendar
 from gnomon.core.clock import ms_to_iso
 from gnomon.core.fires import preview
 from gnomon.core.jobs import JobState, JobStatus, describe_schedule, ended_because, runs_left
@@ -41,22 +42,23 @@ def job_view(state: JobState) -> dict[str, Any]:
 FIRES_SHOWN = 10
 
 
-def fires_view(state: JobState, after_ms: int, count: int) -> dict[str, Any]:
+def fires_view(state: JobState, after_ms: int, count: int, calendars: Sequence[Calendar] = ()) -> dict[str, Any]:
     """``GET /v1/jobs/{id}/fires``: the job's next ``count`` slots after ``after_ms``."""
     spec = state.spec
     if state.status is JobStatus.DONE:
         shown = preview(spec.schedule, after_ms=after_ms, count=1, runs_left=0)
     else:
         shown = preview(spec.schedule, after_ms=after_ms, count=count, job_id=state.job_id,
-                        jitter_s=spec.jitter_s, runs_left=runs_left(state))
+                        jitter_s=spec.jitter_s, runs_left=runs_left(state), counted_before_ms=state.next_run_at_ms,
+                        calendars=calendars)
     return {
         "jobId": state.job_id,
         "timezone": spec.schedule.tz,
         "schedule": describe_schedule(spec),
         "status": state.status.value,
         "after": ms_to_iso(after_ms),
-        "fires": [{"slot": ms_to_iso(f.slot_ms), "start": ms_to_iso(f.start_ms), "local": f.local(spec.schedule.tz)}
-                  for f in shown.fires],
+        "fires": [{"slot": ms_to_iso(f.slot_ms), "start": ms_to_iso(f.start_ms), "local": f.local(spec.schedule.tz),
+                   "excludedBy": f.excluded_by} for f in shown.fires],
         "ends": shown.ends,
         "endedBecause": ended_because(state),
     }

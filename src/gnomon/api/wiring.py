@@ -133,8 +133,10 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     """``dev``: allow the dev token when ``GNOMON_API_TOKENS`` is unset (default: ``GNOMON_DEV=1``)."""
     from gnomon.alerts.feed import AlertFeed
     from gnomon.api.alerts import AlertPoller, AlertService
+    from gnomon.api.calendars import CalendarService
     from gnomon.command_keys import Signer, keys_dir
     from gnomon.core.alerts import AlertBook
+    from gnomon.core.calendars import CalendarBook
     from gnomon.feeds.tenants import TenantFeed
     from gnomon.history.cassandra import CassandraHistoryStore
 
@@ -150,8 +152,8 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     signer = Signer(keys_dir(settings), issue=True)
     sink = CommandSink(producer, topo.job_commands, delivery_timeout_s=timeout_ms / 1000, sign=signer.headers)
     clock = SystemClock()
-    book, usage = TenantBook(), UsageBook()
-    feed = TenantFeed(settings.kafka_bootstrap, topo, book, usage, clock, role=role)
+    book, usage, calendar_book = TenantBook(), UsageBook(), CalendarBook()
+    feed = TenantFeed(settings.kafka_bootstrap, topo, book, usage, clock, role=role, calendars=calendar_book)
     feed.load(TENANTS_LOAD_TIMEOUT_S)
     tenants = TenantService(book, usage, writer=producer, topic=topo.tenants, feed=feed)
     TenantPoller(tenants).start()
@@ -160,8 +162,10 @@ def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     alerts = AlertService(alert_feed.book, writer=producer, topic=topo.alert_configs, feed=alert_feed)
     AlertPoller(alerts).start()
     answers = command_answers(settings, topo, role)
+    calendars = CalendarService(calendar_book, writer=producer, topic=topo.calendars)  # (the tenant feed fills it)
     return create_app(history=history, commands=sink, auth=auth, topology=topo, clock=clock, tenants=tenants,
-                      runs_cache_s=cache_s, alerts=alerts, answers=answers, answer_timeout_s=answer_timeout_ms() / 1000)
+                      runs_cache_s=cache_s, alerts=alerts, calendars=calendars, answers=answers,
+                      answer_timeout_s=answer_timeout_ms() / 1000)
 
 
 def answer_timeout_ms() -> int:

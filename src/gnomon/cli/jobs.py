@@ -37,6 +37,8 @@ def create(
     start_at: Annotated[str | None, typer.Option("--start-at", help="no slot before this instant")] = None,
     end_at: Annotated[str | None, typer.Option("--end-at", help="no slot after this instant; then the job is done")] = None,
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="at most N scheduled runs; then the job is done")] = None,
+    exclude_calendar: Annotated[list[str] | None, typer.Option(
+        "--exclude-calendar", help="a calendar of this tenant whose dates the job does not run on; repeatable")] = None,
     cmd: Annotated[str | None, typer.Option("--command", help="shell-free command line, split on spaces")] = None,
     http: Annotated[str | None, typer.Option("--http", help="callback URL to POST to")] = None,
     handler: Annotated[str | None, typer.Option("--handler", help="name of a Python handler in the pool's workers")] = None,
@@ -79,6 +81,8 @@ def create(
     for field, value in (("from", from_), ("startAt", start_at), ("endAt", end_at), ("maxRuns", max_runs)):
         if value is not None:
             body[field] = value
+    if exclude_calendar:
+        body["excludeCalendars"] = exclude_calendar
     if cmd is not None:
         import shlex
 
@@ -108,7 +112,7 @@ def get(job_id: str, json_: JsonOpt = False) -> None:
         print_json(job)
         return
     for k in ("id", "name", "status", "endedBecause", "schedule", "every", "from", "runAt", "timezone", "startAt",
-              "endAt", "maxRuns", "scheduledRuns", "nextRunAt", "priority", "pool", "target"):
+              "endAt", "maxRuns", "scheduledRuns", "excludeCalendars", "nextRunAt", "priority", "pool", "target"):
         if job.get(k) is not None and (k != "scheduledRuns" or job.get("maxRuns") is not None):
             _field(k, job[k])
 
@@ -128,6 +132,8 @@ def fires(job_id: str, count: Annotated[int, typer.Option(min=1, max=100)] = 10,
         _field("done", shown["endedBecause"])
     for fire in shown["fires"]:
         start = f"  starts {fire['start']}" if fire["start"] != fire["slot"] else ""
+        if fire.get("excludedBy"):
+            start = f"  skipped: calendar {fire['excludedBy']}"
         console.print(safe(f"{fire['slot']}  ({fire['local']}){start}"), highlight=False)
     if shown.get("ends"):
         _field("then no more", shown["ends"])

@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from gnomon.cli import alerts, cron, infra, jobs, schedule, services, status, tenants
+from gnomon.cli import alerts, calendars, cron, infra, jobs, schedule, services, status, tenants
 from gnomon.infra.perms import PRIVATE_UMASK
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app.add_typer(jobs.runs_app, name="runs")
 app.add_typer(jobs.dead_app, name="dead-letters")
 app.add_typer(cron.app, name="cron")
 app.add_typer(schedule.app, name="schedule")
+app.add_typer(calendars.app, name="calendars")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(alerts.app, name="alerts")
 app.command()(services.processor)

@@ -3,10 +3,12 @@ own code (cron, interval or one time, with its bounds), before registering a job
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from gnomon.cli.calendars import load_calendar_file
 from gnomon.cli.common import command, console, print_json
 from gnomon.core.clock import SystemClock, iso_to_ms, ms_to_iso
 from gnomon.core.errors import ValidationError
@@ -32,6 +34,8 @@ def next_(
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="at most N runs")] = None,
     after: Annotated[str | None, typer.Option(help="ISO-8601 instant with offset; default now")] = None,
     count: Annotated[int, typer.Option(min=1, max=FIRES_MAX)] = 5,
+    calendar: Annotated[list[Path] | None, typer.Option(
+        "--calendar", help="a calendar file (JSON {timezone, dates}) whose dates are excluded; repeatable")] = None,
     json_: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Print the next COUNT fire times of a schedule (one of --cron, --every, --at), in UTC
@@ -55,14 +59,17 @@ def next_(
             start = iso_to_ms(after)
         except ValueError as exc:
             raise ValidationError("--after", str(exc)) from None
-    shown = preview(schedule, after_ms=start, count=count)
+    cals = tuple(load_calendar_file(path, "--calendar") for path in calendar or [])
+    shown = preview(schedule, after_ms=start, count=count, calendars=cals)
     words = describe_schedule(JobSpec("preview", schedule, Target(TargetType.HANDLER, handler="h")))
     if json_:
         print_json({"schedule": words, "timezone": tz, "next": [ms_to_iso(f.slot_ms) for f in shown.fires],
-                    "local": [f.local(tz) for f in shown.fires], "ends": shown.ends})
+                    "local": [f.local(tz) for f in shown.fires], "ends": shown.ends,
+                    "excluded": [ms_to_iso(f.slot_ms) for f in shown.fires if f.excluded_by]})
         return
     console.print(words, highlight=False)
     for fire in shown.fires:
-        console.print(f"{ms_to_iso(fire.slot_ms)}  ({fire.local(tz)})", highlight=False)
+        skipped = "  skipped: on the calendar" if fire.excluded_by else ""
+        console.print(f"{ms_to_iso(fire.slot_ms)}  ({fire.local(tz)}){skipped}", highlight=False)
     if shown.ends:
         console.print(f"then no more: {shown.ends}", highlight=False)

@@ -14,6 +14,7 @@ from gnomon.codec._convert import Converters
 from gnomon.codec._fastwrite import Writer, compile_writer, write_string
 from gnomon.codec.registry import Registry, SchemaVersion
 from gnomon.core.alerts import AlertConfig
+from gnomon.core.calendars import Calendar
 from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.exports import RunExport
 from gnomon.core.jobs import (
@@ -104,6 +105,7 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("tenants", (TenantLimits,), None),
     ("tenant_usage", (TenantUsage,), None),
     ("alert_configs", (AlertConfig,), None),
+    ("calendars", (Calendar,), None),
 )
 _TOPOLOGY = load_topology()
 # Topics no longer written, whose subjects stay registered (their ids are reserved, and

@@ -7,7 +7,8 @@ reads the run ledger and, for each run state it reads, asks :func:`decide` what 
 
 * ``dead_letter``: the run became FAILED (retries exhausted, in the dead letters); again
   after each replay that fails again (``replays`` is in the key);
-* ``skipped``: the run became SKIPPED (catch-up, paused, overlap, withdrawn...), with
+* ``skipped``: the run became SKIPPED (catch-up, paused, overlap, withdrawn...; not a
+  slot on a date of the job's exclusion calendars, which the user asked for), with
   the reason and the range (``skipped_from_ms``, ``skipped_count``); again after a
   backfill reopened it and it is skipped again (``reopens`` is in the key);
 * ``late``: the run's first attempt started more than the threshold after the run's
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from gnomon.core.calendars import is_calendar_skip
 from gnomon.core.errors import ValidationError
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.core.tenants import check_tenant_name
@@ -185,7 +187,7 @@ def decide(prev: Seen | None, new: RunState, config: AlertConfig | None, now_ms:
             and (prev is None or prev.status is not RunStatus.FAILED or prev.replays != new.replays)):
         out.append(alert(AlertKind.DEAD_LETTER, f"{new.run_id}:dead_letter:{new.replays}",
                          reason=new.reason, error=new.error))
-    if (new.status is RunStatus.SKIPPED and config.wants(AlertKind.SKIPPED)
+    if (new.status is RunStatus.SKIPPED and config.wants(AlertKind.SKIPPED) and not is_calendar_skip(new.reason)
             and (prev is None or prev.status is not RunStatus.SKIPPED or prev.reopens != new.reopens)):
         out.append(alert(AlertKind.SKIPPED, f"{new.run_id}:skipped:{new.reopens}", reason=new.reason,
                          skipped_from_ms=new.skipped_from_ms, skipped_count=new.skipped_count))

@@ -5,11 +5,13 @@ the scheduler's own slot code (``gnomon.core.schedule``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from gnomon.core import schedule as slots
+from gnomon.core.calendars import Calendar, excluded_by
 from gnomon.core.clock import ms_to_iso
 from gnomon.core.model import Schedule, jitter_offset_ms
 
@@ -20,6 +22,7 @@ FIRES_MAX = 1000
 class Fire:
     slot_ms: int
     start_ms: int  # the slot plus the job's jitter
+    excluded_by: str | None = None  # a calendar that holds the slot's date: recorded skipped, not run
 
     def local(self, tz: str) -> str:
         """The slot's wall time in zone ``tz`` with the zone's abbreviation."""
@@ -36,24 +39,43 @@ class Preview:
 
 
 def preview(schedule: Schedule, *, after_ms: int, count: int, job_id: str = "", jitter_s: int = 0,
-            runs_left: int | None = None) -> Preview:
+            runs_left: int | None = None, counted_before_ms: int | None = None,
+            calendars: Sequence[Calendar] = ()) -> Preview:
     """The first ``count`` (at most ``FIRES_MAX``) slots strictly after ``after_ms``. A
-    one-time schedule shows its instant if it is still ahead. ``runs_left``: what the
-    schedule's ``max_runs`` still allows (None: its full ``max_runs``)."""
+    one-time schedule shows its instant if it is still ahead. ``runs_left``: the runs the
+    schedule's ``max_runs`` still allows (None: all of ``max_runs``), for the slots at or
+    after ``counted_before_ms`` (the job's next_run_at: the slots before it were
+    triggered already, the lookahead's included, and are counted). A slot one of
+    ``calendars`` holds is shown with the calendar's name: it will be recorded skipped,
+    and is no run for ``max_runs``."""
     assert 0 < count <= FIRES_MAX, count
-    if runs_left is None:
-        runs_left = schedule.max_runs
-    cap = count if runs_left is None else min(count, runs_left)
-    found = slots.next_n(schedule, after_ms, cap + 1)
-    shown = found[:cap]
-    fires = tuple(Fire(s, s + (jitter_offset_ms(job_id, s, jitter_s) if schedule.run_at_ms is None else 0))
-                  for s in shown)
+    left = schedule.max_runs if runs_left is None else runs_left
+
+    def counted(slot: int) -> bool:
+        return left is not None and (counted_before_ms is None or slot >= counted_before_ms)
+
+    shown: list[int] = []
+    excluded: dict[int, str] = {}
+    slot = slots.next_after(schedule, after_ms)
+    while slot is not None and len(shown) < count:
+        name = excluded_by(calendars, slot) if calendars else None
+        if name is not None:
+            excluded[slot] = name
+        elif counted(slot):
+            assert left is not None
+            if left == 0:
+                break
+            left -= 1
+        shown.append(slot)
+        slot = slots.next_after(schedule, slot)
+    fires = tuple(Fire(s, s + (jitter_offset_ms(job_id, s, jitter_s) if schedule.run_at_ms is None else 0),
+                       excluded.get(s)) for s in shown)
     ends: str | None = None
-    if len(found) <= cap or (runs_left is not None and len(shown) == runs_left):
+    if slot is not None and left == 0 and counted(slot) and not (calendars and excluded_by(calendars, slot)):
+        ends = f"maxRuns: the last run is {ms_to_iso(shown[-1])}" if shown else "maxRuns reached"
+    elif slot is None:
         if not shown:
             ends = "no slot left"
-        elif runs_left is not None and len(shown) == runs_left and len(found) > len(shown):
-            ends = f"maxRuns: the last run is {ms_to_iso(shown[-1])}"
         elif schedule.run_at_ms is not None:
             ends = "one time"
         else:

@@ -10,13 +10,21 @@ state and forwards ``RunTriggered``/``RunSkipped`` to the run processor.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from gnomon.core import schedule as S
+from gnomon.core.calendars import Calendar, calendar_reason, excluded_by
 from gnomon.core.errors import Conflict, JobNotFound, TransitionError, ValidationError
-from gnomon.core.model import CatchUp, JobSpec, Schedule, jitter_offset_ms, manual_run_id, slot_run_id
+from gnomon.core.model import (
+    CatchUp,
+    JobSpec,
+    Schedule,
+    jitter_offset_ms,
+    manual_run_id,
+    slot_run_id,
+)
 from gnomon.core.records import replace
 from gnomon.core.validation import DEFAULT_POOLS, apply_patch, format_duration_s
 
@@ -539,7 +547,8 @@ def late_max_ms(spec: JobSpec, cfg: SchedulerConfig) -> int:
 
 
 def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None,
-                present_since_ms: int | None = None, *, triggers: bool = True) -> list[JobEvent]:
+                present_since_ms: int | None = None, *, triggers: bool = True,
+                calendars: Sequence[Calendar] = ()) -> list[JobEvent]:
     """Triggers for slots due within the lookahead; catch-up for slots already missed.
 
     ``present_since_ms``: since when the deciding processor has ticked this partition
@@ -548,7 +557,10 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
     ``processor.task``): such slots run late, up to the job's ``late_max_ms``, and older
     ones are given up in one range recorded skipped with reason ``overload``. Slots
     before it were missed while no processor ticked: the job's catch-up policy decides.
-    ``triggers`` False (the tick's budget is spent): only the give-up, nothing triggered."""
+    ``triggers`` False (the tick's budget is spent): only the give-up, nothing triggered.
+    ``calendars``: the job's exclusion calendars (``spec.exclude_calendars``, as the
+    processor knows them): a slot one of them holds is recorded skipped, reason
+    ``calendar <name>``, where it would have been triggered (not counted by maxRuns)."""
     cfg = cfg or SchedulerConfig()
     if state.status is not JobStatus.ACTIVE or state.next_run_at_ms is None:
         return []
@@ -561,7 +573,11 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
     spec = state.spec
     left = runs_left(state)
 
-    def trigger(slot: int, advance: int | None, advances: bool) -> RunTriggered:
+    def trigger(slot: int, advance: int | None, advances: bool) -> RunTriggered | RunSkipped:
+        excluded = excluded_by(calendars, slot) if calendars else None
+        if excluded is not None:
+            return RunSkipped(slot_run_id(state.job_id, slot), state.job_id, state.tenant, spec, slot,
+                              calendar_reason(excluded), now_ms, advances=advances, advance_to_ms=advance)
         return RunTriggered(
             run_id=slot_run_id(state.job_id, slot), job_id=state.job_id, tenant=state.tenant, spec=spec,
             slot_ms=slot, not_before_ms=slot + jitter_offset_ms(state.job_id, slot, spec.jitter_s),
@@ -607,7 +623,10 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         reason = f"catch-up policy {spec.catch_up.value}"
         events.extend(_skip_range(state, first, skip_until, reason, now_ms, cfg))
         for s in latest:
-            events.append(trigger(s, None, advances=False))
+            ev = trigger(s, None, advances=False)
+            if isinstance(ev, RunSkipped) and left is not None:
+                left += 1  # (a calendar's skip is no run)
+            events.append(ev)
         last_missed = latest[-1] if latest else skip_until
         slot = _next_slot(spec, last_missed) if left != 0 else None
         # the state must advance past everything decided so far
@@ -617,11 +636,13 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
             events[-1] = replace(final, advances=True, advance_to_ms=slot)
     while slot is not None and slot <= horizon and len(events) < cfg.triggers_per_tick_max:
         nxt = _next_slot(spec, slot)
-        if left is not None:
+        decided = trigger(slot, nxt, advances=True)
+        if left is not None and isinstance(decided, RunTriggered):
             left -= 1
-            if left <= 0:
-                nxt = None  # maxRuns reached with this run: the job ends
-        events.append(trigger(slot, nxt, advances=True))
+            if left <= 0:  # maxRuns reached with this run: the job ends
+                nxt = None
+                decided = replace(decided, advance_to_ms=None)
+        events.append(decided)
         slot = nxt
     return events
 

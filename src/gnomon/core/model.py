@@ -115,6 +115,9 @@ class JobSpec:
     # its time is given up, recorded skipped with reason "overload"
     # (docs/semantics.md); None: the scheduler's misfire grace (60 s by default)
     late_max_s: int | None = None
+    # names of the tenant's calendars (core.calendars) whose dates this job does not run
+    # on: such a slot is recorded skipped, reason "calendar <name>"
+    exclude_calendars: tuple[str, ...] = ()
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:

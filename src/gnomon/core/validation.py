@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from gnomon.core import schedule as slots
+from gnomon.core.calendars import check_name as check_calendar_name
 from gnomon.core.clock import iso_to_ms, ms_to_iso
 from gnomon.core.cron import CronSchedule, load_zone
 from gnomon.core.errors import ValidationError
@@ -44,7 +45,7 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
      "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS",
-     "every", "from", "startAt", "endAt", "maxRuns"}
+     "every", "from", "startAt", "endAt", "maxRuns", "excludeCalendars"}
 )
 # the fields that say when a job runs (what a PATCH of one of them replaces)
 _KIND_FIELDS = {"schedule": ("runAt", "every", "from"), "runAt": ("schedule", "every", "from"),
@@ -214,6 +215,23 @@ def canonical_payload(value: Any, field: str = "payload") -> str:
     return text
 
 
+EXCLUDE_CALENDARS_MAX = 10
+
+
+def parse_exclude_calendars(data: Any, field: str = "excludeCalendars") -> tuple[str, ...]:
+    """Names of the tenant's calendars a job does not run on (whether they exist is the
+    processor's to check, against the calendars it has read)."""
+    if data is None:
+        return ()
+    if not isinstance(data, list | tuple) or len(data) > EXCLUDE_CALENDARS_MAX:
+        raise ValidationError(field, f"must be a list of at most {EXCLUDE_CALENDARS_MAX} calendar names")
+    for i, name in enumerate(data):
+        check_calendar_name(name, f"{field}[{i}]")
+    if len(set(data)) != len(data):
+        raise ValidationError(field, "names a calendar twice")
+    return tuple(data)
+
+
 def parse_duration_s(value: Any, field: str) -> int:
     """``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` -> whole seconds, from EVERY_MIN_S to
     EVERY_MAX_S (days, hours, minutes, seconds, in that order, each at most once)."""
@@ -381,6 +399,7 @@ def parse_job_spec(
         overlap=_enum(data.get("overlap", "allow"), "overlap", OverlapPolicy),
         alert_late_s=check_late_s(data.get("alertLateS"), "alertLateS"),
         late_max_s=check_late_max_s(data.get("lateMaxS")),
+        exclude_calendars=parse_exclude_calendars(data.get("excludeCalendars")),
     )
 
 
@@ -428,6 +447,8 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     out["overlap"] = spec.overlap.value
     out["alertLateS"] = spec.alert_late_s
     out["lateMaxS"] = spec.late_max_s
+    if spec.exclude_calendars:
+        out["excludeCalendars"] = list(spec.exclude_calendars)
     return out
 
 

@@ -27,10 +27,10 @@ TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
 
 # role -> topics (Topology attribute names) it consumes / produces to.
 TOPIC_READS: Mapping[str, tuple[str, ...]] = {
-    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants"),
+    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants", "calendars"),
     # limits and usage, for admission pre-checks (feeds/tenants.py); the results of the
     # job commands it (or a service producing as it: gnomon.events) wrote
-    "api": ("tenants", "tenant_usage", "command_results", "alert_configs"),
+    "api": ("tenants", "tenant_usage", "command_results", "alert_configs", "calendars"),
     "worker": ("worker_inbox",),
     "projector": ("jobs", "runs", "run_logs"),
     # the run-exports sinks (JSON lines, JDBC)
@@ -41,7 +41,7 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands; run commands (cancel, replay); tenant limits (admin endpoints, api/tenants.py)
     # alert configs: PUT /v1/alerts (api/alerts.py)
-    "api": ("job_commands", "run_events", "tenants", "alert_configs"),
+    "api": ("job_commands", "run_events", "tenants", "alert_configs", "calendars"),
     "processor": ("run_events", "jobs", "runs", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results"),
     "worker": ("run_events", "run_logs", "workers"),

@@ -26,6 +26,7 @@ from typing import Literal
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
+from gnomon.core.calendars import CalendarBook
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.command_auth import CommandKey, Keyring, Unauthenticated, verify
 from gnomon.core.errors import EventLogError, GnomonError, InfraError, StateStoreError
@@ -70,6 +71,8 @@ MEMBERSHIP_CHECK_TIMEOUT_S = 5.0  # a stop's check that the group still counts i
 # the overload governor hears no start lags for this long after a gap in this processor's
 # work (a recovery, an assignment, ticks further apart than OVERLOAD_GAP_MS): core.overload
 OVERLOAD_QUIET_MS = 60_000
+CALENDARS_CATCH_UP_EVERY_S = 0.5  # at most this often a command naming an unknown calendar re-reads them
+CALENDARS_CATCH_UP_TIMEOUT_S = 2.0
 OVERLOAD_GAP_MS = 5_000
 
 
@@ -172,6 +175,8 @@ class Processor:
         self.tenants = TenantBook()
         self.quota = QuotaBook(self.tenants, self.topo.partitions)
         self.tenant_feed: TenantFeed | None = None
+        self.calendars = CalendarBook()  # the tenants' exclusion calendars (gnomon.calendars)
+        self._calendars_caught_up_s = float("-inf")
         self.usage = UsagePublisher(self.topo, self.quota)
         self.history: HistoryWatermark | None = None
         self.standbys: StandbySet | None = None
@@ -180,6 +185,20 @@ class Processor:
         if cfg.standbys:
             self.standbys = StandbySet(self.log, (self.topo.jobs, self.topo.runs), lambda p: self._open_store(p),
                                        self.clock, max_age_ms=cfg.checkpoint_max_age_ms, monotonic=monotonic)
+
+    def _calendars_catch_up(self) -> None:
+        """Read the tenant feed (calendars included) up to the topics' end offsets as of
+        now, at most once per ``CALENDARS_CATCH_UP_EVERY_S``: a command naming a calendar
+        this processor has not read yet was maybe sent right after the calendar's PUT
+        (acknowledged by Kafka, so before the end offsets read here)."""
+        now_s = time.monotonic()
+        if self.tenant_feed is None or now_s - self._calendars_caught_up_s < CALENDARS_CATCH_UP_EVERY_S:
+            return
+        self._calendars_caught_up_s = now_s
+        try:
+            self.tenant_feed.load(CALENDARS_CATCH_UP_TIMEOUT_S)
+        except EventLogError as exc:
+            log.warning("could not read the calendars to their end: %s", exc)
 
     def _new_producer(self) -> TransactionalProducer:
         return self.log.transactional_producer(
@@ -200,7 +219,7 @@ class Processor:
         self.adverts = AdvertFeed(self.log, self.topo.workers, self.directory, self.clock)
         self.history = HistoryWatermark(self.log, self.topo.runs, self.clock)
         self.tenant_feed = TenantFeed(self.cfg.bootstrap, self.topo, self.tenants, None, self.clock, role=ROLE,
-                                      log=self.log)
+                                      log=self.log, calendars=self.calendars)
         self.tenant_feed.load(30)
         self.adverts.poll()
         self.consumer.subscribe(self.inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -394,7 +413,8 @@ class Processor:
             ckpt = None
             kv = self.stores.open(partition, fresh=True)
         task = PartitionTask(partition, kv, self.topo, self.cfg.sched, self.cfg.runs,
-                             directory=self.directory, quota=self.quota)
+                             directory=self.directory, quota=self.quota, calendars=self.calendars,
+                             calendars_catch_up=self._calendars_catch_up)
         task.on_progress = self._progressed  # a long restore is progress (liveness)
         if ckpt is None:
             return task, None, None

@@ -58,6 +58,7 @@ from gnomon.core import admission as A
 from gnomon.core import jobs as J
 from gnomon.core import quota as Q
 from gnomon.core import runs as R
+from gnomon.core.calendars import CalendarBook
 from gnomon.core.command_auth import CommandKey, Unauthenticated
 from gnomon.core.command_auth import require as require_signature
 from gnomon.core.command_checks import check_command
@@ -264,8 +265,14 @@ class PartitionTask:
         due_max: int = 5000,
         directory: WorkerDirectory | None = None,
         quota: Q.QuotaBook | None = None,
+        calendars: CalendarBook | None = None,
+        calendars_catch_up: Callable[[], object] | None = None,
     ) -> None:
         self.partition = partition
+        self.calendars = calendars  # the tenants' exclusion calendars (core.calendars), None: none checked
+        # reads the calendars topic up to its end (the runtime's feed; rate-limited there):
+        # a calendar PUT just before the job that names it is not refused for a feed's lag
+        self.calendars_catch_up = calendars_catch_up
         self.kv: KeyValueStore = kv
         self._journal = JournalKV(kv)  # ``kv`` while a savepoint is open: its writes can be taken back
         self._quota_undo: list[tuple[bytes, int]] | None = None  # counts moved under a savepoint
@@ -744,6 +751,7 @@ class PartitionTask:
         state = self.job(cmd.job_id)
         # a patch is validated against the pools of this topology, like the API does
         events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
+        self._check_calendars(cmd.tenant, events)
         new_triggers = self._admit(cmd, state, events, now_ms)
         out = self._apply_job_events(cmd.job_id, state, events, now_ms, preflight=isinstance(cmd, J.BackfillJob))
         if new_triggers and self.quota is not None:
@@ -752,6 +760,20 @@ class PartitionTask:
             if isinstance(cmd, J.BackfillJob):
                 self.quota.backfill_accepted(self.partition, cmd.tenant, new_triggers, now_ms)
         return out
+
+    def _check_calendars(self, tenant: str, events: list[J.JobEvent]) -> None:
+        """A job may name only calendars its tenant has (ValidationError naming the first
+        missing one, before anything is written)."""
+        if self.calendars is None:
+            return
+        for ev in events:
+            if isinstance(ev, J.JobRegistered | J.JobUpdated) and ev.spec.exclude_calendars:
+                for i, name in enumerate(ev.spec.exclude_calendars):
+                    if self.calendars.get(tenant, name) is None and self.calendars_catch_up is not None:
+                        self.calendars_catch_up()
+                    if self.calendars.get(tenant, name) is None:
+                        raise ValidationError(f"excludeCalendars[{i}]", f"tenant {tenant!r} has no calendar {name!r} "
+                                                                        "(PUT /v1/calendars/{name} first)")
 
     def _admit(self, cmd: J.JobCommand, state: J.JobState | None, events: list[J.JobEvent], now_ms: int) -> int:
         """Refuse (LimitExceeded) a command over its tenant's limits, before anything is
@@ -1236,7 +1258,9 @@ class PartitionTask:
         state = self.job(job_id)
         if state is None:
             return []
-        events = J.decide_tick(state, now_ms, cfg, present_since_ms, triggers=trigger)
+        cals = (self.calendars.for_job(state.tenant, state.spec.exclude_calendars)
+                if self.calendars is not None and state.spec.exclude_calendars else ())
+        events = J.decide_tick(state, now_ms, cfg, present_since_ms, triggers=trigger, calendars=cals)
         out = self._apply_job_events(job_id, state, events, now_ms)
         self.stats.overload_given_up += sum(ev.count for ev in events
                                             if isinstance(ev, J.RunSkipped) and ev.reason == J.OVERLOAD_REASON)

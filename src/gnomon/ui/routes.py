@@ -280,9 +280,16 @@ def install(app: FastAPI, clock: Clock) -> None:
         page = await read(session, "/v1/dead-letters", "dead letters", **params)
         return render("dead_letters.html", session, runs=page["items"], cursor=page["cursor"])
 
+    @app.get(PREFIX + "/calendars", include_in_schema=False)
+    async def ui_calendars(request: Request) -> HTMLResponse:
+        session = signed_in(request)
+        page = await read(session, "/v1/calendars", "calendars")
+        return render("calendars.html", session, calendars=page["items"])
+
     # ---- the JSON API for the pages' scripts -------------------------------------------
 
-    @app.api_route(PREFIX + "/api/v1/{rest:path}", methods=["GET", "POST", "PATCH", "DELETE"], include_in_schema=False)
+    @app.api_route(PREFIX + "/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                   include_in_schema=False)
     async def ui_api(rest: str, request: Request) -> Response:
         """``/ui/api/v1/X`` is ``/v1/X`` with the cookie's token; it needs the CSRF token."""
         session = session_of(request)

@@ -53,6 +53,21 @@ async function waitForJobStatus(jobPath, status, timeoutMs = 15000) {
   }
 }
 
+// ---- calendar rows: <button data-delete-calendar="NAME">
+document.addEventListener("click", async (event) => {
+  const button = event.target.closest("button[data-delete-calendar]");
+  if (!button) return;
+  event.preventDefault();
+  button.disabled = true;
+  try {
+    await api("DELETE", `/v1/calendars/${encodeURIComponent(button.dataset.deleteCalendar)}`);
+    location.reload();
+  } catch (e) {
+    flash(e.message, true);
+    button.disabled = false;
+  }
+});
+
 // ---- buttons: <button data-post="/v1/..." [data-trigger] data-done="...">
 document.addEventListener("click", async (event) => {
   const button = event.target.closest("button[data-post]");
@@ -135,6 +150,18 @@ document.addEventListener("submit", async (event) => {
       if (e.status === 409) form.dataset.key = randomKey();
     } finally {
       button.disabled = false;
+    }
+  } else if (form.matches("form[data-put-calendar]")) {
+    event.preventDefault();
+    const f = new FormData(form);
+    const name = (f.get("name") || "").toString().trim();
+    const dates = (f.get("dates") || "").toString().split("\n").map((d) => d.trim()).filter((d) => d !== "")
+      .map((d) => (d.includes("..") ? { from: d.split("..")[0].trim(), to: d.split("..")[1].trim() } : d));
+    try {
+      await api("PUT", `/v1/calendars/${encodeURIComponent(name)}`, { timezone: (f.get("timezone") || "UTC").toString().trim(), dates });
+      location.reload();
+    } catch (e) {
+      flash(e.message, true);
     }
   } else if (form.matches("form[data-backfill]")) {
     event.preventDefault();
