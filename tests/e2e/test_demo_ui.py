@@ -1,8 +1,9 @@
 """The newcomer path (issue 23): the demo started as ``make run`` starts it
-(``python -m gnomon.demo.run``: ``gnomon dev`` and its four jobs), then every page of the
+(``python -m gnomon.demo.run``: ``gnomon dev`` and its five jobs), then every page of the
 web UI over the demo's own jobs in Chromium, signed in with the dev token the demo prints:
 the jobs list, the page of each job (a command, a one-time handler job, an HTTP callback,
-a job that fails), a run with its log, the dead letters. Any answer of 500 or more, any
+a job that fails, an interval with maxRuns), a run with its log, the dead letters, the
+calendars. Any answer of 500 or more, any
 script error and any console error fails the test. A run granted to a worker ahead of
 its slot shows "staged", not "running".
 
@@ -71,9 +72,10 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         def registered() -> bool:
             if proc.poll() is not None:
                 pytest.fail("the demo exited:\n" + out.read_text(errors="replace")[-3000:])
-            found = re.search(r"registered 4 demo jobs: (\S+), (\S+), (\S+), (\S+)", out.read_text(errors="replace"))
+            found = re.search(r"registered 5 demo jobs: (\S+), (\S+), (\S+), (\S+), (\S+)",
+                              out.read_text(errors="replace"))
             if found:
-                names = ("command", "one-time", "http", "fails")
+                names = ("command", "one-time", "http", "fails", "interval")
                 ids.update(zip(names, found.groups(), strict=True))
             return bool(found)
 
@@ -92,7 +94,7 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         print(f"\ndemo stopped {stopped_s:.1f} s after Ctrl-C; its output in {out}; "
               f"`gnomon dev` logs in {load().state_dir / 'logs'}")
         said = out.read_text(errors="replace")
-        if ids and "deleted the 4 demo jobs" not in said:
+        if ids and "deleted the 5 demo jobs" not in said:
             pytest.fail("Ctrl-C did not delete the demo's jobs:\n" + said[-1500:])
 
 
@@ -148,6 +150,14 @@ def test_every_ui_page_over_the_demos_own_jobs(demo: tuple[str, dict[str, str]])
             wait_for(lambda: "tick" in tab.open(f"/ui/runs/{done['id']}"), 30, "the run's log lines on its page")
             dead = tab.open("/ui/dead-letters")
             assert ids["fails"] in dead, "the failing job's dead letter is not listed"
+            # the interval job's page: its schedule in words and its bounded fire times
+            tab.open(f"/ui/jobs/{ids['interval']}")
+            words = str(tab.page.locator("#schedule-words").inner_text())
+            assert "every 20s" in words and "at most 6 runs" in words, words
+            fires = tab.page.locator("#fires tbody tr").count()
+            assert 1 <= fires <= 6, fires
+            cal = tab.open("/ui/calendars")
+            assert "Calendars" in cal
             assert tab.errors == [], tab.errors
         finally:
             browser.close()
