@@ -673,12 +673,11 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
     if isinstance(event, JobDeleted):
         return None
     if isinstance(event, RunTriggered | RunSkipped):
-        if isinstance(event, RunTriggered) and not event.manual and not event.backfill:
-            state = replace(state, scheduled_runs=state.scheduled_runs + 1)
+        counted = state.scheduled_runs + (isinstance(event, RunTriggered) and not event.manual and not event.backfill)
         if not event.advances:
-            return state
+            return state if counted == state.scheduled_runs else replace(state, scheduled_runs=counted)
         nxt = event.advance_to_ms
         status = state.status if nxt is not None else JobStatus.DONE
-        return replace(state, next_run_at_ms=nxt, status=status)
+        return replace(state, next_run_at_ms=nxt, status=status, scheduled_runs=counted)
     raise AssertionError(f"unknown event {event!r}")
 
