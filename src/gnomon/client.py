@@ -95,6 +95,20 @@ class Client:
             return self._answer_of(resp.headers["location"], resp.json(), method, path)
         return resp.json() if resp.content else None
 
+    def _accepted_job(self, job_id: str, deadline: float) -> Any:
+        """The job the scheduler accepted, once history shows it (the projector may lag
+        the processor's answer by a moment: a 404 then means "not yet", until the
+        deadline; after it, the id and that the write was accepted)."""
+        while True:
+            try:
+                return self._call("GET", f"/v1/jobs/{quote(job_id)}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            if time.monotonic() >= deadline:
+                return {"id": job_id, "accepted": "register"}
+            time.sleep(ANSWER_POLL_S)
+
     def _answer_of(self, location: str, pending: dict[str, Any], method: str, path: str) -> Any:
         """Poll the scheduler's answer to a write answered 202: the write's own answer
         once accepted (a create reads the job), ``ApiError`` if refused, ``ApiPending``
@@ -104,7 +118,7 @@ class Client:
             answer = self._call("GET", location)
             if answer.get("status") == "accepted":
                 if method == "POST" and path == "/v1/jobs":
-                    return self._call("GET", f"/v1/jobs/{quote(answer['jobId'])}")
+                    return self._accepted_job(str(answer["jobId"]), deadline)
                 if "accepted" in pending:  # the 202 carried the write's own answer (a backfill's plan)
                     return {k: v for k, v in pending.items() if k not in _PENDING_KEYS}
                 return {"id": answer.get("jobId"), "version": answer.get("version")}

@@ -535,6 +535,28 @@ def test_the_sdk_waits_out_a_202_for_the_schedulers_answer(sdk: Any, monkeypatch
     assert refused.value.status == 409
 
 
+def test_the_sdk_waits_for_history_to_show_a_job_accepted_after_a_202(
+        sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accepted after a 202, the job is read from history, which may lag the processor's
+    answer: a 404 then means "not yet" (found once the projector wrote it)."""
+    import gnomon.client as client_mod
+
+    c, producer, _ = sdk
+    producer.hold()
+    original, misses = c._call, []
+
+    def lagging(method: str, path: str, **kw: Any) -> Any:
+        if method == "GET" and path.startswith("/v1/jobs/") and len(misses) < 2:
+            misses.append(path)
+            raise ApiError(404, {"detail": "no job"})
+        return original(method, path, **kw)
+
+    monkeypatch.setattr(c, "_call", lagging)
+    monkeypatch.setattr(client_mod.time, "sleep", lambda s: producer.release())
+    job = c.create_job(body(), idempotency_key="lag-1")
+    assert len(misses) == 2 and job["id"] == producer.sent[0][1] and job["version"] == 1
+
+
 def test_a_backfill_is_the_processors_decision_and_the_sdk_returns_its_plan(
         sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Accepted: 200 with the plan; the processor away: 202 with the plan and a Location,

@@ -76,6 +76,11 @@ def put(
             first, sep, last = d.partition("..")
             items.append({"from": first, "to": last} if sep else d)
         body = {"timezone": tz, "dates": items}
+    try:  # the API's rules, here first: a mistake names its argument at once
+        parse_calendar("cli", name, body, 0)
+    except ValidationError as exc:
+        arg = {"name": "NAME", "timezone": "--tz"}.get(exc.field, "DATES" if exc.field.startswith("dates") else exc.field)
+        raise ValidationError(arg, f"{exc.field}: {exc.message}" if arg == "DATES" else exc.message) from None
     view = Client().put_calendar(name, body)
     if json_:
         print_json(view)

@@ -451,6 +451,8 @@ def describe_schedule(spec: JobSpec) -> str:
         text += f", not after {ms_to_iso(sched.end_at_ms)}"
     if sched.max_runs is not None:
         text += f", at most {sched.max_runs} runs"
+    if spec.exclude_calendars:
+        text += f", not on the dates of {', '.join(spec.exclude_calendars)}"
     return text
 
 
