@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,11 @@ MEMBERSHIP_CHECK_TIMEOUT_S = 5.0  # a stop's check that the group still counts i
 # the overload governor hears no start lags for this long after a gap in this processor's
 # work (a recovery, an assignment, ticks further apart than OVERLOAD_GAP_MS): core.overload
 OVERLOAD_QUIET_MS = 60_000
-CALENDARS_CATCH_UP_EVERY_S = 0.5  # at most this often a command naming an unknown calendar re-reads them
+# a command naming a calendar this processor has not read re-reads the calendars to their
+# end, unless a read that began after the command was made has done so (clocks of the
+# API and the processor may differ by up to the skew); at most this many reads a second
+CALENDARS_CATCH_UPS_PER_S_MAX = 10
+CALENDARS_CLOCK_SKEW_MS = 1_000
 CALENDARS_CATCH_UP_TIMEOUT_S = 2.0
 OVERLOAD_GAP_MS = 5_000
 
@@ -176,7 +181,8 @@ class Processor:
         self.quota = QuotaBook(self.tenants, self.topo.partitions)
         self.tenant_feed: TenantFeed | None = None
         self.calendars = CalendarBook()  # the tenants' exclusion calendars (gnomon.calendars)
-        self._calendars_caught_up_s = float("-inf")
+        self._calendars_read_from_ms: int | None = None  # when the last read to the end began
+        self._calendars_reads: deque[float] = deque()  # monotonic starts of the reads of the last second
         self.usage = UsagePublisher(self.topo, self.quota)
         self.history: HistoryWatermark | None = None
         self.standbys: StandbySet | None = None
@@ -186,19 +192,31 @@ class Processor:
             self.standbys = StandbySet(self.log, (self.topo.jobs, self.topo.runs), lambda p: self._open_store(p),
                                        self.clock, max_age_ms=cfg.checkpoint_max_age_ms, monotonic=monotonic)
 
-    def _calendars_catch_up(self) -> None:
+    def _calendars_catch_up(self, made_at_ms: int) -> None:
         """Read the tenant feed (calendars included) up to the topics' end offsets as of
-        now, at most once per ``CALENDARS_CATCH_UP_EVERY_S``: a command naming a calendar
-        this processor has not read yet was maybe sent right after the calendar's PUT
-        (acknowledged by Kafka, so before the end offsets read here)."""
-        now_s = time.monotonic()
-        if self.tenant_feed is None or now_s - self._calendars_caught_up_s < CALENDARS_CATCH_UP_EVERY_S:
+        now, for a command made at ``made_at_ms`` that names a calendar this processor has
+        not read: it may have been sent right after the calendar's PUT (acknowledged by
+        Kafka, so below the end offsets read here). Not again if a read that began after
+        the command was made has done it; at most ``CALENDARS_CATCH_UPS_PER_S_MAX`` a
+        second (a producer naming unknown calendars cannot stall the loop)."""
+        if self.tenant_feed is None:
             return
-        self._calendars_caught_up_s = now_s
+        began = self._calendars_read_from_ms
+        if began is not None and began > made_at_ms + CALENDARS_CLOCK_SKEW_MS:
+            return
+        now_s = time.monotonic()
+        while self._calendars_reads and now_s - self._calendars_reads[0] > 1.0:
+            self._calendars_reads.popleft()
+        if len(self._calendars_reads) >= CALENDARS_CATCH_UPS_PER_S_MAX:
+            return
+        self._calendars_reads.append(now_s)
+        start_ms = self.clock.now_ms()
         try:
             self.tenant_feed.load(CALENDARS_CATCH_UP_TIMEOUT_S)
         except EventLogError as exc:
             log.warning("could not read the calendars to their end: %s", exc)
+            return
+        self._calendars_read_from_ms = start_ms
 
     def _new_producer(self) -> TransactionalProducer:
         return self.log.transactional_producer(

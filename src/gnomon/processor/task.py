@@ -266,7 +266,7 @@ class PartitionTask:
         directory: WorkerDirectory | None = None,
         quota: Q.QuotaBook | None = None,
         calendars: CalendarBook | None = None,
-        calendars_catch_up: Callable[[], object] | None = None,
+        calendars_catch_up: Callable[[int], object] | None = None,
     ) -> None:
         self.partition = partition
         self.calendars = calendars  # the tenants' exclusion calendars (core.calendars), None: none checked
@@ -751,7 +751,7 @@ class PartitionTask:
         state = self.job(cmd.job_id)
         # a patch is validated against the pools of this topology, like the API does
         events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
-        self._check_calendars(cmd.tenant, events)
+        self._check_calendars(cmd.tenant, events, cmd.at_ms)
         new_triggers = self._admit(cmd, state, events, now_ms)
         out = self._apply_job_events(cmd.job_id, state, events, now_ms, preflight=isinstance(cmd, J.BackfillJob))
         if new_triggers and self.quota is not None:
@@ -761,7 +761,7 @@ class PartitionTask:
                 self.quota.backfill_accepted(self.partition, cmd.tenant, new_triggers, now_ms)
         return out
 
-    def _check_calendars(self, tenant: str, events: list[J.JobEvent]) -> None:
+    def _check_calendars(self, tenant: str, events: list[J.JobEvent], made_at_ms: int) -> None:
         """A job may name only calendars its tenant has (ValidationError naming the first
         missing one, before anything is written)."""
         if self.calendars is None:
@@ -770,7 +770,7 @@ class PartitionTask:
             if isinstance(ev, J.JobRegistered | J.JobUpdated) and ev.spec.exclude_calendars:
                 for i, name in enumerate(ev.spec.exclude_calendars):
                     if self.calendars.get(tenant, name) is None and self.calendars_catch_up is not None:
-                        self.calendars_catch_up()
+                        self.calendars_catch_up(made_at_ms)
                     if self.calendars.get(tenant, name) is None:
                         raise ValidationError(f"excludeCalendars[{i}]", f"tenant {tenant!r} has no calendar {name!r} "
                                                                         "(PUT /v1/calendars/{name} first)")
