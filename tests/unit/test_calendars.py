@@ -125,3 +125,18 @@ def test_a_backfill_leaves_the_excluded_slots_out() -> None:
                                           lambda s: excluded_by((cal,), s) is not None)
     assert send == [iso_to_ms("2026-12-24T09:00:00Z"), iso_to_ms("2026-12-26T09:00:00Z")]
     assert skip == ["j@2026-12-25T09:00:00Z"] and left == [] and len(ids) == 2
+
+
+def test_a_command_naming_an_unknown_calendar_reads_them_unless_a_later_read_did() -> None:
+    from gnomon.processor.catch_up import CatchUpGate
+
+    gate = CatchUpGate(skew_ms=1_000, reads_per_s_max=3)
+    assert gate.should_read(made_at_ms=10_000, now_s=0.0)  # nothing read yet
+    gate.read_done(began_ms=10_100)
+    # a command made just after (the PUT came in between): the read may have missed it
+    assert gate.should_read(made_at_ms=10_200, now_s=0.1)
+    gate.read_done(began_ms=12_000)
+    assert not gate.should_read(made_at_ms=10_500, now_s=0.2)  # began 1.5 s after it was made: covered
+    assert gate.should_read(made_at_ms=11_500, now_s=0.3)  # within the clock skew: read again
+    assert not gate.should_read(made_at_ms=20_000, now_s=0.4)  # the fourth read in a second: no
+    assert gate.should_read(made_at_ms=20_000, now_s=1.5)  # a second later: yes

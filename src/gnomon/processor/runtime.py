@@ -18,7 +18,6 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ from gnomon.feeds.tenants import TenantFeed
 from gnomon.metrics.processor import ProcessorMetrics
 from gnomon.processor.adverts import AdvertFeed
 from gnomon.processor.attempts import RecordAttempts
+from gnomon.processor.catch_up import CatchUpGate
 from gnomon.processor.history_mark import HistoryWatermark
 from gnomon.processor.output import Output
 from gnomon.processor.standby import StandbySet
@@ -181,8 +181,8 @@ class Processor:
         self.quota = QuotaBook(self.tenants, self.topo.partitions)
         self.tenant_feed: TenantFeed | None = None
         self.calendars = CalendarBook()  # the tenants' exclusion calendars (gnomon.calendars)
-        self._calendars_read_from_ms: int | None = None  # when the last read to the end began
-        self._calendars_reads: deque[float] = deque()  # monotonic starts of the reads of the last second
+        self._calendars_gate = CatchUpGate(skew_ms=CALENDARS_CLOCK_SKEW_MS,
+                                           reads_per_s_max=CALENDARS_CATCH_UPS_PER_S_MAX)
         self.usage = UsagePublisher(self.topo, self.quota)
         self.history: HistoryWatermark | None = None
         self.standbys: StandbySet | None = None
@@ -199,24 +199,15 @@ class Processor:
         Kafka, so below the end offsets read here). Not again if a read that began after
         the command was made has done it; at most ``CALENDARS_CATCH_UPS_PER_S_MAX`` a
         second (a producer naming unknown calendars cannot stall the loop)."""
-        if self.tenant_feed is None:
+        if self.tenant_feed is None or not self._calendars_gate.should_read(made_at_ms, time.monotonic()):
             return
-        began = self._calendars_read_from_ms
-        if began is not None and began > made_at_ms + CALENDARS_CLOCK_SKEW_MS:
-            return
-        now_s = time.monotonic()
-        while self._calendars_reads and now_s - self._calendars_reads[0] > 1.0:
-            self._calendars_reads.popleft()
-        if len(self._calendars_reads) >= CALENDARS_CATCH_UPS_PER_S_MAX:
-            return
-        self._calendars_reads.append(now_s)
         start_ms = self.clock.now_ms()
         try:
             self.tenant_feed.load(CALENDARS_CATCH_UP_TIMEOUT_S)
         except EventLogError as exc:
             log.warning("could not read the calendars to their end: %s", exc)
             return
-        self._calendars_read_from_ms = start_ms
+        self._calendars_gate.read_done(start_ms)
 
     def _new_producer(self) -> TransactionalProducer:
         return self.log.transactional_producer(
