@@ -168,6 +168,18 @@ def _never_due() -> str:
 NEVER_DUE = _never_due()
 
 
+def job_runs(stack: Stack, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+    """The job's runs, newest first; none while history has not seen the job yet (404)."""
+    from gnomon.client import ApiError
+
+    try:
+        return list(stack.client.list_runs(job_id, limit=limit)["items"])
+    except ApiError as exc:
+        if exc.status == 404:
+            return []
+        raise
+
+
 def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.25) -> Any:
     deadline = time.monotonic() + timeout_s
     last: Any = None

@@ -14,9 +14,8 @@ import time
 from typing import Any
 
 import pytest
-from harness import Stack, wait_for
+from harness import Stack, job_runs, wait_for
 
-from gnomon.client import ApiError
 from gnomon.core.clock import iso_to_ms, ms_to_iso
 from gnomon.core.jobs import slots_between
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType, slot_run_id
@@ -26,13 +25,9 @@ pytestmark = pytest.mark.integration
 CRON = "*/3 * * * * *"
 
 
+
 def runs(stack: Stack, job_id: str) -> list[dict[str, Any]]:
-    try:
-        return list(stack.client.list_runs(job_id, limit=200)["items"])
-    except ApiError as exc:
-        if exc.status == 404:  # history has not seen the job yet
-            return []
-        raise
+    return job_runs(stack, job_id, limit=200)
 
 
 def test_backfill_reopens_skipped_slots_and_never_doubles_a_run(stack: Stack) -> None:

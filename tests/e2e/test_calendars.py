@@ -11,20 +11,16 @@ import time
 from typing import Any
 
 import pytest
-from harness import Stack, wait_for
+from harness import Stack, job_runs, wait_for
 
 from gnomon.client import ApiError
 
 pytestmark = pytest.mark.integration
 
 
+
 def runs(stack: Stack, job_id: str) -> list[dict[str, Any]]:
-    try:
-        return list(stack.client.list_runs(job_id, limit=50)["items"])
-    except ApiError as exc:
-        if exc.status == 404:
-            return []
-        raise
+    return job_runs(stack, job_id, limit=50)
 
 
 def test_a_calendar_excluding_today_records_the_slots_skipped_with_the_reason(stack: Stack) -> None:

@@ -10,21 +10,16 @@ import time
 from typing import Any
 
 import pytest
-from harness import Stack, wait_for
+from harness import Stack, job_runs, wait_for
 
-from gnomon.client import ApiError
 from gnomon.core.clock import iso_to_ms, ms_to_iso
 
 pytestmark = pytest.mark.integration
 
 
+
 def runs(stack: Stack, job_id: str) -> list[dict[str, Any]]:
-    try:
-        return list(stack.client.list_runs(job_id, limit=50)["items"])
-    except ApiError as exc:
-        if exc.status == 404:  # history has not seen the job yet
-            return []
-        raise
+    return job_runs(stack, job_id, limit=50)
 
 
 def test_an_interval_with_max_runs_runs_that_many_slots_then_is_done(stack: Stack) -> None:

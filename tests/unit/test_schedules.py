@@ -232,6 +232,12 @@ def test_the_preview_shows_jitter_bounds_and_the_end() -> None:
     once = state_of(spec_of(runAt="2026-05-01T09:00:00Z", timezone="Europe/London"))
     assert [f["local"] for f in fires_view(once, T0, 10)["fires"]] == ["2026-05-01 10:00:00 BST"]
     assert fires_view(once, iso_to_ms("2026-06-01T00:00:00Z"), 10)["fires"] == []
+    # triggered in the lookahead, before its instant: done, and the preview says why (not "maxRuns")
+    (ahead,) = J.decide_tick(once, iso_to_ms("2026-05-01T08:59:50Z"))
+    done = J.evolve(once, ahead)
+    assert done is not None and done.status is J.JobStatus.DONE
+    shown = fires_view(done, iso_to_ms("2026-05-01T08:59:55Z"), 10)
+    assert shown["fires"] == [] and shown["ends"] == shown["endedBecause"] == "its one-time slot was triggered"
 
 
 # ---- property: every bounded slot exactly once -------------------------------------------

@@ -11,8 +11,8 @@ from typing import Any
 
 from gnomon.core.calendars import Calendar
 from gnomon.core.clock import ms_to_iso
-from gnomon.core.fires import preview
-from gnomon.core.jobs import JobState, JobStatus, describe_schedule, ended_because, runs_left
+from gnomon.core.fires import Preview, preview
+from gnomon.core.jobs import JobState, describe_schedule, ended_because, runs_left
 from gnomon.core.messages import LogLine
 from gnomon.core.runs import RunState
 from gnomon.core.validation import job_spec_to_json
@@ -45,8 +45,9 @@ FIRES_SHOWN = 10
 def fires_view(state: JobState, after_ms: int, count: int, calendars: Sequence[Calendar] = ()) -> dict[str, Any]:
     """``GET /v1/jobs/{id}/fires``: the job's next ``count`` slots after ``after_ms``."""
     spec = state.spec
-    if state.status is JobStatus.DONE:
-        shown = preview(spec.schedule, after_ms=after_ms, count=1, runs_left=0)
+    ended = ended_because(state)
+    if ended is not None:  # done: no slot follows, and endedBecause says why (not a preview's guess)
+        shown = Preview((), ended)
     else:
         shown = preview(spec.schedule, after_ms=after_ms, count=count, job_id=state.job_id,
                         jitter_s=spec.jitter_s, runs_left=runs_left(state), counted_before_ms=state.next_run_at_ms,
@@ -60,7 +61,7 @@ def fires_view(state: JobState, after_ms: int, count: int, calendars: Sequence[C
         "fires": [{"slot": ms_to_iso(f.slot_ms), "start": ms_to_iso(f.start_ms), "local": f.local(spec.schedule.tz),
                    "excludedBy": f.excluded_by} for f in shown.fires],
         "ends": shown.ends,
-        "endedBecause": ended_because(state),
+        "endedBecause": ended,
     }
 
 

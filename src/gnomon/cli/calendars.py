@@ -20,9 +20,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")
 CALENDAR_FILE_MAX_BYTES = 256 * 1024
 
 
-def read_calendar_file(path: Path, option: str = "--file") -> dict[str, Any]:
+def read_calendar_file(path: Path, option: str = "--file") -> tuple[dict[str, Any], Calendar]:
     """A calendar file: JSON ``{"timezone": ..., "dates": [...]}`` (the PUT body), checked
-    here so that a mistake names the option and the field."""
+    here so that a mistake names the option and the field; the body and the calendar."""
     try:
         text = path.read_bytes()[:CALENDAR_FILE_MAX_BYTES + 1]
     except OSError as exc:
@@ -34,20 +34,9 @@ def read_calendar_file(path: Path, option: str = "--file") -> dict[str, Any]:
     except (ValueError, RecursionError) as exc:
         raise ValidationError(option, f"{path} is not JSON: {exc}") from None
     try:
-        parse_calendar("cli", path.stem if _name_like(path.stem) else "file", body, 0)
+        return body, parse_calendar("cli", "file", body, 0)
     except ValidationError as exc:
         raise ValidationError(option, f"{path}: {exc.field}: {exc.message}") from None
-    return body  # type: ignore[no-any-return]
-
-
-def load_calendar_file(path: Path, option: str) -> Calendar:
-    return parse_calendar("cli", "file", read_calendar_file(path, option), 0)
-
-
-def _name_like(stem: str) -> bool:
-    from gnomon.core.calendars import NAME_RE
-
-    return bool(NAME_RE.fullmatch(stem))
 
 
 def _show(view: dict[str, Any]) -> None:
@@ -69,7 +58,7 @@ def put(
     if file is not None:
         if dates:
             raise ValidationError("--file", "give the dates either as arguments or in --file, not both")
-        body = read_calendar_file(file)
+        body, _ = read_calendar_file(file)
     else:
         items: list[Any] = []
         for d in dates or []:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gnomon.cli.calendars import load_calendar_file
+from gnomon.cli.calendars import read_calendar_file
 from gnomon.cli.common import command, console, print_json
 from gnomon.core.clock import SystemClock, iso_to_ms, ms_to_iso
 from gnomon.core.errors import ValidationError
@@ -59,7 +59,7 @@ def next_(
             start = iso_to_ms(after)
         except ValueError as exc:
             raise ValidationError("--after", str(exc)) from None
-    cals = tuple(load_calendar_file(path, "--calendar") for path in calendar or [])
+    cals = tuple(read_calendar_file(path, "--calendar")[1] for path in calendar or [])
     shown = preview(schedule, after_ms=start, count=count, calendars=cals)
     words = describe_schedule(JobSpec("preview", schedule, Target(TargetType.HANDLER, handler="h")))
     if json_:

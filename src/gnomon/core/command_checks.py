@@ -24,6 +24,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.errors import ValidationError
 from gnomon.core.model import JobSpec, job_id_of
+from gnomon.core.schedule import SLOT_MAX_MS
 from gnomon.core.tenants import DEFAULTS_KEY, check_tenant_name
 from gnomon.core.validation import (
     DEFAULT_POOLS,
@@ -63,7 +64,7 @@ def check_spec(spec: JobSpec, now_ms: int, *, pools: frozenset[str] = DEFAULT_PO
     if sum(v is not None for v in (schedule.cron, schedule.run_at_ms, schedule.every_s)) != 1:
         raise ValidationError("schedule", "give exactly one of schedule (a cron expression), every (an "
                                           "interval) or runAt (an ISO-8601 instant)")
-    if schedule.run_at_ms is not None and not 0 <= schedule.run_at_ms <= _RUN_AT_MAX_MS:
+    if schedule.run_at_ms is not None and not 0 <= schedule.run_at_ms <= SLOT_MAX_MS:
         raise ValidationError("runAt", f"must be an instant between 1970 and 9999, got {schedule.run_at_ms} ms")
     try:
         json.loads(spec.payload_json)
@@ -80,7 +81,6 @@ def check_spec(spec: JobSpec, now_ms: int, *, pools: frozenset[str] = DEFAULT_PO
         raise ValidationError("payload", "is nested too deeply") from None
 
 
-_RUN_AT_MAX_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z
 
 
 def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOLS) -> Any:

@@ -18,7 +18,6 @@ that they all agree on what a slot is.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -96,10 +95,6 @@ def shortest_gap_ms(schedule: Schedule, from_ms: int, sample: int) -> int | None
     return min(gaps) if gaps else None
 
 
-def is_repeating(schedule: Schedule) -> bool:
-    return schedule.run_at_ms is None
-
-
 def anchor_of(schedule: Schedule) -> int:
     """An interval's first possible slot (the epoch unless ``anchor_ms`` says otherwise)."""
     return schedule.anchor_ms if schedule.anchor_ms is not None else 0
@@ -139,19 +134,14 @@ def _cron_last(schedule: Schedule, until_ms: int, count: int) -> list[int]:
     assert schedule.cron is not None
     if count <= 0:
         return []
-    return list(_cron_last_cached(schedule.cron, schedule.tz, until_ms, count))
-
-
-@functools.lru_cache(maxsize=4096)
-def _cron_last_cached(expr: str, tz: str, until_ms: int, count: int) -> tuple[int, ...]:
-    zone = ZoneInfo(tz)
+    zone = ZoneInfo(schedule.tz)
     start = datetime.fromtimestamp(until_ms / 1000 + 1, tz=UTC).astimezone(zone).replace(microsecond=0)
     out: list[int] = []
-    for dt in CronSim(expr, start, reverse=True):
+    for dt in CronSim(schedule.cron, start, reverse=True):
         ms = int(dt.timestamp()) * 1000
         if ms > until_ms:
             continue
         out.append(ms)
         if len(out) >= count:
             break
-    return tuple(out)
+    return out

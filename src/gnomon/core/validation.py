@@ -90,9 +90,6 @@ def _reject_unknown(data: Mapping[str, Any], allowed: frozenset[str], prefix: st
             raise ValidationError(f"{prefix}{key}", f"unknown field; allowed: {', '.join(sorted(allowed))}")
 
 
-SLOT_MAX_MS = slots.SLOT_MAX_MS
-
-
 def _int(value: Any, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(field, f"must be an integer between {lo} and {hi}")
@@ -274,7 +271,7 @@ def parse_instant(value: Any, tz: str, field: str) -> int:
         ms = int(dt.timestamp()) * 1000
     except (OverflowError, OSError, ValueError):
         raise ValidationError(field, f"{value!r} is outside the years 1970-9999") from None
-    if not 0 <= ms <= SLOT_MAX_MS:
+    if not 0 <= ms <= slots.SLOT_MAX_MS:
         raise ValidationError(field, f"{value!r} is outside the years 1970-9999")
     return ms
 
@@ -297,7 +294,7 @@ def _parse_bounds(data: Mapping[str, Any], schedule: Schedule, now_ms: int, end_
     bounded = replace(schedule, start_at_ms=start, end_at_ms=end, max_runs=max_runs)
     if slots.first_at_or_after(bounded, start if start is not None else 0) is None:
         raise ValidationError(given[0], f"the schedule has no slot between startAt and endAt "
-                                        f"({ms_to_iso(start or 0)} .. {ms_to_iso(end or SLOT_MAX_MS)})")
+                                        f"({ms_to_iso(start or 0)} .. {ms_to_iso(end or slots.SLOT_MAX_MS)})")
     return bounded
 
 
