@@ -75,7 +75,7 @@ from gnomon.core.clock import Clock, FakeClock
 from gnomon.core.command_auth import OPERATOR, CommandKey, Headers, MemoryKeyring
 from gnomon.core.command_auth import sign as sign_command
 from gnomon.core.errors import HistoryStoreError
-from gnomon.core.model import Schedule, Target
+from gnomon.core.model import Schedule, Target, Upstream
 from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, MemoryProducer, PlainFaults
 from gnomon.history.base import HistoryBatch
 from gnomon.history.export import RunExportPublisher
@@ -580,9 +580,11 @@ class SimCluster:
     def register(self, job_id: str, cron: str, *, fail_attempts: int = 0, max_attempts: int = 3,
                  timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
                  tenant: str = TENANT, run_at_ms: int | None = None, schedule: Schedule | None = None,
-                 exclude_calendars: tuple[str, ...] = ()) -> None:
+                 exclude_calendars: tuple[str, ...] = (), after: tuple[str | Upstream, ...] = (),
+                 wait_max_s: int | None = None) -> None:
         """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time; with
-        ``schedule``, that one: an interval, bounds), as the API registers it."""
+        ``schedule``, that one: an interval, bounds), as the API registers it; ``after``:
+        its upstream jobs (an id waits for success)."""
         from gnomon.core.model import JobSpec, Priority, RetryPolicy, TargetType
 
         if schedule is None:
@@ -590,7 +592,8 @@ class SimCluster:
         spec = JobSpec(name=job_id, schedule=schedule, target=Target(TargetType.HANDLER, handler=HANDLER),
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
                        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),
-                       priority=Priority(priority), late_max_s=late_max_s, exclude_calendars=exclude_calendars)
+                       priority=Priority(priority), late_max_s=late_max_s, exclude_calendars=exclude_calendars,
+                       after=tuple(Upstream(u) if isinstance(u, str) else u for u in after), wait_max_s=wait_max_s)
         self.submit(J.RegisterJob(job_id, tenant, spec, self.clock.now_ms()))
 
     def put_calendar(self, name: str, dates: list[Any], *, tz: str = "UTC", tenant: str = TENANT) -> None:

@@ -149,8 +149,13 @@ class DecidingProducer(ListProducer):
             return p, off
 
     def _decide(self, p: int, off: int, cmd: Any) -> None:
-        for o in self.tasks[p].handle_command(cmd, self.clock.now_ms(), p, off):
-            if isinstance(o.value, CommandResult):
+        self._outputs(self.tasks[p].handle_command(cmd, self.clock.now_ms(), p, off), p, off)
+
+    def _outputs(self, outs: list[Any], p: int, off: int) -> None:
+        for o in outs:
+            if o.topic == self.topo.dependencies:  # to the partition it names, at once
+                self._outputs(self.tasks[o.partition].handle(o.value, self.clock.now_ms()), p, off)
+            elif isinstance(o.value, CommandResult):
                 self.results[(p, off)] = o.value
             elif self.history is not None and isinstance(o.value, J.JobState):
                 self.history.put_job(o.value)
@@ -234,7 +239,7 @@ class InMemoryCluster:
         for o in outs:
             for hook in self.hooks:
                 hook(o)
-            if o.topic == self.topo.run_events:
+            if o.topic in (self.topo.run_events, self.topo.dependencies):
                 assert o.partition is not None
                 self._enqueue(o.partition, o.value)
             elif o.topic == self.topo.worker_inbox:

@@ -34,10 +34,10 @@ from gnomon.core.model import Priority
 ROLES: tuple[str, ...] = (
     "job_commands", "command_results", "run_events", "jobs", "runs", "run_exports", "worker_inbox",
     "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas", "alert_configs",
-    "calendars",
+    "calendars", "dependencies",
 )
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
-CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs")
+CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs", "dependencies")
 _TOPIC_KEYS = frozenset({"role", "key", "partitions", "cleanup_policy", "retention_ms", "config"})
 _POOLS_KEYS = frozenset({"names"})
 _PROCESSOR_KEYS = frozenset({"consumes", "changelog", "consumes_also", "produces"})
@@ -107,6 +107,7 @@ class Topology:
     schemas: str = field(default_factory=_packaged("schemas"))  # the schema registry's store (gnomon.registry)
     alert_configs: str = field(default_factory=_packaged("alert_configs"))  # alert webhooks (core.alerts), key tenant
     calendars: str = field(default_factory=_packaged("calendars"))  # exclusion calendars, key "<tenant>/<name>"
+    dependencies: str = field(default_factory=_packaged("dependencies"))  # core.dependencies, key job_id
     topics: tuple[TopicSpec, ...] = ()  # every topic ((): not from a file)
     processors: tuple[ProcessorSpec, ...] = ()
     replication_factor: int = 1

@@ -163,7 +163,8 @@ def test_the_contract_is_real(gnomon_api: Any) -> None:
     spec_input = doc["components"]["schemas"]["JobSpecInput"]
     assert {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS", "retry",
             "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS",
-            "every", "from", "startAt", "endAt", "maxRuns", "excludeCalendars"} == set(spec_input["properties"])
+            "every", "from", "startAt", "endAt", "maxRuns", "excludeCalendars", "after", "waitMaxS"} == set(
+        spec_input["properties"])
     kinds = {ref["$ref"].rsplit("/", 1)[1] for ref in spec_input["properties"]["target"]["oneOf"]}
     assert kinds == {"HandlerTarget", "HttpTarget", "CommandTarget", "ContainerTarget"}
     assert {"401", "409", "413", "422", "503"} <= set(create["responses"])

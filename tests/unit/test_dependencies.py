@@ -1,5 +1,5 @@
-"""Dependencies, the pure core (core.dependencies; docs/adr/0011 decision 4). Not wired
-into the processor yet: these tests pin the rules the wiring will call. Property tests
+"""Dependencies, the pure core (core.dependencies; docs/adr/0011 decision 4); the wiring
+is tested in test_dependencies_sim.py. Property tests
 over random DAGs (no accepted edge set ever holds a cycle; limits hold) and random
 upstream outcomes (a downstream slot is released only when every upstream's covering end
 satisfies it, is skipped with a reason naming the upstream run otherwise, and never waits

@@ -45,6 +45,7 @@ from gnomon.api.backfill import add_backfill_route
 from gnomon.api.batch import add_batch_route
 from gnomon.api.calendars import CalendarService
 from gnomon.api.calendars import install as install_calendar_routes
+from gnomon.api.dependencies import check_after
 from gnomon.api.openapi import finish, problem_responses, request_body
 from gnomon.api.recent import RecentJobs
 from gnomon.api.tenants import TenantService, limit_responses
@@ -71,6 +72,7 @@ from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import (
     apply_patch,
     check_patch,
+    parse_after,
     parse_job_spec,
     validate_idempotency_key,
 )
@@ -422,6 +424,7 @@ def create_app(
         now = clock.now_ms()
         job_id = "job_" + secrets.token_hex(8) if key is None else idempotent_job_id(tenant, key)
         spec = parse_job_spec(data, now, pools=pools)
+        check_after(history, tenant, job_id, spec.after)
         try:
             res = decided(job_id, RegisterJob(job_id, tenant, spec, now))
         except Conflict as exc:
@@ -553,6 +556,8 @@ def create_app(
         check_job_id(job_id, "jobId")
         now = clock.now_ms()
         check_patch(patch, now, pools=pools)
+        if patch.get("after"):  # (a dict: check_patch said so)
+            check_after(history, tenant, job_id, parse_after(patch["after"]))
         try:
             res = decided(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
         except Conflict as exc:

@@ -139,6 +139,9 @@ def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozens
                     out.append(_retry_of(index, before, planned.get(job_id), tenant, data, key, now_ms, pools))
                     continue
             spec = parse_job_spec(data, now_ms, pools=pools)
+            if spec.after:  # (its upstreams and cycles are checked against history, one job at a time)
+                raise ValidationError("after", "a batch does not take jobs with dependencies; register them with "
+                                               "POST /v1/jobs, upstreams first")
             if limits is not None:
                 admission.check_registration(limits, spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
         except (ValidationError, LimitExceeded, Conflict) as exc:

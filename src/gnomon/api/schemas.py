@@ -123,6 +123,11 @@ LocalOrInstant = Annotated[str, Field(max_length=64, description="ISO-8601 date-
                                       "(2026-03-01T09:00)")]
 
 
+class UpstreamInput(_Closed):
+    job: str = Field(max_length=200, description="the upstream job's id")
+    on: Literal["succeeded", "finished"] = "succeeded"
+
+
 class _JobFields(_Closed):
     """Fields of a job definition; all optional here (a PATCH sends any of them)."""
 
@@ -142,6 +147,13 @@ class _JobFields(_Closed):
     excludeCalendars: Annotated[list[str], Field(max_length=10)] | None = Field(
         default=None, description="names of this tenant's calendars (PUT /v1/calendars/{name}): a slot on one of "
                                   "their dates is recorded skipped, reason 'calendar <name>'")
+    after: Annotated[list[UpstreamInput], Field(max_length=10)] | None = Field(
+        default=None, description="jobs of this tenant whose runs this job's runs wait for: the run of an "
+                                  "upstream's latest slot at or before this job's slot must have succeeded (on: "
+                                  "succeeded, the default) or ended (on: finished); docs/schedules.md")
+    waitMaxS: Annotated[int, Field(ge=1, le=7 * 86_400)] | None = Field(
+        default=None, description="how long past its slot a run waits for its upstreams before it is recorded "
+                                  "skipped with the reason; default 86400")
     target: Target | SkipJsonSchema[None] = Omittable()
     payload: Any = Field(default=None, description="any JSON, at most 64 KiB; passed to the target")
     priority: Priority | SkipJsonSchema[None] = Omittable()
@@ -220,6 +232,10 @@ class Job(_Closed):
     endAt: Instant | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
     maxRuns: int | SkipJsonSchema[None] = Omittable(description="present when the schedule has it")
     excludeCalendars: list[str] | SkipJsonSchema[None] = Omittable(description="present when the job names any")
+    after: list[UpstreamInput] | SkipJsonSchema[None] = Omittable(description="present when the job has upstreams")
+    waitMaxS: int | SkipJsonSchema[None] = Omittable(description="present when set")
+    downstreams: list[str] | SkipJsonSchema[None] = Omittable(description="jobs whose runs wait for this job's, "
+                                                                          "as its partition knows them")
     target: Target
     payload: Any
     priority: Priority

@@ -36,6 +36,7 @@ def job_view(state: JobState) -> dict[str, Any]:
         "scheduledRuns": state.scheduled_runs,
         "endedBecause": ended_because(state),
         **job_spec_to_json(state.spec),
+        **({"downstreams": list(state.downstreams)} if state.downstreams else {}),
     }
 
 

@@ -39,6 +39,11 @@ def create(
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="at most N scheduled runs; then the job is done")] = None,
     exclude_calendar: Annotated[list[str] | None, typer.Option(
         "--exclude-calendar", help="a calendar of this tenant whose dates the job does not run on; repeatable")] = None,
+    after: Annotated[list[str] | None, typer.Option(
+        "--after", help="an upstream job: JOB (its run for the slot must succeed) or JOB:finished (must end); "
+                        "repeatable")] = None,
+    wait_max_s: Annotated[int | None, typer.Option("--wait-max-s", help="how long past its slot a run waits for "
+                                                   "its upstreams, then it is recorded skipped (default 86400)")] = None,
     cmd: Annotated[str | None, typer.Option("--command", help="shell-free command line, split on spaces")] = None,
     http: Annotated[str | None, typer.Option("--http", help="callback URL to POST to")] = None,
     handler: Annotated[str | None, typer.Option("--handler", help="name of a Python handler in the pool's workers")] = None,
@@ -83,6 +88,11 @@ def create(
             body[field] = value
     if exclude_calendar:
         body["excludeCalendars"] = exclude_calendar
+    if after:
+        body["after"] = [{"job": a.rsplit(":", 1)[0], "on": a.rsplit(":", 1)[1]} if ":" in a else {"job": a}
+                         for a in after]
+    if wait_max_s is not None:
+        body["waitMaxS"] = wait_max_s
     if cmd is not None:
         import shlex
 
@@ -112,9 +122,15 @@ def get(job_id: str, json_: JsonOpt = False) -> None:
         print_json(job)
         return
     for k in ("id", "name", "status", "endedBecause", "schedule", "every", "from", "runAt", "timezone", "startAt",
-              "endAt", "maxRuns", "scheduledRuns", "excludeCalendars", "nextRunAt", "priority", "pool", "target"):
+              "endAt", "maxRuns", "scheduledRuns", "excludeCalendars", "after", "waitMaxS", "downstreams", "nextRunAt",
+              "priority", "pool", "target"):
         if job.get(k) is not None and (k != "scheduledRuns" or job.get("maxRuns") is not None):
-            _field(k, job[k])
+            value = job[k]
+            if k == "after":  # job (on), ...
+                value = ", ".join(f"{u['job']} ({u['on']})" for u in value)
+            elif k == "downstreams":
+                value = ", ".join(value)
+            _field(k, value)
 
 
 @jobs_app.command("fires")

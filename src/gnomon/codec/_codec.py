@@ -15,6 +15,7 @@ from gnomon.codec._fastwrite import Writer, compile_writer, write_string
 from gnomon.codec.registry import Registry, SchemaVersion
 from gnomon.core.alerts import AlertConfig
 from gnomon.core.calendars import Calendar
+from gnomon.core.dependencies import DependencyDeclared, DependencyDropped, UpstreamEnded
 from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.exports import RunExport
 from gnomon.core.jobs import (
@@ -106,6 +107,7 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("tenant_usage", (TenantUsage,), None),
     ("alert_configs", (AlertConfig,), None),
     ("calendars", (Calendar,), None),
+    ("dependencies", (DependencyDeclared, DependencyDropped, UpstreamEnded), f"{NAMESPACE}.DependencyMessage"),
 )
 _TOPOLOGY = load_topology()
 # Topics no longer written, whose subjects stay registered (their ids are reserved, and

@@ -1,13 +1,17 @@
-"""Job dependencies, the pure core (docs/adr/0011 decision 4; issue 25). NOT wired into
-the processor, the API or the schemas yet: a job cannot declare ``after`` today. What is
-here is what the wiring will call, tested on its own:
+"""Job dependencies, the pure core (docs/adr/0011 decision 4; issue 25). A job declares
+``after`` (upstream jobs of its tenant); the processor (``gnomon.processor.task``) calls
+what is here:
 
 * ``check_dag``: may job J declare these upstreams, given the tenant's other edges? Refuses
   a cycle (naming it), a self-reference, a repeat, and the limits on fan-in, fan-out, the
   DAG's depth and size, each as ``ValidationError`` naming ``after`` or ``after[i].job``.
-* ``UpstreamEnded``: what an upstream's partition tells a downstream's when one of its runs
-  (or a skipped range of its slots) ends: one record per downstream, keyed by the
-  downstream job, written in the transaction of the run's terminal state.
+* The messages of ``gnomon.dependencies`` (co-partitioned with the jobs, written and read
+  by processors only), each keyed by the job whose partition must act on it:
+  ``DependencyDeclared`` / ``DependencyDropped`` (keyed by the upstream: it keeps the list
+  of its downstreams) and ``UpstreamEnded`` (keyed by the downstream: one of its
+  upstream's runs, or a skipped range of its slots, ended), written in the transaction of
+  the upstream run's terminal state.
+* ``record_end``: the downstream keeps the latest ends of each upstream (bounded).
 * ``decide_waiting``: for a downstream slot T, given the ends it has received, release the
   run, keep it waiting, or record it skipped with the reason.
 
@@ -24,19 +28,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gnomon.core.errors import ValidationError
+from gnomon.core.model import DependsOn, Upstream
 
 UPSTREAMS_MAX = 10  # fan-in: upstreams one job may wait for
 DOWNSTREAMS_MAX = 100  # fan-out: jobs that may wait for one job
 DAG_JOBS_MAX = 1000  # jobs connected by dependencies, per tenant component
 DAG_DEPTH_MAX = 20  # edges on the longest chain through a job
 WAIT_MAX_S_DEFAULT = 86_400
+WAIT_MAX_S_MAX = 7 * 86_400
+ENDS_KEPT_PER_UPSTREAM = 4  # a downstream keeps this many of each upstream's latest ends
 
+On = DependsOn  # (the name the pure core was written with)
 
-class On(StrEnum):
-    """What a downstream waits for of an upstream run."""
-
-    SUCCEEDED = "succeeded"  # only a success releases it; any other end skips it
-    FINISHED = "finished"  # any end (succeeded, failed, cancelled, skipped) releases it
+__all__ = ["DependsOn", "On", "Upstream"]  # re-exported from gnomon.core.model
 
 
 class Outcome(StrEnum):
@@ -44,13 +48,7 @@ class Outcome(StrEnum):
     FAILED = "failed"  # dead-lettered: its retries ran out
     CANCELLED = "cancelled"
     SKIPPED = "skipped"  # the slot (or a range of them) was recorded skipped
-    DELETED = "deleted"  # the upstream job was deleted: covers every later slot
-
-
-@dataclass(frozen=True)
-class Upstream:
-    job_id: str
-    on: On = On.SUCCEEDED
+    DELETED = "deleted"  # the upstream job was deleted (or is not the tenant's): covers every slot
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,39 @@ class UpstreamEnded:
     outcome: Outcome
     at_ms: int
     reason: str | None = None
+    tenant: str = ""
 
     def covers(self, slot_ms: int) -> bool:
         """Is the upstream's latest slot at or before ``slot_ms`` one of this end's?"""
         return self.first_slot_ms <= slot_ms and (self.next_slot_ms is None or slot_ms < self.next_slot_ms)
+
+
+@dataclass(frozen=True)
+class DependencyDeclared:
+    """Job ``downstream_job`` now runs after ``upstream_job`` (keyed by the upstream)."""
+
+    upstream_job: str
+    downstream_job: str
+    tenant: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class DependencyDropped:
+    """Job ``downstream_job`` no longer runs after ``upstream_job`` (edited or deleted)."""
+
+    upstream_job: str
+    downstream_job: str
+    tenant: str
+    at_ms: int
+
+
+DependencyMessage = DependencyDeclared | DependencyDropped | UpstreamEnded
+
+
+def receiver(msg: DependencyMessage) -> str:
+    """The job whose partition acts on ``msg`` (its key on gnomon.dependencies)."""
+    return msg.downstream_job if isinstance(msg, UpstreamEnded) else msg.upstream_job
 
 
 @dataclass(frozen=True)
@@ -99,12 +126,18 @@ def covering(ends: Sequence[UpstreamEnded], slot_ms: int) -> UpstreamEnded | Non
     return best
 
 
+def wait_max_s(spec_wait_max_s: int | None) -> int:
+    return WAIT_MAX_S_DEFAULT if spec_wait_max_s is None else spec_wait_max_s
+
+
 def decide_waiting(slot_ms: int, upstreams: Sequence[Upstream], ends: Mapping[str, Sequence[UpstreamEnded]],
-                   now_ms: int, wait_max_s: int = WAIT_MAX_S_DEFAULT) -> Verdict:
+                   now_ms: int, wait_max_s: int = WAIT_MAX_S_DEFAULT, wait_from_ms: int | None = None) -> Verdict:
     """What the downstream run of ``slot_ms`` does now. ``ends``: by upstream job id, the
     ends received so far. An end that rules the run out skips it at once (its reason
     names the upstream run); all satisfied releases it; otherwise it waits until
-    ``slot_ms + wait_max_s``, then is skipped naming what it waited for."""
+    ``wait_from_ms`` (default: the slot; the processor gives the run's creation when that
+    is later: a catch-up or a backfill) + ``wait_max_s``, then is skipped naming what it
+    waited for."""
     assert upstreams, "a run without upstreams does not wait"
     pending: list[str] = []
     for up in upstreams:
@@ -112,16 +145,49 @@ def decide_waiting(slot_ms: int, upstreams: Sequence[Upstream], ends: Mapping[st
         if end is None:
             pending.append(up.job_id)
         elif end.outcome is Outcome.DELETED:
-            return Skip(f"upstream job {up.job_id} was deleted")
-        elif end.outcome is not Outcome.SUCCEEDED and up.on is On.SUCCEEDED:
+            why = f" ({end.reason})" if end.reason else ""
+            return Skip(f"upstream job {up.job_id} was deleted{why}")
+        elif end.outcome is not Outcome.SUCCEEDED and up.on is DependsOn.SUCCEEDED:
             why = f": {end.reason}" if end.reason else ""
             return Skip(f"upstream {end.upstream_run} {end.outcome.value}{why}")
     if not pending:
         return Release()
-    until = slot_ms + wait_max_s * 1000
+    until = max(slot_ms, wait_from_ms or slot_ms) + wait_max_s * 1000
     if now_ms >= until:
         return Skip(f"waited {wait_max_s} s (waitMaxS) for upstream {', '.join(pending)}")
     return Wait(tuple(pending), until)
+
+
+def ends_by_upstream(ends: Sequence[UpstreamEnded]) -> dict[str, list[UpstreamEnded]]:
+    out: dict[str, list[UpstreamEnded]] = {}
+    for end in ends:
+        out.setdefault(end.upstream_job, []).append(end)
+    return out
+
+
+def record_end(ends: tuple[UpstreamEnded, ...], end: UpstreamEnded,
+               upstreams: Sequence[Upstream]) -> tuple[UpstreamEnded, ...]:
+    """The ends a downstream keeps after receiving ``end``: only of its current
+    upstreams; a newer end of the same upstream run replaces the older one (a replay);
+    of each upstream the ``ENDS_KEPT_PER_UPSTREAM`` received last (a deletion, covering
+    every slot, is kept until the job is edited). A duplicate (the same run and time)
+    changes nothing. (A held run is decided when an end arrives; what is kept serves the
+    runs not yet staged, and a backfill's old slots, whose ends arrive as they end.)"""
+    wanted = {u.job_id for u in upstreams}
+    kept = [e for e in ends if e.upstream_job in wanted
+            and not (e.upstream_run == end.upstream_run and e.upstream_job == end.upstream_job
+                     and e.at_ms <= end.at_ms)
+            # a run's end after the upstream was "deleted" (registered again since): it lives
+            and not (e.upstream_job == end.upstream_job and e.outcome is Outcome.DELETED
+                     and end.outcome is not Outcome.DELETED and e.at_ms <= end.at_ms)]
+    if end.upstream_job in wanted and not any(
+            e.upstream_job == end.upstream_job and e.upstream_run == end.upstream_run for e in kept):
+        kept.append(end)
+    out: list[UpstreamEnded] = []
+    for group in ends_by_upstream(kept).values():
+        group.sort(key=lambda e: (e.outcome is Outcome.DELETED, e.at_ms))
+        out.extend(group[-ENDS_KEPT_PER_UPSTREAM:])
+    return tuple(out)
 
 
 def reopens(reason: str | None) -> bool:

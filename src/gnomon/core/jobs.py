@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from gnomon.core import schedule as S
 from gnomon.core.calendars import Calendar, calendar_reason, excluded_by
+from gnomon.core.dependencies import UpstreamEnded
 from gnomon.core.errors import Conflict, JobNotFound, TransitionError, ValidationError
 from gnomon.core.model import (
     CatchUp,
@@ -70,6 +71,10 @@ class JobState:
     # runs the schedule triggered so far (not manual triggers, not backfills): what a
     # schedule's ``max_runs`` is counted against
     scheduled_runs: int = 0
+    # jobs that run after this one (their ``after`` names it), told when its runs end
+    downstreams: tuple[str, ...] = ()
+    # the latest ends of this job's upstreams' runs (core.dependencies.record_end)
+    upstream_ends: tuple[UpstreamEnded, ...] = ()
 
 
 def runs_left(state: JobState) -> int | None:
@@ -665,8 +670,10 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
         status = state.status
         if status is JobStatus.DONE and event.next_run_at_ms is not None:
             status = JobStatus.ACTIVE
+        ups = {u.job_id for u in event.spec.after}
+        ends = tuple(e for e in state.upstream_ends if e.upstream_job in ups)  # (only of its upstreams now)
         return replace(state, spec=event.spec, next_run_at_ms=event.next_run_at_ms, status=status,
-                       version=state.version + 1, updated_at_ms=event.at_ms)
+                       version=state.version + 1, updated_at_ms=event.at_ms, upstream_ends=ends)
     if isinstance(event, JobPaused):
         return replace(state, status=JobStatus.PAUSED, version=state.version + 1, updated_at_ms=event.at_ms)
     if isinstance(event, JobResumed):

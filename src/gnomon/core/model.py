@@ -90,6 +90,22 @@ class Schedule:
         return self.run_at_ms is not None
 
 
+class DependsOn(StrEnum):
+    """What a downstream job waits for of an upstream run (core.dependencies)."""
+
+    SUCCEEDED = "succeeded"  # only a success releases it; any other end skips it
+    FINISHED = "finished"  # any end (succeeded, failed, cancelled, skipped) releases it
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One job a job runs after: its run for a slot waits for this job's run of the
+    latest slot at or before it (core.dependencies)."""
+
+    job_id: str
+    on: DependsOn = DependsOn.SUCCEEDED
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What a user registers. ``payload_json`` is the payload as canonical JSON text."""
@@ -118,6 +134,10 @@ class JobSpec:
     # names of the tenant's calendars (core.calendars) whose dates this job does not run
     # on: such a slot is recorded skipped, reason "calendar <name>"
     exclude_calendars: tuple[str, ...] = ()
+    # jobs of the same tenant whose runs this job's runs wait for (core.dependencies), and
+    # how long a run waits past its slot before it is recorded skipped (None: 24 h)
+    after: tuple[Upstream, ...] = ()
+    wait_max_s: int | None = None
 
 
 def slot_run_id(job_id: str, slot_ms: int) -> str:

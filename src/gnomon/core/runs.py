@@ -36,7 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gnomon.core import dependencies as D
 from gnomon.core import schedule as schedule_slots
+from gnomon.core.clock import ms_to_iso as _iso
 from gnomon.core.errors import TransitionError
 from gnomon.core.jobs import (
     JobState,
@@ -160,11 +162,20 @@ class RunState:
     # "overlap: buffered behind ... (bufferOne)"
     note: str | None = None
     output: str | None = None  # the latest ended attempt's output, JSON text (CompleteAttempt.output)
+    # a SCHEDULED run of a job with upstreams (``spec.after``) whose upstream runs have not
+    # all ended as required: it waits, and is recorded skipped at this time if they have not
+    # (core.dependencies); None: not waiting
+    held_until_ms: int | None = None
 
     @property
     def buffered(self) -> bool:
         """Waiting for an active run of its job to end (``overlap: bufferOne``)."""
         return self.status is RunStatus.SCHEDULED and self.recheck_at_ms is not None
+
+    @property
+    def held(self) -> bool:
+        """Waiting for its upstream jobs' runs (core.dependencies)."""
+        return self.status is RunStatus.SCHEDULED and self.held_until_ms is not None
 
     @property
     def staged(self) -> bool:
@@ -202,6 +213,8 @@ class RunState:
         if self.status is RunStatus.SCHEDULED:
             if self.recheck_at_ms is not None:
                 return self.recheck_at_ms
+            if self.held_until_ms is not None:
+                return self.held_until_ms  # (an upstream's end wakes it before: the processor)
             if self.spec.overlap is not OverlapPolicy.ALLOW and not self.manual:
                 return self.not_before_ms  # released at its start: the overlap check needs the present
             return self.not_before_ms - cfg.stage_ahead_ms
@@ -370,6 +383,17 @@ class RunBuffered:
 
 
 @dataclass(frozen=True)
+class RunHeld:
+    """A scheduled run waits for its upstream jobs' runs (``pending``) until
+    ``until_ms``; an upstream's end wakes it before (core.dependencies)."""
+
+    run_id: str
+    pending: tuple[str, ...]
+    until_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
 class RunReleased:
     """Ready for a worker: the processor stages it on one with room, or it waits for room."""
 
@@ -483,7 +507,7 @@ class RunReplayed:
 
 
 RunEvent = (
-    RunCreated | RunReopened | RunBuffered | RunReleased | RunWithdrawn | RunReplayed | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
+    RunCreated | RunReopened | RunBuffered | RunHeld | RunReleased | RunWithdrawn | RunReplayed | AttemptGranted | ClaimRejected | LeaseExtended | StaleRejected | AttemptEnded
     | RunCancelled | GrantRevoked | AttemptStartReported
 )
 
@@ -612,6 +636,20 @@ def _reopen(state: RunState, cmd: RunTriggered, now: int) -> list[RunEvent]:
     return [RunReopened(state.run_id, f"reopened by backfill (was skipped: {was})", now, cmd.spec)]
 
 
+def reopen_after_upstream(state: RunState, end: D.UpstreamEnded, now_ms: int) -> list[RunEvent]:
+    """A run recorded skipped because of an upstream's end (failed, cancelled, skipped:
+    ``dependencies.reopens``) that ``end`` (a later success of that upstream, a replay or a
+    backfill) makes good: SCHEDULED again, to be decided at once."""
+    if state.status is not RunStatus.SKIPPED or state.manual or not D.reopens(state.reason):
+        return []
+    if end.outcome is not D.Outcome.SUCCEEDED or not end.covers(state.slot_ms):
+        return []
+    if not (state.reason or "").startswith(f"upstream {end.upstream_job}@"):
+        return []
+    return [RunReopened(state.run_id, f"reopened: upstream {end.upstream_run} succeeded (was skipped: "
+                                      f"{state.reason})", now_ms)]
+
+
 def reopened_range_rest(before: RunState, now_ms: int, has_run: Callable[[str], bool]) -> RunSkipped | None:
     """``before``: a skipped range record [skipped_from_ms .. slot_ms] that a backfill just
     reopened at its last slot. The rest of the range stays skipped: a new range record
@@ -687,7 +725,8 @@ UNCHECKED = _Unchecked()
 
 def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
                  job: JobState | _Unchecked | None = UNCHECKED, read_up_to_ms: int | None = None,
-                 active: RunState | None = None, buffered: RunState | None = None) -> list[RunEvent]:
+                 active: RunState | None = None, buffered: RunState | None = None,
+                 upstreams: D.Verdict | None = None, wake: bool = False) -> list[RunEvent]:
     """What the passage of time does to a run (called when ``timer_ms() <= now``).
 
     At its slot a scheduled run looks at its job as it is *now* (``job``, None = deleted):
@@ -709,10 +748,16 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
     input. A lease or deadline is judged lapsed only against min(now, read_up_to_ms), so a
     processor catching up on a backlog never expires a lease whose heartbeat or completion
     is still unread in that backlog.
+
+    ``upstreams``: for a run of a job with upstreams (``spec.after``), what its upstreams'
+    ends say (``core.dependencies.decide_waiting``; the processor computes it; None: the
+    run does not wait): ``Wait`` holds it (``RunHeld``, skipped at the wait's end), ``Skip``
+    withdraws it with the reason, ``Release`` lets it go on. ``wake``: an upstream's end
+    arrived for a held run: decide now, whatever its timer says.
     """
     cfg = cfg or RunConfig()
     due = state.timer_ms(cfg)
-    if due is None or due > now_ms:
+    if due is None or (due > now_ms and not (wake and state.held)):
         return []
     if state.status is RunStatus.SCHEDULED and not isinstance(job, _Unchecked):
         if job is None:
@@ -722,6 +767,12 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         # (a run triggered from the job's current schedule is a slot of it: skip the cron walk)
         if not state.manual and job.spec.schedule != state.spec.schedule and not _is_slot_of(job.spec, state.slot_ms):
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
+        if isinstance(upstreams, D.Skip):
+            return [RunWithdrawn(state.run_id, upstreams.reason, now_ms)]
+        if isinstance(upstreams, D.Wait):
+            if state.held_until_ms == upstreams.until_ms:
+                return []
+            return [RunHeld(state.run_id, upstreams.pending, upstreams.until_ms, now_ms)]
         if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.FORBID:
             return [RunWithdrawn(state.run_id, f"overlap: {active.run_id} is still {active.status.value}", now_ms)]
         if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.BUFFER_ONE:
@@ -791,7 +842,12 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         _guard(state, RunStatus.SCHEDULED)
         return replace(state, status=RunStatus.SCHEDULED, spec=event.spec or state.spec, reason=None,
                        note=event.note, backfill=True, reopens=state.reopens + 1, finished_at_ms=None,
-                       skipped_from_ms=None, skipped_count=1, recheck_at_ms=None, updated_at_ms=event.at_ms)
+                       skipped_from_ms=None, skipped_count=1, recheck_at_ms=None, held_until_ms=None,
+                       updated_at_ms=event.at_ms)
+    if isinstance(event, RunHeld):
+        _guard(state, RunStatus.SCHEDULED)
+        note = f"waiting for upstream {', '.join(event.pending)} (at most until {_iso(event.until_ms)})"
+        return replace(state, held_until_ms=event.until_ms, reason=note, note=note, updated_at_ms=event.at_ms)
     if isinstance(event, RunBuffered):
         _guard(state, RunStatus.SCHEDULED)
         note = f"overlap: buffered behind {event.active_run_id} (bufferOne)"
@@ -805,7 +861,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         _guard(state, RunStatus.SKIPPED)
         assert state.never_started, f"run {state.run_id} withdrawn after it started"
         return replace(state, status=RunStatus.SKIPPED, reason=event.reason, finished_at_ms=event.at_ms,
-                       recheck_at_ms=None,
+                       recheck_at_ms=None, held_until_ms=None,
                        attempt=state.attempt - 1 if state.staged else state.attempt,  # a dropped grant is no attempt
                        lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, GrantRevoked):
@@ -822,7 +878,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
     if isinstance(event, RunReleased):
         _guard(state, RunStatus.READY)
         return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, dispatched_at_ms=event.at_ms,
-                       next_attempt_at_ms=None, recheck_at_ms=None,
+                       next_attempt_at_ms=None, recheck_at_ms=None, held_until_ms=None,
                        worker_id=None, lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, AttemptGranted):
         _guard(state, RunStatus.RUNNING)
@@ -853,6 +909,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         # started it (its report still in flight), so it counts
         dropped = state.staged and event.at_ms < state.not_before_ms
         return replace(state, status=RunStatus.CANCELLED, reason=event.reason, lease_until_ms=None, recheck_at_ms=None,
+                       held_until_ms=None,
                        attempt=state.attempt - 1 if dropped else state.attempt,
                        deadline_ms=None, finished_at_ms=event.at_ms, updated_at_ms=event.at_ms)
     raise AssertionError(f"unknown event {event!r}")

@@ -22,6 +22,7 @@ from gnomon.core.cron import CronSchedule, load_zone
 from gnomon.core.errors import ValidationError
 from gnomon.core.model import (
     CatchUp,
+    DependsOn,
     JobSpec,
     OverlapPolicy,
     Priority,
@@ -29,6 +30,7 @@ from gnomon.core.model import (
     Schedule,
     Target,
     TargetType,
+    Upstream,
 )
 
 PAYLOAD_MAX_BYTES = 64 * 1024
@@ -45,7 +47,7 @@ DEFAULT_POOLS = frozenset({"default", "batch"})
 _JOB_FIELDS = frozenset(
     {"name", "schedule", "timezone", "runAt", "target", "payload", "priority", "timeoutS",
      "retry", "catchUp", "pool", "secrets", "jitterS", "overlap", "alertLateS", "lateMaxS",
-     "every", "from", "startAt", "endAt", "maxRuns", "excludeCalendars"}
+     "every", "from", "startAt", "endAt", "maxRuns", "excludeCalendars", "after", "waitMaxS"}
 )
 # the fields that say when a job runs (what a PATCH of one of them replaces)
 _KIND_FIELDS = {"schedule": ("runAt", "every", "from"), "runAt": ("schedule", "every", "from"),
@@ -229,6 +231,40 @@ def parse_exclude_calendars(data: Any, field: str = "excludeCalendars") -> tuple
     return tuple(data)
 
 
+UPSTREAMS_MAX = 10  # (core.dependencies.UPSTREAMS_MAX: that module checks the DAG)
+WAIT_MAX_S_MAX = 7 * 86_400
+_UPSTREAM_FIELDS = frozenset({"job", "on"})
+
+
+def parse_after(data: Any, field: str = "after") -> tuple[Upstream, ...]:
+    """``[{"job": ID, "on": "succeeded" | "finished"}]``: the jobs (of the same tenant)
+    whose runs this job's runs wait for. Whether they exist, and whether they close a
+    cycle, the API checks against history (api/dependencies.py)."""
+    if data is None:
+        return ()
+    if not isinstance(data, list | tuple) or len(data) > UPSTREAMS_MAX:
+        raise ValidationError(field, f"must be a list of at most {UPSTREAMS_MAX} upstream jobs")
+    out: list[Upstream] = []
+    for i, item in enumerate(data):
+        where = f"{field}[{i}]"
+        if isinstance(item, str):
+            item = {"job": item}
+        if not isinstance(item, Mapping):
+            raise ValidationError(where, 'must be {"job": ID, "on": "succeeded" | "finished"}')
+        _reject_unknown(item, _UPSTREAM_FIELDS, where + ".")
+        job = item.get("job")
+        if not isinstance(job, str) or not job or len(job) > 200 or "@" in job or "\0" in job or job != job.strip():
+            raise ValidationError(where + ".job", "must be a job id (1-200 characters, no '@')")
+        reject_control_chars(job, where + ".job")
+        on = item.get("on", "succeeded")
+        if on not in ("succeeded", "finished"):
+            raise ValidationError(where + ".on", 'must be "succeeded" or "finished"')
+        if any(u.job_id == job for u in out):
+            raise ValidationError(where + ".job", f"names {job} twice")
+        out.append(Upstream(job, DependsOn(on)))
+    return tuple(out)
+
+
 def parse_duration_s(value: Any, field: str) -> int:
     """``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` -> whole seconds, from EVERY_MIN_S to
     EVERY_MAX_S (days, hours, minutes, seconds, in that order, each at most once)."""
@@ -397,6 +433,9 @@ def parse_job_spec(
         alert_late_s=check_late_s(data.get("alertLateS"), "alertLateS"),
         late_max_s=check_late_max_s(data.get("lateMaxS")),
         exclude_calendars=parse_exclude_calendars(data.get("excludeCalendars")),
+        after=parse_after(data.get("after")),
+        wait_max_s=None if data.get("waitMaxS") is None else _int(data.get("waitMaxS"), "waitMaxS", 1,
+                                                                     WAIT_MAX_S_MAX),
     )
 
 
@@ -446,6 +485,10 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
     out["lateMaxS"] = spec.late_max_s
     if spec.exclude_calendars:
         out["excludeCalendars"] = list(spec.exclude_calendars)
+    if spec.after:
+        out["after"] = [{"job": u.job_id, "on": u.on.value} for u in spec.after]
+    if spec.wait_max_s is not None:
+        out["waitMaxS"] = spec.wait_max_s
     return out
 
 

@@ -27,7 +27,7 @@ TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
 
 # role -> topics (Topology attribute names) it consumes / produces to.
 TOPIC_READS: Mapping[str, tuple[str, ...]] = {
-    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants", "calendars"),
+    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants", "calendars", "dependencies"),
     # limits and usage, for admission pre-checks (feeds/tenants.py); the results of the
     # job commands it (or a service producing as it: gnomon.events) wrote
     "api": ("tenants", "tenant_usage", "command_results", "alert_configs", "calendars"),
@@ -43,7 +43,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # alert configs: PUT /v1/alerts (api/alerts.py)
     "api": ("job_commands", "run_events", "tenants", "alert_configs", "calendars"),
     "processor": ("run_events", "jobs", "runs", "worker_inbox", "dead_letters", "poison",
-                  "tenant_usage", "command_results"),
+                  "tenant_usage", "command_results", "dependencies"),
     "worker": ("run_events", "run_logs", "workers"),
     "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)
     "registry": ("schemas",),

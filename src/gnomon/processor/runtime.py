@@ -139,7 +139,7 @@ class Processor:
         self.stores: StateStores = stores if stores is not None else RocksStores(cfg.state_dir, cfg.instance_id)
         self.tasks: dict[int, PartitionTask] = {}
         self._pickers: dict[str, WeightedPicker] = {}  # pool -> its priority tiers' round-robin state
-        self.inputs = [self.topo.job_commands, self.topo.run_events]
+        self.inputs = [self.topo.job_commands, self.topo.run_events, self.topo.dependencies]
         self.overload = OverloadGovernor(lookahead_ms=cfg.sched.lookahead_ms)  # normal/low runs in flight (core.overload)
         self.overload_quiet_until_ms = 0  # start lags are not an overload's until then (``_tick_budget``)
         self._last_budget_ms: int | None = None

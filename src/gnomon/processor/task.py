@@ -15,6 +15,7 @@ State layout in the partition's ordered key-value store (RocksDB):
     rw/<pool>\0<lane><prio>/<due_ms:013>/<run_id> -> b"" READY runs waiting for a worker with
                                              room: punctual before catch-up, by priority, by due time
     jr/<job_id>\0<run_id>           -> b""   runs of a job that have not started (edits reach them)
+    jh/<job_id>\0<run_id>           -> b""   runs of a job held for its upstreams (processor.dependencies)
     ja/<job_id>\0<run_id>           -> b""   active runs of a job with an overlap policy, and its
                                              buffered one (overlap: bufferOne)
     ws/<worker_id>\0<run_id>        -> b""   attempts staged on a worker (moved if it is lost)
@@ -79,6 +80,7 @@ from gnomon.core.priorities import WeightedPicker
 from gnomon.core.replies import ALREADY_REGISTERED, CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
+from gnomon.processor import dependencies as deps
 from gnomon.processor.output import Output
 from gnomon.processor.savepoint import JournalKV
 from gnomon.processor.waiting import assign_waiting
@@ -503,6 +505,8 @@ class PartitionTask:
                 keys.add(_timer_key(t, run.run_id))
         if run.never_started and run.status in (R.RunStatus.READY, R.RunStatus.RUNNING):
             keys.add(_job_runs_prefix(run.job_id) + run.run_id.encode())
+        if run.held:
+            keys.add(deps.held_prefix(run.job_id) + run.run_id.encode())
         if _in_flight(run):
             keys.add(_IN_FLIGHT + run.run_id.encode())
         if run.staged and run.worker_id is not None:
@@ -616,6 +620,8 @@ class PartitionTask:
             # (triggers, skips, WorkerLost, JobChanged) the processor only decides itself
             raise TransitionError(f"{type(cmd).__name__} refused: {self.topo.run_events} carries workers' "
                                   f"reports ({', '.join(t.__name__ for t in _WORKER_REPORTS)}) only")
+        if deps.check_source(self, cmd, source):
+            return deps.handle(self, cmd, cmd.at_ms if now_ms is None else now_ms)
         if "\0" in getattr(cmd, "job_id", "") or "\0" in getattr(cmd, "run_id", ""):
             raise ValidationError("job_id", "ids must not contain NUL")  # they end index key parts
         if source == self.topo.job_commands and isinstance(cmd, R.CancelRun | R.ReplayRun):
@@ -877,6 +883,10 @@ class PartitionTask:
             out.extend(self._handle_run(cmd, now_ms))
         if changed and state is not None:  # (a job that did not exist has no runs waiting to start)
             out.extend(self._job_changed(job_id, new, now_ms))
+        if changed and ((state is not None and (state.spec.after or state.downstreams))
+                        or (new is not None and new.spec.after)):
+            declare = any(isinstance(ev, J.JobRegistered | J.JobUpdated | J.JobResumed) for ev in events)
+            out.extend(deps.job_changed(self, job_id, state, new, declare, now_ms))
         return out
 
     def _job_changed(self, job_id: str, job: J.JobState | None, now_ms: int) -> list[Output]:
@@ -884,6 +894,7 @@ class PartitionTask:
         out: list[Output] = []
         for run_id in self._run_ids_under(_job_runs_prefix(job_id)):
             out.extend(self._handle_run(R.JobChanged(run_id, job, now_ms), now_ms))
+        out.extend(deps.wake(self, job, now_ms, job_id))  # held runs: paused, deleted, edited
         return out
 
     def worker_lost(self, worker_id: str, now_ms: int) -> list[Output]:
@@ -933,13 +944,15 @@ class PartitionTask:
             job = self.job(new.job_id)
             active = self._active_sibling(new, job)
             buffered = self._buffered_sibling(new, job) if active is not None else None
-            for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active, buffered=buffered):
+            for ev in R.decide_timer(new, now_ms, self.run_cfg, job, active=active, buffered=buffered,
+                                     upstreams=deps.verdict(new, job, now_ms)):
                 new = R.evolve(new, ev)
                 out.extend(self._messages_for(new, ev))
         if new.status is R.RunStatus.READY:
             new = self._assign(new, now_ms, out)
         if new != state:
             self._store_run(state, new, out)
+            out.extend(deps.ended(self, state, new, now_ms))
         out.extend(self._replace_active(new.run_id, active, now_ms))
         if rest is not None:
             out.extend(self._handle_run(rest, now_ms))
@@ -1242,8 +1255,9 @@ class PartitionTask:
         job = self.job(run.job_id) if run.status is R.RunStatus.SCHEDULED else None
         active = self._active_sibling(run, job)
         buffered = self._buffered_sibling(run, job) if active is not None else None
-        out = self._apply_run_events(
-            run, R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active, buffered), now_ms)
+        events = R.decide_timer(run, now_ms, self.run_cfg, job, read_up_to_ms, active, buffered,
+                                upstreams=deps.verdict(run, job, now_ms))
+        out = self._apply_run_events(run, events, now_ms)
         out.extend(self._replace_active(run.run_id, active, now_ms))
         return out
 

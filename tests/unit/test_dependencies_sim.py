@@ -1,0 +1,138 @@
+"""Dependencies wired (issue 25; docs/adr/0011 decision 4), in the simulation: the real
+processors over the in-memory log, with seeded kills, stalls and lost commits.
+
+The property, over random DAGs, schedules, outcomes and faults: a downstream run starts
+only after the run of its upstreams' latest slot at or before its own slot has ended as
+required (succeeded, or finished), every slot is accounted for once (the history
+checker), a run skipped for its upstreams names them, and no run waits past its bound
+(``waitMaxS``) without being recorded skipped with the reason."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gnomon.core import jobs as J
+from gnomon.core import runs as R
+from gnomon.core.clock import iso_to_ms
+from gnomon.core.model import DependsOn, Upstream, slot_run_id
+from gnomon.sim import SimCluster
+
+T0 = iso_to_ms("2026-12-25T11:58:00Z")
+SCHEDULES = ("0 * * * * *", "30 * * * * *", "0 */2 * * * *")
+
+
+def check_dependencies(c: SimCluster, wait_max_s: dict[str, int]) -> None:
+    runs: dict[str, R.RunState] = {}
+    for state in c.ledger():
+        runs[state.run_id] = state
+    jobs = c.jobs()
+    now = c.clock.now_ms()
+    for run in runs.values():
+        job = jobs.get(run.job_id)
+        if job is None or not job.spec.after or run.manual:
+            continue
+        for up in job.spec.after:
+            upjob = jobs[up.job_id]
+            slot = J.last_slots_at_or_before(upjob.spec, run.slot_ms, 1)
+            cover = runs.get(slot_run_id(up.job_id, slot[0])) if slot else None
+            if run.started_at_ms is not None:
+                assert cover is not None and cover.status.terminal, f"{run.run_id} started before {up.job_id} ended"
+                assert cover.finished_at_ms is not None and cover.finished_at_ms <= run.started_at_ms, run.run_id
+                if up.on is DependsOn.SUCCEEDED:
+                    assert cover.status is R.RunStatus.SUCCEEDED, f"{run.run_id} ran after {cover.run_id} " \
+                                                                  f"{cover.status.value}"
+        if run.status is R.RunStatus.SKIPPED and run.reason and run.reason.startswith("upstream "):
+            assert any(u.job_id in run.reason for u in job.spec.after), run.reason
+        if run.status is R.RunStatus.SCHEDULED and run.held_until_ms is not None:
+            # held: with the reason in its note, and never past its bound
+            assert run.note is not None and run.note.startswith("waiting for upstream"), run.note
+            bound = max(run.slot_ms, run.created_at_ms) + wait_max_s.get(run.job_id, 86_400) * 1000
+            assert run.held_until_ms == bound and now < bound + 5_000, (run.run_id, run.held_until_ms, now)
+        if run.status is R.RunStatus.SKIPPED and run.reason and run.reason.startswith("waited "):
+            assert "waitMaxS" in run.reason
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> list[tuple[str, str, tuple[Upstream, ...], int, int | None]]:
+    n = draw(st.integers(3, 5))
+    out = []
+    for i in range(n):
+        ups = draw(st.lists(st.integers(0, i - 1), max_size=min(i, 2), unique=True)) if i else []
+        after = tuple(Upstream(f"j{u}", draw(st.sampled_from(list(DependsOn)))) for u in ups)
+        fails = draw(st.sampled_from([0, 0, 1, 9]))  # 9: more than its attempts: dead-lettered
+        wait = draw(st.sampled_from([None, 45, 90])) if after else None
+        out.append((f"j{i}", draw(st.sampled_from(SCHEDULES)), after, fails, wait))
+    return out
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dag=dags(), seed=st.integers(0, 2**16))
+def test_random_dags_under_faults_never_run_before_their_upstreams(
+        dag: list[tuple[str, str, tuple[Upstream, ...], int, int | None]], seed: int) -> None:
+    c = SimCluster(seed, processors=2, workers=2, partitions=4)
+    c.clock.set(T0)
+    for job_id, cron, after, fails, wait in dag:  # upstreams first (the API refuses one that is not there)
+        c.register(job_id, cron, fail_attempts=fails, max_attempts=2, after=after, wait_max_s=wait)
+        c.run_for(500, faults=False)
+    c.run_for(240_000)
+    c.heal(20_000)
+    rep = c.history_report()
+    assert rep.missed == 0 and rep.duplicates == 0 and not rep.problems, f"{rep.summary()} {rep.problems[:5]}"
+    check_dependencies(c, {j: w for j, _, _, _, w in dag if w is not None})
+
+
+def test_a_chain_runs_in_order_and_a_failing_upstream_skips_its_downstream_with_the_reason() -> None:
+    c = SimCluster(7, processors=2, workers=2, partitions=4)
+    c.clock.set(T0)
+    c.register("extract", "0 * * * * *", fail_attempts=1, max_attempts=1)  # its every run fails
+    c.register("audit", "0 * * * * *")
+    c.run_for(500, faults=False)
+    c.register("transform", "0 * * * * *", after=("audit",))
+    c.register("load", "0 * * * * *", after=(Upstream("transform"), Upstream("extract", DependsOn.FINISHED)))
+    c.register("report", "0 * * * * *", after=("extract",))
+    c.run_for(150_000)
+    c.heal(10_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    slot = "2026-12-25T12:00:00Z"
+    a, t, ld, rp = (runs[f"{j}@{slot}"] for j in ("audit", "transform", "load", "report"))
+    assert runs[f"extract@{slot}"].status is R.RunStatus.FAILED
+    assert a.finished_at_ms is not None and t.started_at_ms is not None and a.finished_at_ms <= t.started_at_ms
+    assert ld.status is R.RunStatus.SUCCEEDED  # "finished": a failed extract releases it
+    assert rp.status is R.RunStatus.SKIPPED and rp.reason is not None
+    assert rp.reason.startswith(f"upstream extract@{slot} failed"), rp.reason
+    check_dependencies(c, {})
+    rep = c.history_report()
+    assert rep.missed == 0 and rep.duplicates == 0 and not rep.problems, f"{rep.summary()} {rep.problems[:5]}"
+
+
+def test_an_upstream_that_never_ends_bounds_the_wait_with_the_reason() -> None:
+    c = SimCluster(3, processors=1, workers=1, partitions=2)
+    c.clock.set(T0)
+    c.register("up", "0 0 0 1 1 *")  # once a year: its latest slot before the downstream's has no run
+    c.run_for(500, faults=False)
+    c.register("down", "0 * * * * *", after=("up",), wait_max_s=30)
+    c.run_for(120_000, faults=False)
+    c.heal(5_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    first = runs["down@2026-12-25T11:59:00Z"]
+    assert first.status is R.RunStatus.SKIPPED and first.started_at_ms is None
+    assert first.reason == "waited 30 s (waitMaxS) for upstream up", first.reason
+    check_dependencies(c, {"down": 30})
+
+
+def test_deleting_an_upstream_skips_its_downstreams_until_they_are_edited() -> None:
+    c = SimCluster(5, processors=1, workers=1, partitions=2)
+    c.clock.set(T0)
+    c.register("up", "0 * * * * *")
+    c.run_for(500, faults=False)
+    c.register("down", "0 * * * * *", after=("up",))
+    c.run_for(70_000, faults=False)
+    c.submit(J.DeleteJob("up", "sim", c.clock.now_ms()))
+    c.run_for(70_000, faults=False)
+    c.heal(5_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    assert runs["down@2026-12-25T11:59:00Z"].status is R.RunStatus.SUCCEEDED
+    later = runs["down@2026-12-25T12:00:00Z"]
+    assert later.status is R.RunStatus.SKIPPED and later.reason == "upstream job up was deleted (deleted)", later.reason
+    assert "down" not in c.jobs()["down"].downstreams and c.jobs()["down"].upstream_ends[-1].outcome.value == "deleted"
