@@ -125,7 +125,9 @@ class Recorder(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length).decode()
         Recorder.calls.append({"path": self.path, "headers": dict(self.headers), "body": body})
-        status = 500 if self.path.startswith("/fail") else 200
+        # /fail...: always 500; /flaky-<name>: 500 the first time, then 200
+        flaky = self.path.startswith("/flaky") and sum(c["path"] == self.path for c in Recorder.calls) == 1
+        status = 500 if self.path.startswith("/fail") or flaky else 200
         self.send_response(status)
         self.send_header("Content-Type", "text/plain")
         self.end_headers()

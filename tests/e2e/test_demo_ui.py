@@ -1,5 +1,5 @@
 """The newcomer path (issue 23): the demo started as ``make run`` starts it
-(``python -m gnomon.demo.run``: ``gnomon dev`` and its five jobs), then every page of the
+(``python -m gnomon.demo.run``: ``gnomon dev`` and its six jobs), then every page of the
 web UI over the demo's own jobs in Chromium, signed in with the dev token the demo prints:
 the jobs list, the page of each job (a command, a one-time handler job, an HTTP callback,
 a job that fails, an interval with maxRuns), a run with its log, the dead letters, the
@@ -30,6 +30,7 @@ from harness import Stack, wait_for
 
 from gnomon.client import ApiError, Client
 from gnomon.config import load
+from gnomon.core.clock import iso_to_ms
 from gnomon.tokens import dev_token
 
 pytestmark = pytest.mark.integration
@@ -72,10 +73,10 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         def registered() -> bool:
             if proc.poll() is not None:
                 pytest.fail("the demo exited:\n" + out.read_text(errors="replace")[-3000:])
-            found = re.search(r"registered 5 demo jobs: (\S+), (\S+), (\S+), (\S+), (\S+)",
+            found = re.search(r"registered 6 demo jobs: (\S+), (\S+), (\S+), (\S+), (\S+), (\S+)",
                               out.read_text(errors="replace"))
             if found:
-                names = ("command", "one-time", "http", "fails", "interval")
+                names = ("command", "one-time", "http", "fails", "interval", "dependency")
                 ids.update(zip(names, found.groups(), strict=True))
             return bool(found)
 
@@ -94,7 +95,7 @@ def demo(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         print(f"\ndemo stopped {stopped_s:.1f} s after Ctrl-C; its output in {out}; "
               f"`gnomon dev` logs in {load().state_dir / 'logs'}")
         said = out.read_text(errors="replace")
-        if ids and "deleted the 5 demo jobs" not in said:
+        if ids and "deleted the 6 demo jobs" not in said:
             pytest.fail("Ctrl-C did not delete the demo's jobs:\n" + said[-1500:])
 
 
@@ -156,6 +157,14 @@ def test_every_ui_page_over_the_demos_own_jobs(demo: tuple[str, dict[str, str]])
             assert "every 20s" in words and "at most 6 runs" in words, words
             fires = tab.page.locator("#fires tbody tr").count()
             assert 1 <= fires <= 6, fires
+            # the dependency's page links its upstream; a run of it ran after the command's
+            dep = tab.open(f"/ui/jobs/{ids['dependency']}")
+            assert f"/ui/jobs/{ids['command']}" in dep and "runs after" in dep, "the upstream is not linked"
+            ran = wait_for(lambda: [r for r in runs("dependency") if r["status"] == "succeeded"], 60,
+                           "a run of the dependent job")
+            up = next(r for r in runs("command") if r["slot"] == ran[0]["slot"])
+            assert up["status"] == "succeeded" and iso_to_ms(up["finishedAt"]) <= iso_to_ms(ran[0]["startedAt"]), (
+                up, ran[0])
             cal = tab.open("/ui/calendars")
             assert "Calendars" in cal
             assert tab.errors == [], tab.errors

@@ -40,3 +40,17 @@ def test_upstreams_are_the_tenants_jobs_and_a_cycle_is_refused_naming_it(gnomon_
     assert "after" in batch.text and "POST /v1/jobs" in batch.text
     # the upstream's partition heard of its downstream (processors in process: at once)
     assert client.get(f"/v1/jobs/{extract}", headers=acme).json().get("downstreams") == [load_id]
+
+
+def test_the_job_page_links_its_upstreams_and_downstreams(gnomon_api: Any) -> None:
+    from test_ui import Browser
+
+    acme = Browser(gnomon_api.app, gnomon_api.tokens["acme"])
+    up = acme.api("POST", "/v1/jobs", json=job("up")).json()["id"]
+    down = acme.api("POST", "/v1/jobs", json=job("down", after=[{"job": up, "on": "finished"}], waitMaxS=600))
+    assert down.status_code == 201, down.text
+    page = acme.client.get(f"/ui/jobs/{down.json()['id']}")
+    assert page.status_code == 200 and 'id="upstreams"' in page.text
+    assert f'href="/ui/jobs/{up}">{up}</a> (finished)' in page.text and "at most 600 s" in page.text
+    page = acme.client.get(f"/ui/jobs/{up}")
+    assert f'href="/ui/jobs/{down.json()["id"]}"' in page.text and 'id="downstreams"' in page.text

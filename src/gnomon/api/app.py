@@ -424,7 +424,7 @@ def create_app(
         now = clock.now_ms()
         job_id = "job_" + secrets.token_hex(8) if key is None else idempotent_job_id(tenant, key)
         spec = parse_job_spec(data, now, pools=pools)
-        check_after(history, tenant, job_id, spec.after)
+        check_after(history, tenant, job_id, spec.after, recent.get)
         try:
             res = decided(job_id, RegisterJob(job_id, tenant, spec, now))
         except Conflict as exc:
@@ -557,7 +557,7 @@ def create_app(
         now = clock.now_ms()
         check_patch(patch, now, pools=pools)
         if patch.get("after"):  # (a dict: check_patch said so)
-            check_after(history, tenant, job_id, parse_after(patch["after"]))
+            check_after(history, tenant, job_id, parse_after(patch["after"]), recent.get)
         try:
             res = decided(job_id, PatchJob(job_id, tenant, canonical_patch(patch), expected, now))
         except Conflict as exc:

@@ -7,11 +7,12 @@ caught by the wait bound, recorded skipped with the reason (docs/schedules.md)."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gnomon.api.calendars import JOBS_SCANNED_MAX
 from gnomon.core.dependencies import check_dag
 from gnomon.core.errors import ValidationError
+from gnomon.core.jobs import JobState
 from gnomon.core.model import Upstream
 from gnomon.ports import HistoryStore
 
@@ -30,12 +31,18 @@ def tenant_edges(history: HistoryStore, tenant: str) -> dict[str, tuple[str, ...
     return edges
 
 
-def check_after(history: HistoryStore, tenant: str, job_id: str, after: Sequence[Upstream]) -> None:
+def check_after(history: HistoryStore, tenant: str, job_id: str, after: Sequence[Upstream],
+                recent: Callable[[str], JobState | None] = lambda _job_id: None) -> None:
     """ValidationError naming ``after[i].job`` (or ``after``) if ``job_id`` may not wait
-    for ``after``."""
+    for ``after``. ``recent``: a job this API process registered a moment ago, which
+    history may not have yet."""
     if not after:
         return
     edges = tenant_edges(history, tenant)
+    for up in after:
+        fresh = recent(up.job_id) if up.job_id not in edges else None
+        if fresh is not None and fresh.tenant == tenant:
+            edges[up.job_id] = tuple(u.job_id for u in fresh.spec.after)
     for i, up in enumerate(after):
         if up.job_id != job_id and up.job_id not in edges:
             raise ValidationError(f"after[{i}].job", f"no job {up.job_id!r} of this tenant (register the upstream "

@@ -39,6 +39,20 @@ RESTORE_GROUP = "gnomon-restore"  # never joined, never committed
 TXN_CALL_GRACE_S = 5.0
 
 
+def _consume(c: Consumer, max_records: int, timeout_s: float) -> list[Any]:
+    """Up to ``max_records`` records, returning as soon as there is one (librdkafka's
+    ``consume(n, timeout)`` waits the whole timeout unless ``n`` come: every hop of a run
+    released at once, by its upstream's end, would wait it): what is fetched already, else
+    the first record within ``timeout_s`` and what came with it."""
+    msgs = c.consume(max_records, 0)
+    if msgs or timeout_s <= 0:
+        return msgs
+    msgs = c.consume(1, timeout_s)
+    if msgs and max_records > 1:
+        msgs.extend(c.consume(max_records - 1, 0))
+    return msgs
+
+
 def _records(msgs: list[Message], where: str) -> list[Record]:
     """Messages as Records; errors are logged and left out (partition EOF silently)."""
     out: list[Record] = []
@@ -97,7 +111,7 @@ class KafkaReader:
 
     def consume(self, max_records: int, timeout_s: float) -> list[Record]:
         try:
-            return _records(self._c.consume(max_records, timeout_s), "reader")
+            return _records(_consume(self._c, max_records, timeout_s), "reader")
         except KafkaException as exc:
             raise EventLogError(f"consume failed: {exc}") from exc
 
@@ -173,7 +187,7 @@ class KafkaGroupConsumer:
 
     def consume(self, max_records: int, timeout_s: float) -> list[Record]:
         try:
-            return _records(self._c.consume(max_records, timeout_s), "group consumer")
+            return _records(_consume(self._c, max_records, timeout_s), "group consumer")
         except KafkaException as exc:
             raise EventLogError(f"consume failed: {exc}") from exc
 

@@ -79,6 +79,7 @@ CALENDARS_CATCH_UPS_PER_S_MAX = 10
 CALENDARS_CLOCK_SKEW_MS = 1_000
 CALENDARS_CATCH_UP_TIMEOUT_S = 2.0
 OVERLOAD_GAP_MS = 5_000
+LOCAL_ROUNDS_MAX = 8  # dependency messages for owned partitions applied in process, rounds per transaction
 
 
 @dataclass(frozen=True)
@@ -557,6 +558,7 @@ class Processor:
             # waiting runs take free slots across all partitions, in the weighted mix
             outputs.extend(assign_waiting([task for _, task in order], now, self._pickers))
             outputs.extend(self.usage.changes(sorted(self.tasks), now))
+        outputs = self._deliver_locally(outputs, now)
         if outputs or offsets:
             self._commit(outputs, offsets)
         if self.recovering:
@@ -565,6 +567,35 @@ class Processor:
         self.progress_at_s = time.monotonic()
         self.metrics.sample(now, self.tasks, self.directory, len(self.standbys.copies) if self.standbys else 0,
                             self.consumer, self.inputs, self.history.lag if self.history is not None else None)
+
+    def _deliver_locally(self, outputs: list[Output], now: int) -> list[Output]:
+        """Dependency messages (gnomon.dependencies) for a partition this processor owns
+        are applied here, in this transaction, instead of going round through Kafka: a
+        downstream released by its upstream's end is granted in the same transaction as
+        that end (bench/dependencies.py measures the difference). Exactly as if read: each
+        under its own savepoint, a refused one poisoned with its reason; what one causes
+        is delivered too (at most ``LOCAL_ROUNDS_MAX`` rounds, then the rest is produced)."""
+        topic = self.topo.dependencies
+        for _ in range(LOCAL_ROUNDS_MAX):
+            local = [o for o in outputs if o.topic == topic and o.partition in self.tasks]
+            if not local:
+                return outputs
+            outputs = [o for o in outputs if not (o.topic == topic and o.partition in self.tasks)]
+            for o in local:
+                assert o.partition is not None
+                task = self.tasks[o.partition]
+                try:
+                    outputs.extend(task.apply_record(o.value, now, topic, -1))
+                except InfraError:
+                    raise
+                except (RecordFailed, GnomonError) as exc:
+                    why = exc.cause if isinstance(exc, RecordFailed) else exc
+                    log.warning("local %s for %s refused: %s", type(o.value).__name__, o.key, why)
+                    self.poisoned += 1
+                    outputs.append(Output(self.topo.poison, topic, PoisonRecord(
+                        topic, o.partition, -1, f"{type(why).__name__}: {str(why)[:1000]}", o.key.encode(),
+                        codec.encode(o.value, topic), now)))
+        return outputs
 
     def _tick_budget(self, now: int) -> TickBudget:
         """This tick's budget for normal and low triggers (core.overload), after feeding the

@@ -371,9 +371,13 @@ class Worker:
         self.shutdown()
 
     def _wait_s(self) -> float:
-        """How long the loop may block on the inbox: until the next staged slot, at most 50 ms."""
+        """How long the loop may block on the inbox: until the next staged slot, at most 50 ms
+        (10 ms while attempts run: their completions wait for the loop, and a downstream
+        job's run waits for them)."""
         if self._due:
             return 0.005
+        if self._running:
+            return 0.01
         if not self._timer:
             return 0.05
         return max(0.0, min(0.05, (self._timer[0][0] - self.clock.now_ms()) / 1000))
