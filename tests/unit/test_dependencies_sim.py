@@ -9,6 +9,8 @@ checker), a run skipped for its upstreams names them, and no run waits past its 
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -66,7 +68,8 @@ def dags(draw: st.DrawFn) -> list[tuple[str, str, tuple[Upstream, ...], int, int
     return out
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("GNOMON_DAG_EXAMPLES", "8")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(dag=dags(), seed=st.integers(0, 2**16))
 def test_random_dags_under_faults_never_run_before_their_upstreams(
         dag: list[tuple[str, str, tuple[Upstream, ...], int, int | None]], seed: int) -> None:

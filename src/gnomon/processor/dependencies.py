@@ -163,14 +163,38 @@ def _upstream_ended(task: PartitionTask, end: D.UpstreamEnded, now_ms: int) -> l
         return []  # deleted, edited since, or not its upstream: nothing waits for it
     out: list[Output] = []
     ends = D.record_end(job.upstream_ends, end, job.spec.after)
-    if ends != job.upstream_ends:
-        new = replace(job, upstream_ends=ends)
-        task._store_job(job.job_id, job, new, out)
-        job = new
-    out.extend(wake(task, job, now_ms))
-    if end.outcome is D.Outcome.SUCCEEDED:
-        out.extend(_reopen(task, job, end, now_ms))
+    if ends == job.upstream_ends:
+        return out  # a duplicate: decided already
+    kept = replace(job, upstream_ends=ends)
+    out.extend(wake(task, kept, now_ms))
+    if _still_needed(task, kept, end):
+        task._store_job(job.job_id, job, kept, out)
+        if end.outcome is D.Outcome.SUCCEEDED:
+            out.extend(_reopen(task, kept, end, now_ms))
     return out
+
+
+def _still_needed(task: PartitionTask, job: J.JobState, end: D.UpstreamEnded) -> bool:
+    """Must the job keep ``end`` (a record of its state), once its held runs have been
+    woken? Not when every slot of the job it covers has a run that is decided (released,
+    running or finished, and not skipped for an upstream a success reopens): the common
+    chain of equal schedules, where keeping it would add a record to the critical path.
+    Yes for a deletion, an end covering slots not triggered yet or a run still waiting
+    (for another upstream)."""
+    if end.outcome is D.Outcome.DELETED or end.next_slot_ms is None:
+        return True
+    slots = J.slots_between(job.spec, end.first_slot_ms, end.next_slot_ms - 1, REOPEN_SLOTS_MAX)
+    if len(slots) > REOPEN_SLOTS_MAX:
+        return True
+    for slot in slots:
+        run = task.run(slot_run_id(job.job_id, slot))
+        if run is None:
+            if slot >= job.created_at_ms:  # (no run for a slot before the job existed)
+                return True
+            continue
+        if run.status is R.RunStatus.SCHEDULED or (run.status is R.RunStatus.SKIPPED and D.reopens(run.reason)):
+            return True
+    return False
 
 
 def wake(task: PartitionTask, job: J.JobState | None, now_ms: int, job_id: str | None = None) -> list[Output]:
