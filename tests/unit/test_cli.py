@@ -207,3 +207,26 @@ def test_infra_only_names_one_component_or_exits_2(monkeypatch: pytest.MonkeyPat
     assert runner.invoke(app, ["infra", "down"]).exit_code == 0
     assert calls == [("up", ("connect",)), ("up", manager.COMPONENTS), ("down", ("postgres",)),
                      ("down", manager.ALL_COMPONENTS)]
+
+
+def test_jobs_create_sends_after_and_get_prints_upstreams_and_downstreams(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gnomon.cli import jobs as cli_jobs
+
+    sent: list[dict[str, object]] = []
+
+    class Recording(FakeClient):
+        job = {**FakeClient.job, "name": "load", "after": [{"job": "job_t", "on": "succeeded"},
+                                                            {"job": "job_e", "on": "finished"}],
+               "waitMaxS": 600, "downstreams": ["job_r"]}
+
+        def create_job(self, body: dict[str, object], idempotency_key: str | None = None) -> dict[str, object]:
+            sent.append(body)
+            return self.job
+
+    monkeypatch.setattr(cli_jobs, "Client", Recording)
+    res = runner.invoke(app, ["jobs", "create", "load", "--cron", "0 6 * * *", "--handler", "h", "--after", "job_t",
+                              "--after", "job_e:finished", "--wait-max-s", "600"])
+    assert res.exit_code == 0, res.output
+    assert sent[0]["after"] == [{"job": "job_t"}, {"job": "job_e", "on": "finished"}] and sent[0]["waitMaxS"] == 600
+    res = runner.invoke(app, ["jobs", "get", "job_1"], env={"COLUMNS": "200"})
+    assert "after: job_t (succeeded), job_e (finished)" in res.stdout and "downstreams: job_r" in res.stdout

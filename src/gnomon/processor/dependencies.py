@@ -107,7 +107,7 @@ def job_changed(task: PartitionTask, job_id: str, old: J.JobState | None, new: J
     if new is None and old is not None:
         for down in old.downstreams:
             out.append(send(task, D.UpstreamEnded(down, job_id, f"{job_id}@deleted", 0, 0, None, D.Outcome.DELETED,
-                                                  now_ms, reason="deleted", tenant=old.tenant)))
+                                                  now_ms, tenant=old.tenant)))
     return out
 
 
