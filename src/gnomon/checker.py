@@ -7,6 +7,9 @@ Feed it the records in log order (``observe``), then ``check(jobs, until_ms)``:
   is exactly one run or a recorded skip (missed = 0, duplicates = 0); a skipped range
   record accounts for every slot of the schedule inside it, slot by slot, except a slot a
   backfill later ran (its own run accounts for it);
+* a job after its upstreams (no schedule of its own) has for slots exactly the slots of
+  its upstreams' finished scheduled runs at or after its creation (a skipped range: its
+  last slot): each is one run or a recorded skip of it, and it has no other;
 * a run's fencing token grows by one per grant, and a new grant only follows an
   attempt that ended or one still staged (granted, never reported started), so no two
   started attempts overlap;
@@ -71,8 +74,38 @@ class HistoryChecker:
         rep = CheckReport(stale_rejected=self.stale_stops)
         self._check_runs(rep, now_ms)
         for job in jobs:
-            self._check_slots(rep, job, (first_slots or {}).get(job.job_id))
+            if job.spec.schedule.after_upstreams:
+                self._check_follow(rep, job)
+            else:
+                self._check_slots(rep, job, (first_slots or {}).get(job.job_id))
         return rep
+
+    def _mine(self, job_id: str) -> dict[str, RunState]:
+        prefix = job_id + "@"
+        return {rid: st[-1] for rid, st in self.ledger.items() if rid.startswith(prefix) and not st[-1].manual}
+
+    def _check_follow(self, rep: CheckReport, job: JobState) -> None:
+        """A job after its upstreams: its logical times are its upstreams' slots."""
+        expected: set[int] = set()
+        for up in job.spec.after:
+            for run in self._mine(up.job_id).values():
+                if run.status.terminal and run.slot_ms >= job.created_at_ms:
+                    expected.add(run.slot_ms)
+        by_slot = {s.slot_ms: s for s in self._mine(job.job_id).values()}
+        for slot in sorted(expected):
+            rep.slots += 1
+            st = by_slot.get(slot)
+            if st is None:
+                rep.missed += 1
+                rep.problems.append(f"{job.job_id} slot {slot} (an upstream's) has no run and no skip")
+            elif st.status is RunStatus.SKIPPED:
+                rep.skips += 1
+            else:
+                rep.runs += 1
+        for slot, st in sorted(by_slot.items()):
+            if slot not in expected and not st.backfill and st.spec.schedule.after_upstreams:
+                rep.duplicates += 1
+                rep.problems.append(f"{st.run_id}: no upstream of {job.job_id} ended a run of slot {slot}")
 
     def _check_runs(self, rep: CheckReport, now_ms: int) -> None:
         for run_id, states in self.ledger.items():

@@ -584,11 +584,14 @@ class SimCluster:
                  wait_max_s: int | None = None) -> None:
         """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time; with
         ``schedule``, that one: an interval, bounds), as the API registers it; ``after``:
-        its upstream jobs (an id waits for success)."""
+        its upstream jobs (an id waits for success); ``cron`` "" with ``after``: no
+        schedule of its own, it runs after them."""
         from gnomon.core.model import JobSpec, Priority, RetryPolicy, TargetType
 
         if schedule is None:
-            schedule = Schedule(run_at_ms=run_at_ms) if run_at_ms is not None else Schedule(cron=cron)
+            # (cron "" with after: no schedule of its own, the job runs after its upstreams)
+            schedule = (Schedule(run_at_ms=run_at_ms) if run_at_ms is not None
+                        else Schedule(cron=cron) if cron or not after else Schedule())
         spec = JobSpec(name=job_id, schedule=schedule, target=Target(TargetType.HANDLER, handler=HANDLER),
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
                        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),

@@ -1,7 +1,8 @@
 """Dependencies wired (issue 25; docs/adr/0011 decision 4), in the simulation: the real
 processors over the in-memory log, with seeded kills, stalls and lost commits.
 
-The property, over random DAGs, schedules, outcomes and faults: a downstream run starts
+The property, over random DAGs, schedules (some jobs with none of their own: they run
+after their upstreams), outcomes and faults: a downstream run starts
 only after the run of its upstreams' latest slot at or before its own slot has ended as
 required (succeeded, or finished), every slot is accounted for once (the history
 checker), a run skipped for its upstreams names them, and no run waits past its bound
@@ -36,7 +37,11 @@ def check_dependencies(c: SimCluster, wait_max_s: dict[str, int]) -> None:
             continue
         for up in job.spec.after:
             upjob = jobs[up.job_id]
-            slot = J.last_slots_at_or_before(upjob.spec, run.slot_ms, 1)
+            if upjob.spec.schedule.after_upstreams:  # its slots: the runs it has
+                slot = sorted((r.slot_ms for r in runs.values() if r.job_id == up.job_id and not r.manual
+                               and r.slot_ms <= run.slot_ms), reverse=True)[:1]
+            else:
+                slot = J.last_slots_at_or_before(upjob.spec, run.slot_ms, 1)
             cover = runs.get(slot_run_id(up.job_id, slot[0])) if slot else None
             if run.started_at_ms is not None:
                 assert cover is not None and cover.status.terminal, f"{run.run_id} started before {up.job_id} ended"
@@ -64,7 +69,8 @@ def dags(draw: st.DrawFn) -> list[tuple[str, str, tuple[Upstream, ...], int, int
         after = tuple(Upstream(f"j{u}", draw(st.sampled_from(list(DependsOn)))) for u in ups)
         fails = draw(st.sampled_from([0, 0, 1, 9]))  # 9: more than its attempts: dead-lettered
         wait = draw(st.sampled_from([None, 45, 90])) if after else None
-        out.append((f"j{i}", draw(st.sampled_from(SCHEDULES)), after, fails, wait))
+        # "": no schedule of its own (it runs after its upstreams)
+        out.append((f"j{i}", draw(st.sampled_from(SCHEDULES + (("",) if after else ()))), after, fails, wait))
     return out
 
 
@@ -139,3 +145,61 @@ def test_deleting_an_upstream_skips_its_downstreams_until_they_are_edited() -> N
     later = runs["down@2026-12-25T12:00:00Z"]
     assert later.status is R.RunStatus.SKIPPED and later.reason == "upstream job up was deleted", later.reason
     assert "down" not in c.jobs()["down"].downstreams and c.jobs()["down"].upstream_ends[-1].outcome.value == "deleted"
+
+
+def test_a_job_without_a_schedule_runs_after_each_run_of_its_upstream_once() -> None:
+    """extract on cron -> transform and load with no schedule of their own: each slot of
+    extract runs transform then load, in order, once, under the simulation's faults."""
+    c = SimCluster(11, processors=2, workers=2, partitions=4)
+    c.clock.set(T0)
+    c.register("extract", "0 * * * * *")
+    c.run_for(500, faults=False)
+    c.register("transform", "", after=("extract",))
+    c.register("load", "", after=("transform",))
+    c.run_for(200_000)
+    c.heal(10_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    # (extract's slot at T0 came before transform existed: it has no run of it)
+    slots = sorted(r.slot_ms for r in runs.values() if r.job_id == "extract" and r.status.terminal and r.slot_ms > T0)
+    assert len(slots) >= 3 and slot_run_id("transform", T0) not in runs
+    for slot in slots:
+        e, t, ld = (runs.get(slot_run_id(j, slot)) for j in ("extract", "transform", "load"))
+        assert e is not None and t is not None and ld is not None, slot
+        assert t.status is R.RunStatus.SUCCEEDED and ld.status is R.RunStatus.SUCCEEDED, (t, ld)
+        assert e.finished_at_ms is not None and t.started_at_ms is not None and e.finished_at_ms <= t.started_at_ms
+        assert t.finished_at_ms is not None and ld.started_at_ms is not None and t.finished_at_ms <= ld.started_at_ms
+    assert {r.slot_ms for r in runs.values() if r.job_id == "load"} == set(slots)
+    assert c.jobs()["load"].status is J.JobStatus.ACTIVE and c.jobs()["load"].next_run_at_ms is None
+    check_dependencies(c, {})
+    rep = c.history_report()
+    assert rep.missed == 0 and rep.duplicates == 0 and not rep.problems, f"{rep.summary()} {rep.problems[:5]}"
+    assert rep.slots >= 3 * len(slots)
+
+
+def test_a_job_without_a_schedule_is_skipped_with_the_reason_paused_or_failed_and_refuses_a_backfill() -> None:
+    c = SimCluster(13, processors=1, workers=1, partitions=2)
+    c.clock.set(T0)
+    c.register("extract", "0 * * * * *", fail_attempts=1, max_attempts=1)  # every run fails
+    c.register("ok", "0 * * * * *")
+    c.run_for(500, faults=False)
+    c.register("report", "", after=("extract",))
+    c.register("paused", "", after=("ok",))
+    c.run_for(500, faults=False)
+    c.submit(J.PauseJob("paused", "sim", c.clock.now_ms()))
+    c.run_for(70_000, faults=False)
+    c.heal(5_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    slot = "2026-12-25T11:59:00Z"
+    rp, pz = runs[f"report@{slot}"], runs[f"paused@{slot}"]
+    assert rp.status is R.RunStatus.SKIPPED and rp.reason is not None
+    assert rp.reason.startswith(f"upstream extract@{slot} failed"), rp.reason
+    assert pz.status is R.RunStatus.SKIPPED and pz.reason == "paused", pz.reason
+    rep = c.history_report()
+    assert rep.missed == 0 and rep.duplicates == 0 and not rep.problems, f"{rep.summary()} {rep.problems[:5]}"
+    job = c.jobs()["report"]
+    try:
+        J.check_backfill_slots(job, (iso_to_ms(slot),))
+    except Exception as exc:  # noqa: BLE001 - the type and text are the point
+        assert "no schedule of its own" in str(exc), exc
+    else:
+        raise AssertionError("a backfill of a job without a schedule was accepted")

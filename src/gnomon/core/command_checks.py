@@ -61,9 +61,11 @@ def check_spec(spec: JobSpec, now_ms: int, *, pools: frozenset[str] = DEFAULT_PO
     """``spec`` as the API would have built it from the same request, or ValidationError
     naming the API's field (``schedule``, ``timezone``, ``target.argv``...)."""
     schedule = spec.schedule
-    if sum(v is not None for v in (schedule.cron, schedule.run_at_ms, schedule.every_s)) != 1:
+    given = sum(v is not None for v in (schedule.cron, schedule.run_at_ms, schedule.every_s))
+    if given != 1 and not (given == 0 and spec.after):
         raise ValidationError("schedule", "give exactly one of schedule (a cron expression), every (an "
-                                          "interval) or runAt (an ISO-8601 instant)")
+                                          "interval) or runAt (an ISO-8601 instant), or none of them with "
+                                          "after")
     if schedule.run_at_ms is not None and not 0 <= schedule.run_at_ms <= SLOT_MAX_MS:
         raise ValidationError("runAt", f"must be an instant between 1970 and 9999, got {schedule.run_at_ms} ms")
     try:

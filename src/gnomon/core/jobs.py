@@ -16,7 +16,7 @@ from enum import StrEnum
 
 from gnomon.core import schedule as S
 from gnomon.core.calendars import Calendar, calendar_reason, excluded_by
-from gnomon.core.dependencies import UpstreamEnded
+from gnomon.core.dependencies import Outcome, UpstreamEnded
 from gnomon.core.errors import Conflict, JobNotFound, TransitionError, ValidationError
 from gnomon.core.model import (
     CatchUp,
@@ -75,6 +75,17 @@ class JobState:
     downstreams: tuple[str, ...] = ()
     # the latest ends of this job's upstreams' runs (core.dependencies.record_end)
     upstream_ends: tuple[UpstreamEnded, ...] = ()
+    # a job after its upstreams (no schedule of its own): the latest slots it staged a run
+    # for (or recorded skipped), ascending, at most FOLLOWED_SLOTS_KEPT (``decide_follow``)
+    followed_slots: tuple[int, ...] = ()
+
+
+FOLLOWED_SLOTS_KEPT = 64
+
+
+def _live(spec: JobSpec, next_run_at_ms: int | None) -> JobStatus:
+    """ACTIVE while the schedule has a slot left (a job after its upstreams always may)."""
+    return JobStatus.ACTIVE if next_run_at_ms is not None or spec.schedule.after_upstreams else JobStatus.DONE
 
 
 def runs_left(state: JobState) -> int | None:
@@ -404,6 +415,9 @@ def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str 
     if state.spec.schedule.run_at_ms is not None:
         raise TransitionError(f"job {state.job_id} is a one-time job; backfill needs a repeating schedule "
                               "(trigger it by hand instead)")
+    if state.spec.schedule.after_upstreams:
+        raise TransitionError(f"job {state.job_id} has no schedule of its own (it runs after its upstreams); "
+                              "backfill its upstreams instead: their runs stage its runs")
     if state.status is not JobStatus.ACTIVE:
         raise TransitionError(f"job {state.job_id} is {state.status.value}; resume it before a backfill")
     if not slots_ms:
@@ -444,6 +458,12 @@ def describe_schedule(spec: JobSpec) -> str:
     sched = spec.schedule
     if sched.run_at_ms is not None:
         return f"once at {ms_to_iso(sched.run_at_ms)}"
+    if sched.after_upstreams:
+        ups = ", ".join(u.job_id for u in spec.after)
+        text = f"after each run of {ups} (no schedule of its own)"
+        if spec.exclude_calendars:
+            text += f", not on the dates of {', '.join(spec.exclude_calendars)}"
+        return text
     if sched.every_s is not None:
         text = f"every {format_duration_s(sched.every_s)}"
         if sched.anchor_ms is not None:
@@ -654,6 +674,39 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
     return events
 
 
+def decide_follow(state: JobState, end: UpstreamEnded, now_ms: int,
+                  calendars: Sequence[Calendar] = ()) -> list[JobEvent]:
+    """A job after its upstreams (no schedule of its own) learns that an upstream run of
+    slot T ended: T is one of its logical times, staged now (a run, which then waits for
+    all its upstreams like any downstream run) unless it was staged already. Recorded
+    skipped instead while the job is paused (reason ``paused``) or on a date one of its
+    ``calendars`` holds. Nothing for a slot before the job existed, a deletion, or a slot
+    older than every one of its last ``FOLLOWED_SLOTS_KEPT`` (decided long ago, or an end
+    so late that it cannot be told from one: the caller counts it)."""
+    slot = end.last_slot_ms
+    if not state.spec.schedule.after_upstreams or state.status is JobStatus.DELETED:
+        return []
+    if end.outcome is Outcome.DELETED or slot < state.created_at_ms or slot in state.followed_slots:
+        return []
+    if len(state.followed_slots) >= FOLLOWED_SLOTS_KEPT and slot < state.followed_slots[0]:
+        return []
+    run_id = slot_run_id(state.job_id, slot)
+    if state.status is JobStatus.PAUSED:
+        return [RunSkipped(run_id, state.job_id, state.tenant, state.spec, slot, "paused", now_ms)]
+    excluded = excluded_by(calendars, slot) if calendars else None
+    if excluded is not None:
+        return [RunSkipped(run_id, state.job_id, state.tenant, state.spec, slot, calendar_reason(excluded), now_ms)]
+    return [RunTriggered(run_id=run_id, job_id=state.job_id, tenant=state.tenant, spec=state.spec, slot_ms=slot,
+                         not_before_ms=slot + jitter_offset_ms(state.job_id, slot, state.spec.jitter_s),
+                         manual=False, at_ms=now_ms)]
+
+
+def follow_too_old(state: JobState, end: UpstreamEnded) -> bool:
+    """``decide_follow`` dropped ``end`` because its slot is older than every slot kept."""
+    return (state.spec.schedule.after_upstreams and end.outcome is not Outcome.DELETED
+            and len(state.followed_slots) >= FOLLOWED_SLOTS_KEPT and end.last_slot_ms < state.followed_slots[0])
+
+
 # ---- evolve ----------------------------------------------------------------------------
 
 
@@ -661,15 +714,15 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
     if isinstance(event, JobRegistered):
         return JobState(
             job_id=event.job_id, tenant=event.tenant, spec=event.spec,
-            status=JobStatus.ACTIVE if event.next_run_at_ms is not None else JobStatus.DONE,
+            status=_live(event.spec, event.next_run_at_ms),
             next_run_at_ms=event.next_run_at_ms, version=1,
             created_at_ms=event.at_ms, updated_at_ms=event.at_ms,
         )
     assert state is not None, f"{type(event).__name__} on a missing job"
     if isinstance(event, JobUpdated):
         status = state.status
-        if status is JobStatus.DONE and event.next_run_at_ms is not None:
-            status = JobStatus.ACTIVE
+        if status is JobStatus.DONE:
+            status = _live(event.spec, event.next_run_at_ms)
         ups = {u.job_id for u in event.spec.after}
         ends = tuple(e for e in state.upstream_ends if e.upstream_job in ups)  # (only of its upstreams now)
         return replace(state, spec=event.spec, next_run_at_ms=event.next_run_at_ms, status=status,
@@ -677,12 +730,15 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
     if isinstance(event, JobPaused):
         return replace(state, status=JobStatus.PAUSED, version=state.version + 1, updated_at_ms=event.at_ms)
     if isinstance(event, JobResumed):
-        return replace(state, status=JobStatus.ACTIVE if event.next_run_at_ms is not None else JobStatus.DONE,
+        return replace(state, status=_live(state.spec, event.next_run_at_ms),
                        next_run_at_ms=event.next_run_at_ms, version=state.version + 1, updated_at_ms=event.at_ms)
     if isinstance(event, JobDeleted):
         return None
     if isinstance(event, RunTriggered | RunSkipped):
         counted = state.scheduled_runs + (isinstance(event, RunTriggered) and not event.manual and not event.backfill)
+        if state.spec.schedule.after_upstreams and not (isinstance(event, RunTriggered) and event.manual):
+            followed = tuple(sorted({*state.followed_slots, event.slot_ms}))[-FOLLOWED_SLOTS_KEPT:]
+            return replace(state, scheduled_runs=counted, followed_slots=followed)
         if not event.advances:
             return state if counted == state.scheduled_runs else replace(state, scheduled_runs=counted)
         nxt = event.advance_to_ms

@@ -69,8 +69,9 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Exactly one of ``cron`` (with ``tz``), ``every_s`` (an interval) or ``run_at_ms``
-    (one time) is set. The slots it makes: ``gnomon.core.schedule``."""
+    """At most one of ``cron`` (with ``tz``), ``every_s`` (an interval) or ``run_at_ms``
+    (one time) is set. The slots it makes: ``gnomon.core.schedule``. None of them: the job
+    has no schedule of its own and runs after its upstreams (``after_upstreams``)."""
 
     cron: str | None = None
     tz: str = "UTC"
@@ -88,6 +89,12 @@ class Schedule:
     @property
     def is_one_time(self) -> bool:
         return self.run_at_ms is not None
+
+    @property
+    def after_upstreams(self) -> bool:
+        """No slot of its own: the job's logical times are its upstreams' slots, each one
+        staged when an upstream run of it ends (``gnomon.core.dependencies``)."""
+        return self.cron is None and self.run_at_ms is None and self.every_s is None
 
 
 class DependsOn(StrEnum):

@@ -7,6 +7,10 @@ one time, within the schedule's bounds. Pure; all instants are UTC epoch millise
   Intervals are absolute durations: "every 24h" keeps 24 hours between slots across a
   DST change, so its wall time moves by an hour; a schedule that must keep its wall time
   is a cron expression. The zone does not shape an interval's slots.
+* **after its upstreams** (none of them set, the job has ``after``): no slot of its own;
+  every function here answers "none", except ``is_slot``, which accepts any instant a
+  calendar holds (an upstream's slot: the job's logical times are its upstreams' slots,
+  ``gnomon.core.dependencies``).
 * **bounds**: no slot before ``start_at_ms`` nor after ``end_at_ms`` (both inclusive
   instants, the API's ``startAt``/``endAt``). ``max_runs`` is not a property of the slot
   sequence but of what the job already ran: ``gnomon.core.jobs`` counts it.
@@ -33,6 +37,8 @@ SLOT_MAX_MS = 253_402_300_799_000
 
 def next_after(schedule: Schedule, after_ms: int) -> int | None:
     """The first slot strictly after ``after_ms`` within the bounds, or None."""
+    if schedule.after_upstreams:
+        return None
     lo = after_ms
     if schedule.start_at_ms is not None and schedule.start_at_ms - 1 > lo:
         lo = schedule.start_at_ms - 1
@@ -58,6 +64,8 @@ def next_n(schedule: Schedule, after_ms: int, count: int) -> list[int]:
 
 def last_at_or_before(schedule: Schedule, until_ms: int, count: int) -> list[int]:
     """Up to ``count`` latest slots at or before ``until_ms`` within the bounds, newest first."""
+    if schedule.after_upstreams:
+        return []
     if schedule.end_at_ms is not None:
         until_ms = min(until_ms, schedule.end_at_ms)
     lo = schedule.start_at_ms
@@ -76,6 +84,8 @@ def is_slot(schedule: Schedule, ms: int) -> bool:
     calendar holds: a forged or corrupt slot read from a topic."""
     if not 0 <= ms <= SLOT_MAX_MS:
         return False
+    if schedule.after_upstreams:
+        return True  # (any upstream's slot is one of its logical times)
     try:
         return next_after(schedule, ms - 1) == ms
     except (ValueError, OverflowError, OSError):
@@ -84,8 +94,9 @@ def is_slot(schedule: Schedule, ms: int) -> bool:
 
 def shortest_gap_ms(schedule: Schedule, from_ms: int, sample: int) -> int | None:
     """The shortest gap between two of the next ``sample`` slots after ``from_ms``
-    (ignoring the bounds: what the schedule *can* do), or None for a one-time schedule."""
-    if schedule.run_at_ms is not None:
+    (ignoring the bounds: what the schedule *can* do), or None for a one-time schedule
+    (and one after its upstreams: they fire no more often than their own schedules)."""
+    if schedule.run_at_ms is not None or schedule.after_upstreams:
         return None
     if schedule.every_s is not None:
         return schedule.every_s * 1000

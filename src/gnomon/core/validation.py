@@ -320,6 +320,9 @@ def _parse_bounds(data: Mapping[str, Any], schedule: Schedule, now_ms: int, end_
     if schedule.run_at_ms is not None:
         raise ValidationError(given[0], "bounds (startAt, endAt, maxRuns) apply to a repeating schedule "
                                         "(schedule or every), not to runAt")
+    if schedule.after_upstreams:
+        raise ValidationError(given[0], "bounds (startAt, endAt, maxRuns) apply to a schedule of the job's "
+                                        "own; a job after its upstreams runs when they do")
     start = parse_instant(data["startAt"], schedule.tz, "startAt") if data.get("startAt") is not None else None
     end = parse_instant(data["endAt"], schedule.tz, "endAt") if data.get("endAt") is not None else None
     if start is not None and end is not None and end < start:
@@ -335,11 +338,16 @@ def _parse_bounds(data: Mapping[str, Any], schedule: Schedule, now_ms: int, end_
 
 
 def _parse_when(data: Mapping[str, Any], tz: str, now_ms: int, run_at_must_be_future: bool) -> Schedule:
-    """Exactly one of ``schedule`` (cron), ``every`` (an interval, with ``from``) or ``runAt``."""
+    """Exactly one of ``schedule`` (cron), ``every`` (an interval, with ``from``) or ``runAt``;
+    or none of them with ``after``: the job runs after each run of its upstreams."""
     cron_expr, run_at, every = data.get("schedule"), data.get("runAt"), data.get("every")
-    if sum(v is not None for v in (cron_expr, run_at, every)) != 1:
+    given = sum(v is not None for v in (cron_expr, run_at, every))
+    if given == 0 and data.get("after") and data.get("from") is None:
+        return Schedule(tz=tz)
+    if given != 1:
         raise ValidationError("schedule", "give exactly one of schedule (a cron expression), every (an "
-                                          "interval such as \"90m\") or runAt (an ISO-8601 instant)")
+                                          "interval such as \"90m\") or runAt (an ISO-8601 instant), or none "
+                                          "of them with after (the job runs after each run of its upstreams)")
     if data.get("from") is not None and every is None:
         raise ValidationError("from", "is the anchor of an interval: give it with every")
     if cron_expr is not None:
@@ -449,9 +457,9 @@ def job_spec_to_json(spec: JobSpec) -> dict[str, Any]:
         out["every"] = format_duration_s(sched.every_s)
         if sched.anchor_ms is not None:
             out["from"] = ms_to_iso(sched.anchor_ms)
-    else:
-        assert sched.run_at_ms is not None
+    elif sched.run_at_ms is not None:
         out["runAt"] = ms_to_iso(sched.run_at_ms)
+    # (none: the job runs after its upstreams, ``after`` below)
     # bounds only when set (a reader of an older job sees the fields it knew)
     if sched.start_at_ms is not None:
         out["startAt"] = ms_to_iso(sched.start_at_ms)

@@ -12,12 +12,17 @@ state (``PartitionTask``), inside the caller's savepoint and transaction.
 * D's partition keeps the latest ends (``JobState.upstream_ends``), wakes its held runs
   (``RunHeld``) and reopens the runs an upstream's failure had skipped once a replay or
   backfill of that upstream succeeds.
+* A downstream with no schedule of its own (``Schedule.after_upstreams``) has its
+  upstreams' slots for logical times: the first end of an upstream run of slot T stages
+  its run of T (``core.jobs.decide_follow``), which then waits for every upstream like
+  any downstream run.
 * Deleting U tells every downstream (``deleted``: their runs are skipped with the reason
   until they are edited); deleting D drops its edges.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from gnomon.adapters.kafka import partition_for
@@ -31,6 +36,8 @@ from gnomon.processor.output import Output
 
 if TYPE_CHECKING:
     from gnomon.processor.task import PartitionTask
+
+log = logging.getLogger(__name__)
 
 REOPEN_SLOTS_MAX = 100  # a downstream's slots one upstream success may reopen
 _OUTCOMES = {
@@ -72,8 +79,26 @@ def end_of(run: R.RunState, job: J.JobState, downstream: str, now_ms: int) -> D.
 
 
 def _next_slot(job: J.JobState, slot_ms: int) -> int | None:
-    """The job's first slot after ``slot_ms`` (a one-time job has none)."""
-    return None if job.spec.schedule.run_at_ms is not None else J.first_slot_after(job.spec, slot_ms)
+    """The job's first slot after ``slot_ms`` (a one-time job has none). A job after its
+    upstreams has no schedule to say it: its next logical time is its upstreams' first
+    slot after ``slot_ms`` that the ends it holds name (``slot_ms + 1`` if none does, so
+    that the end covers its own slot only)."""
+    if job.spec.schedule.run_at_ms is not None:
+        return None
+    if job.spec.schedule.after_upstreams:
+        later = [e.next_slot_ms for e in job.upstream_ends
+                 if e.next_slot_ms is not None and e.next_slot_ms > slot_ms and e.outcome is not D.Outcome.DELETED]
+        return min(later, default=slot_ms + 1)
+    return J.first_slot_after(job.spec, slot_ms)
+
+
+def _latest_slot(job: J.JobState, now_ms: int) -> int | None:
+    """The job's latest slot at or before ``now_ms`` (of a job after its upstreams: the
+    latest it staged)."""
+    if job.spec.schedule.after_upstreams:
+        return max((s for s in job.followed_slots if s <= now_ms), default=None)
+    latest = J.last_slots_at_or_before(job.spec, now_ms, 1)
+    return latest[0] if latest else None
 
 
 def ended(task: PartitionTask, before: R.RunState | None, run: R.RunState, now_ms: int) -> list[Output]:
@@ -148,8 +173,8 @@ def _declared(task: PartitionTask, msg: D.DependencyDeclared, now_ms: int) -> li
         job = new
     # the end of its latest slot's run, if it is known here: a downstream declared after
     # it learns it now (one whose run has left state waits for the next, or its bound)
-    latest = J.last_slots_at_or_before(job.spec, now_ms, 1)
-    run = task.run(slot_run_id(job.job_id, latest[0])) if latest else None
+    latest = _latest_slot(job, now_ms)
+    run = task.run(slot_run_id(job.job_id, latest)) if latest is not None else None
     if run is not None and run.status.terminal:
         end = end_of(run, job, msg.downstream_job, now_ms)
         if end is not None:
@@ -166,11 +191,36 @@ def _upstream_ended(task: PartitionTask, end: D.UpstreamEnded, now_ms: int) -> l
     if ends == job.upstream_ends:
         return out  # a duplicate: decided already
     kept = replace(job, upstream_ends=ends)
+    if job.spec.schedule.after_upstreams:
+        return _follow(task, job, kept, end, now_ms)
     out.extend(wake(task, kept, now_ms))
     if _still_needed(task, kept, end):
         task._store_job(job.job_id, job, kept, out)
         if end.outcome is D.Outcome.SUCCEEDED:
             out.extend(_reopen(task, kept, end, now_ms))
+    return out
+
+
+def _follow(task: PartitionTask, job: J.JobState, kept: J.JobState, end: D.UpstreamEnded,
+            now_ms: int) -> list[Output]:
+    """``_upstream_ended`` for a job after its upstreams: stage its run of the end's slot
+    (the job state records it, with the end: one record), then decide its held runs."""
+    cals = (task.calendars.for_job(job.tenant, job.spec.exclude_calendars)
+            if task.calendars is not None and job.spec.exclude_calendars else ())
+    events = J.decide_follow(kept, end, now_ms, cals)
+    if J.follow_too_old(kept, end):
+        task.stats.follow_ends_too_old += 1
+        log.warning("job %s: the end of %s (slot %d) is older than its last %d logical times; no run staged",
+                    job.job_id, end.upstream_run, end.last_slot_ms, J.FOLLOWED_SLOTS_KEPT)
+    out: list[Output] = []
+    if events:
+        out.extend(task._apply_job_events(job.job_id, job, events, now_ms, start=kept))
+    else:
+        task._store_job(job.job_id, job, kept, out)
+    stored = task.job(job.job_id)
+    out.extend(wake(task, stored, now_ms))
+    if end.outcome is D.Outcome.SUCCEEDED and stored is not None:
+        out.extend(_reopen(task, stored, end, now_ms))
     return out
 
 
@@ -216,7 +266,11 @@ def _reopen(task: PartitionTask, job: J.JobState, end: D.UpstreamEnded, now_ms: 
     downstream's runs it covers (a replay, a backfill): they run after all."""
     to = (end.next_slot_ms - 1) if end.next_slot_ms is not None else now_ms
     out: list[Output] = []
-    for slot in J.slots_between(job.spec, end.first_slot_ms, min(to, now_ms), REOPEN_SLOTS_MAX):
+    if job.spec.schedule.after_upstreams:
+        slots = [s for s in job.followed_slots if end.first_slot_ms <= s <= min(to, now_ms)]
+    else:
+        slots = J.slots_between(job.spec, end.first_slot_ms, min(to, now_ms), REOPEN_SLOTS_MAX)
+    for slot in slots:
         run = task.run(slot_run_id(job.job_id, slot))
         if run is None:
             continue

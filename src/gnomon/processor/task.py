@@ -248,6 +248,7 @@ class TaskStats:
     tick_runs_examined: int = 0
     purged: int = 0  # finished runs that left state (tombstoned)
     replays_refused: int = 0  # triggers for slots already decided (maybe purged), refused
+    follow_ends_too_old: int = 0  # upstream ends too late to stage a run of a job after its upstreams
     quota_waits: int = 0  # grants held back because the run's tenant was at its quota
     admissions_refused: int = 0  # commands over a tenant limit
     unsigned_refused: int = 0  # commands whose signature did not prove their tenant (core.command_auth)
@@ -854,13 +855,14 @@ class PartitionTask:
                                     retry_after_s=OVERLOAD_RETRY_AFTER_S)
 
     def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],
-                          now_ms: int, *, preflight: bool = False) -> list[Output]:
+                          now_ms: int, *, preflight: bool = False, start: J.JobState | None = None) -> list[Output]:
         """``preflight``: decide the run commands first, so one that is refused raises
-        before anything is written (a backfill: many runs of one command)."""
+        before anything is written (a backfill: many runs of one command). ``start``: the
+        state the events apply to when it is not the stored ``state`` yet (one record)."""
         out: list[Output] = []
         if not events:
             return out
-        new = state
+        new = start if start is not None else state
         changed = False
         run_cmds: list[J.RunTriggered | J.RunSkipped] = []
         for ev in events:
