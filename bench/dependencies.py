@@ -3,6 +3,7 @@
     .venv/bin/python bench/dependencies.py --chains 20 --duration-s 90
     .venv/bin/python bench/dependencies.py --chains 20 --duration-s 90 --independent   # the same jobs, no after
     .venv/bin/python bench/dependencies.py --chains 20 --duration-s 90 --processors 2  # pairs split across processors
+    .venv/bin/python bench/dependencies.py --chains 20 --duration-s 90 --no-schedule   # down: no schedule of its own
 
 Starts Kafka + Cassandra if needed, one processor, one worker (bench/deps_app.py: the
 handler records its own start and end) and the history projector; registers N chains
@@ -65,6 +66,8 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=int, default=20)
     ap.add_argument("--independent", action="store_true", help="no after: the baseline")
     ap.add_argument("--processors", type=int, default=1)
+    ap.add_argument("--no-schedule", action="store_true",
+                    help="the downstreams have no schedule of their own (a run after each upstream run)")
     args = ap.parse_args()
     s, topo = load(), load_topology()
     from gnomon.infra import manager
@@ -113,7 +116,8 @@ def main() -> None:
         now = int(time.time() * 1000)
         for up, down in pairs:
             after = () if args.independent else (Upstream(up),)
-            send(RegisterJob(down, "bench", JobSpec(**{**base.__dict__, "after": after}), now))
+            sched = Schedule() if args.no_schedule and after else base.schedule
+            send(RegisterJob(down, "bench", JobSpec(**{**base.__dict__, "after": after, "schedule": sched}), now))
         p.flush(30)
         lo_ms = (now // EVERY_MS + 1) * EVERY_MS + args.warmup_s * 1000
         while time.time() * 1000 < lo_ms:
@@ -159,7 +163,9 @@ def main() -> None:
                 split[same].append(d[0] - u[1])
     downs = len(pairs) * len(slots)
     twice = sum(1 for n in runs_of.values() if n > 1)
-    print(f"\n{'independent jobs (no after)' if args.independent else 'chains up -> down'}: {len(pairs)} pairs, "
+    kind = ("independent jobs (no after)" if args.independent
+            else "chains up -> down (down: no schedule of its own)" if args.no_schedule else "chains up -> down")
+    print(f"\n{kind}: {len(pairs)} pairs, "
           f"{len(slots)} slots each measured, machine of {os.cpu_count()} CPUs")
     if lags:
         print(f"downstream start - upstream end (ms): p50 {pct(lags, 50):.0f}  p99 {pct(lags, 99):.0f}  "

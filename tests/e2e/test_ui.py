@@ -122,14 +122,21 @@ class Ui:
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
-    def create_job(self, name: str, argv: list[str], *, schedule: str, attempts: int = 1, tz: str = "UTC") -> str:
-        """Fill the jobs page's form; the job page it lands on; returns the job id."""
+    def create_job(self, name: str, argv: list[str], *, schedule: str, attempts: int = 1, tz: str = "UTC",
+                   after: list[str] | None = None) -> str:
+        """Fill the jobs page's form; the job page it lands on; returns the job id.
+        ``schedule`` "" with ``after``: no schedule of its own."""
         self.goto("/ui/jobs")
         if self.page.locator("#new-job[open]").count() == 0:
             self.page.click("#new-job summary")
         form = self.page.locator("#create-job")
         form.locator("input[name=name]").fill(name)
-        form.locator("input[name=schedule]").fill(schedule)
+        if after:
+            form.locator("input[name=after]").fill(", ".join(after))
+        if schedule:
+            form.locator("input[name=schedule]").fill(schedule)
+        else:
+            form.locator("input[name=when][value=after]").check()
         form.locator("input[name=timezone]").fill(tz)
         form.locator("select[name=targetType]").select_option("command")
         form.locator("textarea[name=argv]").fill("\n".join(argv))
@@ -231,6 +238,23 @@ def test_create_a_job_see_runs_and_logs_pause_resume_backfill(ui: Ui, tenants: T
     ui.page.click("#resume")
     ui.page.wait_for_selector("#pause", timeout=20_000)
     assert ui.page.inner_text("#job-status") == "active"
+
+
+def test_a_job_after_its_upstream_only_is_made_and_runs_from_the_form(ui: Ui, tenants: Tenants) -> None:
+    """The form's "after its upstreams only": a job with no schedule of its own, listed
+    as such, whose runs follow its upstream's slot by slot."""
+    ui.sign_in(tenants.token_a, tenants.a)
+    tag = secrets.token_hex(3)
+    up = ui.create_job(f"ui-up-{tag}", ["true"], schedule="*/2 * * * * *")
+    down = ui.create_job(f"ui-down-{tag}", ["sh", "-c", f"echo after-{tag}"], schedule="", after=[up])
+    words = ui.page.inner_text("#schedule-words")
+    assert f"after each run of {up}" in words, words
+    ui.wait_rows("succeeded", 2)
+    slots = [r.get_attribute("data-run-id") for r in ui.run_rows("succeeded").all()]
+    assert all(str(s).startswith(f"{down}@") for s in slots), slots
+    ui.goto("/ui/jobs")
+    row = ui.page.locator("tr", has_text=f"ui-down-{tag}").first.inner_text()
+    assert f"after each run of {up}" in row, row
 
 
 def test_backfill_trigger_cancel_and_a_live_log_tail(ui: Ui, tenants: Tenants) -> None:

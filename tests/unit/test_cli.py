@@ -230,3 +230,9 @@ def test_jobs_create_sends_after_and_get_prints_upstreams_and_downstreams(monkey
     assert sent[0]["after"] == [{"job": "job_t"}, {"job": "job_e", "on": "finished"}] and sent[0]["waitMaxS"] == 600
     res = runner.invoke(app, ["jobs", "get", "job_1"], env={"COLUMNS": "200"})
     assert "after: job_t (succeeded), job_e (finished)" in res.stdout and "downstreams: job_r" in res.stdout
+    # no schedule of its own: --after alone; nothing at all is exit 2 with one line
+    res = runner.invoke(app, ["jobs", "create", "report", "--handler", "h", "--after", "job_t"])
+    assert res.exit_code == 0, res.output
+    assert sent[1]["after"] == [{"job": "job_t"}] and not {"schedule", "every", "runAt"} & set(sent[1])
+    res = runner.invoke(app, ["jobs", "create", "report", "--handler", "h"])
+    assert res.exit_code == 2 and "give exactly one of --cron, --every or --at" in res.output, res.output

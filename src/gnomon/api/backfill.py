@@ -122,6 +122,9 @@ def plan_backfill(job: JobState, from_ms: int, to_ms: int, history_run: Callable
     ``BACKFILL_SLOTS_MAX`` slots."""
     if job.spec.schedule.run_at_ms is not None:
         raise Conflict(f"job {job.job_id} is a one-time job: nothing to backfill (trigger it instead)")
+    if job.spec.schedule.after_upstreams:
+        raise Conflict(f"job {job.job_id} has no schedule of its own (it runs after its upstreams): backfill "
+                       "its upstreams instead; their runs stage its runs")
     if job.status is JobStatus.PAUSED:
         raise Conflict(f"job {job.job_id} is paused; resume it before a backfill")
     if job.status is not JobStatus.ACTIVE:

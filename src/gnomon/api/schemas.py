@@ -110,10 +110,11 @@ class Retry(_Closed):
 
 
 _SCHEDULE_DOC = ("cron expression (5 fields, or 6 with seconds first), wall clock in the job's timezone; "
-                 "exactly one of schedule, every and runAt")
+                 "exactly one of schedule, every and runAt, or none of them with after (the job runs after "
+                 "each run of its upstreams)")
 _EVERY_DOC = ("an interval: a slot every this long, e.g. 90m, 1h30m, 7d, 45s (1 s to 366 days); absolute time "
               "(a DST change does not shape it: use schedule for a fixed wall time); exactly one of schedule, "
-              "every and runAt")
+              "every and runAt, or none of them with after")
 _FROM_DOC = ("the interval's first slot (its anchor); later slots are every apart from it. Default: the Unix "
              "epoch (every 90m: 00:00, 01:30, 03:00 UTC...)")
 Duration = Annotated[str, Field(pattern=r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$", max_length=32,
@@ -150,7 +151,8 @@ class _JobFields(_Closed):
     after: Annotated[list[UpstreamInput], Field(max_length=10)] | None = Field(
         default=None, description="jobs of this tenant whose runs this job's runs wait for: the run of an "
                                   "upstream's latest slot at or before this job's slot must have succeeded (on: "
-                                  "succeeded, the default) or ended (on: finished); docs/schedules.md")
+                                  "succeeded, the default) or ended (on: finished). With no schedule, every nor runAt the job has no "
+                                  "schedule of its own: a run after each run of its upstreams; docs/schedules.md")
     waitMaxS: Annotated[int, Field(ge=1, le=7 * 86_400)] | None = Field(
         default=None, description="how long past its slot a run waits for its upstreams before it is recorded "
                                   "skipped with the reason; default 86400")

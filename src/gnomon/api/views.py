@@ -49,6 +49,8 @@ def fires_view(state: JobState, after_ms: int, count: int, calendars: Sequence[C
     ended = ended_because(state)
     if ended is not None:  # done: no slot follows, and endedBecause says why (not a preview's guess)
         shown = Preview((), ended)
+    elif spec.schedule.after_upstreams:  # its slots come when its upstreams' runs end
+        shown = Preview((), "no schedule of its own: a run after each run of its upstreams")
     else:
         shown = preview(spec.schedule, after_ms=after_ms, count=count, job_id=state.job_id,
                         jitter_s=spec.jitter_s, runs_left=runs_left(state), counted_before_ms=state.next_run_at_ms,

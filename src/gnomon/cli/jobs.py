@@ -66,8 +66,10 @@ def create(
     json_: JsonOpt = False,
 ) -> None:
     """Register a job and print its id."""
-    if sum(v is not None for v in (cron, every, at)) != 1:
-        raise ValidationError("--cron/--every/--at", "give exactly one of --cron, --every or --at")
+    given = sum(v is not None for v in (cron, every, at))
+    if given != 1 and not (given == 0 and after):
+        raise ValidationError("--cron/--every/--at", "give exactly one of --cron, --every or --at (or none, with "
+                              "--after: the job runs after each run of its upstreams)")
     targets = [t for t in (cmd, http, handler) if t is not None]
     if len(targets) != 1:
         raise ValidationError("--command/--http/--handler", "give exactly one target")
@@ -81,7 +83,7 @@ def create(
         body["schedule"] = cron
     elif every is not None:
         body["every"] = every
-    else:
+    elif at is not None:
         body["runAt"] = at
     for field, value in (("from", from_), ("startAt", start_at), ("endAt", end_at), ("maxRuns", max_runs)):
         if value is not None:
@@ -168,7 +170,8 @@ def list_(limit: int = 100, json_: JsonOpt = False) -> None:
     for name in ("name", "status", "schedule", "next run (UTC)"):
         table.add_column(name)
     for j in page["items"]:
-        when = j.get("schedule") or (f"every {j['every']}" if j.get("every") else j.get("runAt"))
+        when = j.get("schedule") or (f"every {j['every']}" if j.get("every") else j.get("runAt")) or (
+            "after " + ", ".join(u["job"] for u in j.get("after") or []))
         _row(table, j["id"], j["name"], j["status"], when, j.get("nextRunAt"))
     console.print(table)
 

@@ -81,10 +81,10 @@ def register_demo(client: Client, callback_url: str) -> dict[str, str]:
     ids = {}
     for name, body in jobs.items():
         ids[name] = client.create_job({"name": f"demo {tag}: {name}", "timeoutS": 30, **body})["id"]
-    # a dependency: every 10 s too, each run after the command job's run of the same slot
-    # succeeded (docs/schedules.md, "Dependencies")
+    # a dependency with no schedule of its own: a run after each run of the command job,
+    # once that run succeeded (docs/schedules.md, "Dependencies")
     name = "after the command (dependency)"
-    ids[name] = client.create_job({"name": f"demo {tag}: {name}", "timeoutS": 30, "schedule": "*/10 * * * * *",
+    ids[name] = client.create_job({"name": f"demo {tag}: {name}", "timeoutS": 30,
                                    "after": [{"job": ids["every 10 s (command)"]}], "waitMaxS": 60,
                                    "target": {"type": "handler", "name": "echo"}})["id"]
     return ids

@@ -104,7 +104,11 @@ function jobBody(form) {
   const f = new FormData(form);
   const value = (name) => (f.get(name) || "").toString().trim();
   const body = { name: value("name") };
-  if (value("when") === "once") {
+  const upstreams = value("after").split(/[\s,]+/).filter((a) => a !== "");
+  if (upstreams.length) body.after = upstreams.map((job) => ({ job }));
+  if (value("when") === "after") {
+    // no schedule of its own: a run after each run of its upstreams
+  } else if (value("when") === "once") {
     body.runAt = value("runAt");
   } else if (value("when") === "every") {
     body.every = value("every");
@@ -112,7 +116,7 @@ function jobBody(form) {
   } else {
     body.schedule = value("schedule");
   }
-  if (value("when") !== "once") {
+  if (value("when") === "cron" || value("when") === "every") {
     if (value("startAt")) body.startAt = value("startAt");
     if (value("endAt")) body.endAt = value("endAt");
     if (value("maxRuns")) body.maxRuns = Number(value("maxRuns"));
