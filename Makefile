@@ -52,12 +52,14 @@ sysdeps: ## install the sandbox tools (bubblewrap, uidmap, podman, runc, busybox
 	  else echo "gnomon: command targets need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
 	fi
 
-testdeps: ## install chromium from Debian packages (the web UI's browser test, tests/e2e/test_ui.py), as root, if missing
-	@command -v chromium >/dev/null || { \
+testdeps: ## install chromium (the web UI's browser test) and systemd (systemd-analyze verify of infra/systemd) from Debian packages, as root, if missing
+	@missing=""; for dep in chromium:chromium systemd-analyze:systemd; do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep##*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "gnomon: installing chromium (the web UI's browser test)"; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
-	  else echo "gnomon: the web UI's browser test needs chromium; install it (apt-get install chromium)"; exit 1; fi; }
+	    echo "gnomon: installing$$missing (the web UI's browser test; checking the systemd units)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null; }; \
+	  else echo "gnomon: the tests need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
+	fi
 
 run: setup sysdeps ## fetch + start Kafka and Cassandra, start gnomon with a demo, show runs live (DURATION=s to stop by itself)
 	$(BIN)/python -m gnomon.demo.run $(if $(DURATION),--duration-s $(DURATION))
