@@ -122,3 +122,24 @@ def ensure_all(directory: Path) -> dict[str, Credential]:
     names = (*KAFKA_ROLES, KAFKA_BROKER, KAFKA_CONTROLLER, CASSANDRA, CASSANDRA_ADMIN, REGISTRY_ADMIN, REGISTRY_READER)
     ensure_dir(directory)
     return {n: ensure(directory, n) for n in names}
+
+
+# ---- TLS of the local stack (gnomon.infra.tls writes these; the clients read them) -------
+
+TLS_DIR = "tls"
+TLS_MARKER = "enabled"
+CA_FILE_ENV = "GNOMON_KAFKA_CA_FILE"
+
+
+def tls_enabled(state_dir: Path) -> bool:
+    """Does the stack of ``state_dir`` run with TLS (``gnomon infra up --tls``)?"""
+    return (state_dir / TLS_DIR / TLS_MARKER).exists()
+
+
+def tls_ca_file(state_dir: Path) -> Path | None:
+    """The CA certificate a client trusts: ``$GNOMON_KAFKA_CA_FILE``, else the local
+    stack's (when it runs with TLS), else None (the system's CAs)."""
+    if os.environ.get(CA_FILE_ENV):
+        return Path(os.environ[CA_FILE_ENV])
+    ca = state_dir / TLS_DIR / "ca.pem"
+    return ca if tls_enabled(state_dir) and ca.exists() else None

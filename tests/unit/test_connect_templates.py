@@ -18,7 +18,7 @@ VARIABLES = {
     "registry_url": "http://127.0.0.1:8081", "postgres_url": "jdbc:postgresql://127.0.0.1:15432/gnomon",
     "postgres_user": "gnomon_export",
     "postgres_password": "${file:/s/connect/secrets.properties:postgres.password}", "security_protocol": "SASL_PLAINTEXT",
-    "sasl_mechanism": "SCRAM-SHA-512", "sasl_jaas_config": "x required;",
+    "sasl_mechanism": "SCRAM-SHA-512", "sasl_jaas_config": "x required;", "tls_config": "# TLS off",
     "registry_user_info": "${file:/s/connect/secrets.properties:registry.user.info}",
 }
 TEMPLATES = connect.connector_templates()

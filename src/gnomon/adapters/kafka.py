@@ -38,6 +38,7 @@ DEFAULT_ROLE = "admin"
 DEFAULT_MECHANISM = "SCRAM-SHA-512"
 
 _role: ContextVar[str | None] = ContextVar("gnomon_kafka_role", default=None)
+_stack: ContextVar[Path | None] = ContextVar("gnomon_kafka_stack", default=None)
 _warned: set[str] = set()
 
 
@@ -51,6 +52,17 @@ def kafka_role(role: str) -> Iterator[None]:
         _role.reset(token)
 
 
+@contextlib.contextmanager
+def kafka_stack(state_dir: Path) -> Iterator[None]:
+    """Clients configured inside this block follow the TLS mode of the local stack in
+    ``state_dir`` (``gnomon infra`` acting on a stack other than $GNOMON_STATE_DIR's)."""
+    token = _stack.set(state_dir)
+    try:
+        yield
+    finally:
+        _stack.reset(token)
+
+
 def current_role(role: str | None = None) -> str:
     return role or _role.get() or os.environ.get(ROLE_ENV) or DEFAULT_ROLE
 
@@ -58,16 +70,21 @@ def current_role(role: str | None = None) -> str:
 def security_config(role: str | None = None, *, credentials_dir: Path | None = None) -> dict[str, Any]:
     """The librdkafka security settings of ``role`` (see the module doc); {} without credentials."""
     from gnomon import credentials
+    from gnomon.config import load
 
-    protocol = os.environ.get(PROTOCOL_ENV) or "SASL_PLAINTEXT"
+    settings = load()
+    stack = _stack.get() or settings.state_dir
+    tls = credentials.tls_enabled(stack)
+    protocol = os.environ.get(PROTOCOL_ENV) or ("SASL_SSL" if tls else "SASL_PLAINTEXT")
     mechanism = os.environ.get(MECHANISM_ENV) or DEFAULT_MECHANISM
+    ssl: dict[str, Any] = {}
+    if protocol.endswith("SSL") and (ca := credentials.tls_ca_file(stack)) is not None:
+        ssl["ssl.ca.location"] = str(ca)
     username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
     if not (username and password):
         who = current_role(role)
         if credentials_dir is None:
-            from gnomon.config import load
-
-            credentials_dir = load().credentials_dir
+            credentials_dir = settings.credentials_dir
         try:
             cred = credentials.read(credentials_dir, who)
         except credentials.CredentialError as exc:
@@ -78,10 +95,12 @@ def security_config(role: str | None = None, *, credentials_dir: Path | None = N
                 log.warning("no Kafka credentials for role %s (%s, $%s/$%s): connecting without "
                             "authentication", who, credentials.path(credentials_dir, who), USERNAME_ENV,
                             PASSWORD_ENV)
-            return {"security.protocol": os.environ[PROTOCOL_ENV]} if os.environ.get(PROTOCOL_ENV) else {}
+            if os.environ.get(PROTOCOL_ENV):
+                return {"security.protocol": os.environ[PROTOCOL_ENV], **ssl}
+            return {"security.protocol": "SSL", **ssl} if tls else {}
         username, password = cred.username, cred.password
     return {"security.protocol": protocol, "sasl.mechanism": mechanism,
-            "sasl.username": username, "sasl.password": password}
+            "sasl.username": username, "sasl.password": password, **ssl}
 
 
 def producer_config(bootstrap: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:

@@ -30,7 +30,11 @@ app = typer.Typer(help="Fetch, start and stop Kafka and Cassandra (no Docker nee
 @app.command()
 @command
 def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft nodes")] = 1,
-       only: Annotated[str | None, typer.Option("--only", help=ONLY_HELP)] = None) -> None:
+       only: Annotated[str | None, typer.Option("--only", help=ONLY_HELP)] = None,
+       tls: Annotated[bool | None, typer.Option(
+           "--tls/--no-tls", help="Kafka's listeners speak TLS (SASL_SSL), with a private CA and per-node "
+                                  "certificates under <state dir>/tls; remembered until --no-tls "
+                                  "(default: as last time, else off)")] = None) -> None:
     """Fetch (first time), start and wait until Kafka, Cassandra and the schema registry
     serve (or only the --only component); create topics."""
     from gnomon.core.errors import ValidationError
@@ -40,7 +44,7 @@ def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft
     if kafka_nodes not in (1, 3):
         raise ValidationError("--kafka-nodes", "must be 1 (development) or 3 (fault tests)")
     one = _only(only)
-    manager.up(load(), kafka_nodes=kafka_nodes, components=(one,) if one else manager.COMPONENTS)
+    manager.up(load(), kafka_nodes=kafka_nodes, components=(one,) if one else manager.COMPONENTS, tls=tls)
 
 
 @app.command()

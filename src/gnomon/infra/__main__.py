@@ -25,7 +25,7 @@ from gnomon.infra.errors import InfraError
 USAGE = (
     "python -m gnomon.infra up|down|status|topics [--kafka-nodes 1|3] "
     "[--only kafka|cassandra|registry|connect|postgres] "
-    "[--json] [--bootstrap HOST:PORT] [--replication-factor N]"
+    "[--tls|--no-tls] [--json] [--bootstrap HOST:PORT] [--replication-factor N]"
 )
 
 
@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
         help="act on one component (registry: the schema registry; connect: Kafka Connect, "
         "never started by default, and with it postgres, the database its JDBC sink writes to)",
     )
+    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                   help="up only: Kafka's listeners speak TLS (SASL_SSL) with a private CA under <state dir>/tls; "
+                        "remembered until --no-tls")
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument("--bootstrap", help="topics only: Kafka to use (default: settings)")
     p.add_argument("--replication-factor", type=int, default=1, help="topics only (default 1)")
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "up":
             _print_status(
-                manager.up(settings, kafka_nodes=args.kafka_nodes, components=components), args.json
+                manager.up(settings, kafka_nodes=args.kafka_nodes, components=components, tls=args.tls), args.json
             )
         elif args.action == "down":
             manager.down(settings, components=components)

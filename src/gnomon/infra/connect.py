@@ -191,7 +191,12 @@ def security_variables(settings: Settings, role: str = ROLE) -> dict[str, str]:
         if sec["sasl.mechanism"] == "PLAIN"
         else "org.apache.kafka.common.security.scram.ScramLoginModule"
     )
+    ca = sec.get("ssl.ca.location")
+    tls_config = "# TLS off" if ca is None else "\n".join(
+        f"{prefix}ssl.truststore.{key}={value}"
+        for prefix in ("", "producer.", "consumer.", "admin.") for key, value in (("type", "PEM"), ("location", ca)))
     return {
+        "tls_config": tls_config,
         "security_protocol": sec["security.protocol"],
         "sasl_mechanism": sec["sasl.mechanism"],
         "sasl_jaas_config": f'{module} required username="{sec["sasl.username"]}" '

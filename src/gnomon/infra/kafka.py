@@ -36,7 +36,7 @@ from typing import Any
 
 from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, procs
+from gnomon.infra import fetch, jvm, procs, tls
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say
@@ -182,7 +182,10 @@ def render_config(
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes(settings, count))
     template = Template((CONF_DIR / "server.properties.template").read_text())
     broker, controller = creds[credentials.KAFKA_BROKER], creds[credentials.KAFKA_CONTROLLER]
+    on = tls.is_enabled(settings.state_dir)
     return template.substitute(
+        protocol="SASL_SSL" if on else "SASL_PLAINTEXT",
+        tls_config=_tls_config(settings, node) if on else "# TLS off (gnomon infra up --tls turns it on)",
         node_id=node.node_id,
         quorum_voters=voters,
         port=node.port,
@@ -196,6 +199,23 @@ def render_config(
         controller_username=controller.username,
         controller_password=controller.password,
     )
+
+
+def _tls_config(settings: Settings, node: KafkaNode) -> str:
+    """Every listener (clients, inter-broker, the controller quorum) speaks TLS with the
+    node's certificate (gnomon.infra.tls), a PEM keystore of its key and chain."""
+    cert = tls.ensure_host(settings.state_dir, node.name, ["127.0.0.1"])
+    keystore = tls.tls_dir(settings.state_dir) / f"{node.name}.keystore.pem"
+    credentials.write_secret(keystore, cert.key.read_text() + cert.cert.read_text())
+    return "\n".join([
+        "# TLS on every listener (gnomon.infra.tls): the node's key and chain, the stack's CA",
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={keystore}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={cert.ca}",
+        "ssl.client.auth=none",
+        "ssl.endpoint.identification.algorithm=https",
+    ])
 
 
 def _fingerprint(cred: credentials.Credential) -> str:

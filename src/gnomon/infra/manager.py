@@ -19,8 +19,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from gnomon.adapters.kafka import kafka_stack
 from gnomon.config import Settings
 from gnomon.infra import cassandra, connect, fetch, jvm, kafka, perms, postgres, procs, registry
+from gnomon.infra import tls as tls_
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import ensure_topics, topic_specs
@@ -60,13 +62,26 @@ def _lock(settings: Settings) -> Iterator[None]:
 
 
 def up(
-    settings: Settings, kafka_nodes: int = 1, components: Sequence[str] = COMPONENTS
+    settings: Settings, kafka_nodes: int = 1, components: Sequence[str] = COMPONENTS, tls: bool | None = None
 ) -> dict[str, Any]:
     """Fetch (first run), start and wait until each component serves; create topics.
 
-    Already-running components are only health-checked. Returns :func:`status`.
+    Already-running components are only health-checked. ``tls``: Kafka's listeners speak
+    TLS (gnomon.infra.tls), remembered in the state directory; None: as last time.
+    Returns :func:`status`.
     """
     _check(components, kafka_nodes)
+    if tls is not None and tls != tls_.is_enabled(settings.state_dir):
+        if kafka.running_names(settings):
+            raise InfraError(f"Kafka runs with TLS {'off' if tls else 'on'}; run `gnomon infra down` before "
+                             f"starting it with TLS {'on' if tls else 'off'}")
+        tls_.enable(settings.state_dir, tls)
+        say(f"TLS {'on' if tls else 'off'} for Kafka's listeners (gnomon.infra.tls)")
+    with kafka_stack(settings.state_dir):
+        return _up(settings, kafka_nodes, components)
+
+
+def _up(settings: Settings, kafka_nodes: int, components: Sequence[str]) -> dict[str, Any]:
     begun = time.monotonic()
     tightened = perms.private_state_dir(settings.state_dir)  # before anything writes tenants' data
     if tightened:
