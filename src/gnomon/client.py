@@ -77,7 +77,9 @@ class Client:
         self.answer_wait_s = answer_wait_s
         settings = load()
         self.url = (url or settings.api_url).rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+        # an API serving HTTPS with a private CA: $GNOMON_API_CA_FILE (else the system's CAs)
+        ca = os.environ.get("GNOMON_API_CA_FILE")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, verify=ca or True,
                                   headers={"Authorization": f"Bearer {token or default_token(settings)}"})
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:

@@ -18,6 +18,7 @@ import typer
 
 from gnomon.cli.common import command, console, fail, require_server_extra
 from gnomon.config import REPO_ROOT, load
+from gnomon.core.errors import ValidationError
 from gnomon.worker.log_budget import LOG_LINES_MAX
 
 if TYPE_CHECKING:
@@ -345,6 +346,11 @@ def api(
         min=1, max=64, help="API processes sharing the port, each with its own Kafka producer and Cassandra "
                             "session (default $GNOMON_API_WORKERS or 1)")] = None,
     access_log: Annotated[bool, typer.Option(help="log every request (one line each)")] = True,
+    tls_cert: Annotated[Path | None, typer.Option(
+        "--tls-cert", help="serve HTTPS with this certificate chain (PEM; default $GNOMON_API_TLS_CERT); "
+                           "plain HTTP is then refused")] = None,
+    tls_key: Annotated[Path | None, typer.Option(
+        "--tls-key", help="its private key (PEM; default $GNOMON_API_TLS_KEY)")] = None,
 ) -> None:
     """Serve the REST API (OpenAPI at /openapi.json)."""
     require_server_extra("api", "fastapi", "uvicorn")
@@ -355,8 +361,15 @@ def api(
     if dev:  # the worker processes build their own app: they read dev mode from the environment
         os.environ["GNOMON_DEV"] = "1"
     load_principals(s)  # no tokens: refuse here, once, before any worker starts
+    cert = tls_cert or (Path(v) if (v := os.environ.get("GNOMON_API_TLS_CERT")) else None)
+    key = tls_key or (Path(v) if (v := os.environ.get("GNOMON_API_TLS_KEY")) else None)
+    if (cert is None) != (key is None):
+        raise ValidationError("--tls-cert/--tls-key", "give both the certificate and its key, or neither")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None and not path.is_file():
+            raise ValidationError(flag, f"{path} is not a readable file")
     serve(host=host, port=port or s.api_port, workers=api_workers() if workers is None else workers,
-          access_log=access_log)
+          access_log=access_log, tls=(cert, key) if cert is not None and key is not None else None)
 
 
 @command
