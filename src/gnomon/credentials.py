@@ -27,6 +27,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gnomon.core.errors import InfraError
 
@@ -143,3 +144,26 @@ def tls_ca_file(state_dir: Path) -> Path | None:
         return Path(os.environ[CA_FILE_ENV])
     ca = state_dir / TLS_DIR / "ca.pem"
     return ca if tls_enabled(state_dir) and ca.exists() else None
+
+
+CASSANDRA_TLS_ENV = "GNOMON_CASSANDRA_TLS"
+CASSANDRA_CA_FILE_ENV = "GNOMON_CASSANDRA_CA_FILE"
+
+
+def cassandra_ssl_context(state_dir: Path) -> Any:
+    """The TLS context of a Cassandra client (an ``ssl.SSLContext`` that checks the
+    node's certificate and name), or None for plaintext: TLS when
+    ``$GNOMON_CASSANDRA_TLS`` is 1 (trusting ``$GNOMON_CASSANDRA_CA_FILE``, else the
+    system's CAs) or when the local stack of ``state_dir`` runs with TLS (its CA)."""
+    import ssl
+
+    on = os.environ.get(CASSANDRA_TLS_ENV)
+    if on is not None and on.strip() not in ("", "1", "0", "true", "false"):
+        raise InfraError(f"{CASSANDRA_TLS_ENV}={on!r}: use 1 or 0")
+    wanted = on.strip() in ("1", "true") if on is not None and on.strip() else tls_enabled(state_dir)
+    if not wanted:
+        return None
+    ca = os.environ.get(CASSANDRA_CA_FILE_ENV) or (str(state_dir / TLS_DIR / "ca.pem")
+                                                   if tls_enabled(state_dir) else None)
+    ctx = ssl.create_default_context(cafile=ca)  # verifies the chain and the node's address
+    return ctx

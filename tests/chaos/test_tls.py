@@ -1,12 +1,14 @@
-"""Kafka with TLS on every listener (issue 26; `gnomon infra up --tls`), on brokers of
-its own:
+"""Kafka and Cassandra with TLS on every connection (issue 26; `gnomon infra up
+--tls`), on a broker and a node of their own:
 
 * the broker offers only SASL_SSL listeners (clients, inter-broker, the controller
   quorum): a SASL_PLAINTEXT client with good credentials is refused, and a TLS client
   that does not trust the stack's CA is refused too; the keys are 0600;
+* Cassandra refuses a plaintext client (client encryption, ``optional: false``);
 * gnomon's processes configured for TLS (``GNOMON_KAFKA_SECURITY_PROTOCOL=SASL_SSL``,
-  ``GNOMON_KAFKA_CA_FILE``) run the core path over it: jobs registered, every slot run
-  once (the history checker);
+  ``GNOMON_KAFKA_CA_FILE``, ``GNOMON_CASSANDRA_TLS=1``, ``GNOMON_CASSANDRA_CA_FILE``) run
+  the core path over it: jobs registered, every slot run once (the history checker),
+  every finished run in Cassandra's history (the projector over TLS);
 * the broker's certificate is rotated without downtime: a new certificate is issued, the
   broker reloads its keystore through a dynamic config change, new connections see the
   new certificate, and the processes connected before it keep running slots meanwhile.
@@ -28,13 +30,18 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from gnomon.adapters.kafka import security_config
 from gnomon.config import Settings, load
+from gnomon.core.errors import HistoryStoreError
 from gnomon.core.jobs import PauseJob, RegisterJob
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core.runs import RunStatus
+from gnomon.history.cassandra import CassandraHistoryStore
+from gnomon.history.session import connect
 from gnomon.infra import fetch, kafka, manager, tls
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_brokers]
 
 PORT, CONTROLLER_PORT = 39092, 39093
+CQL_PORT, STORAGE_PORT = 39042, 37000
 
 
 def _peer_serial(port: int, ca: Path) -> int:
@@ -59,11 +66,13 @@ def _refused(config: dict[str, object]) -> str:
 
 def test_tls_only_listeners_the_core_path_over_tls_and_a_live_certificate_rotation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(state_dir=tmp_path / "kafka-tls", kafka_port=PORT, kafka_controller_port=CONTROLLER_PORT,
+    settings = Settings(state_dir=tmp_path / "stack-tls", kafka_port=PORT, kafka_controller_port=CONTROLLER_PORT,
+                        cassandra_port=CQL_PORT, cassandra_storage_port=STORAGE_PORT,
                         credentials_path=load().credentials_dir)  # the processes' credentials work there
     (settings.state_dir / "lib").mkdir(parents=True)
-    (settings.state_dir / "lib" / "kafka").symlink_to(fetch.lib_dir(load().state_dir, "kafka"))
-    manager.up(settings, kafka_nodes=1, components=("kafka",), tls=True)
+    for component in ("kafka", "cassandra"):
+        (settings.state_dir / "lib" / component).symlink_to(fetch.lib_dir(load().state_dir, component))
+    manager.up(settings, kafka_nodes=1, components=("kafka", "cassandra"), tls=True)
     ca = tls.ca_file(settings.state_dir)
     bootstrap = kafka.bootstrap(settings, 1)
     try:
@@ -84,13 +93,23 @@ def test_tls_only_listeners_the_core_path_over_tls_and_a_live_certificate_rotati
         log(f"plaintext refused: {_refused(plain)[:120]}")
         untrusted = {k: v for k, v in good.items() if k != "ssl.ca.location"}  # the system's CAs only
         log(f"untrusted CA refused: {_refused(untrusted)[:120]}")
+        # Cassandra: a plaintext client is refused; the processes get TLS from the environment
+        monkeypatch.setenv("GNOMON_CASSANDRA_PORT", str(CQL_PORT))
+        monkeypatch.setenv("GNOMON_CASSANDRA_TLS", "0")
+        with pytest.raises(HistoryStoreError):
+            connect(["127.0.0.1"], CQL_PORT)
+        monkeypatch.setenv("GNOMON_CASSANDRA_TLS", "1")
+        monkeypatch.setenv("GNOMON_CASSANDRA_CA_FILE", str(ca))
+        cluster, _ = connect(["127.0.0.1"], CQL_PORT)
+        cluster.shutdown()
 
         tag = "tls" + secrets.token_hex(3)
         sc = Scenario(tag, tmp_path)
         try:
             sc.processor("p1")
             sc.worker("w1")
-            sc.wait_ready("p1", "w1")
+            sc.start("projector", "projector")
+            sc.wait_ready("p1", "w1", "projector")
             now = int(time.time() * 1000)
             spec = JobSpec(name="tls", schedule=Schedule(cron="*/2 * * * * *"),
                            target=Target(TargetType.COMMAND, argv=("true",)), timeout_s=20,
@@ -130,6 +149,19 @@ def test_tls_only_listeners_the_core_path_over_tls_and_a_live_certificate_rotati
             log(f"checker: {report.summary()}; {len(after_rotation)} runs started after the rotation")
             assert report.missed == 0 and report.duplicates == 0 and not report.problems, report.problems[:5]
             assert after_rotation, "no slot ran after the rotation"
+            # history over TLS: every finished run of the ledger is in Cassandra, finished
+            done = {r.run_id for r in runs if r.status is RunStatus.SUCCEEDED}
+            store = CassandraHistoryStore(["127.0.0.1"], CQL_PORT)
+            try:
+                deadline, missing = time.monotonic() + 60, sorted(done)
+                while missing and time.monotonic() < deadline:
+                    missing = [rid for rid in missing
+                               if (h := store.get_run(rid)) is None or h.status is not RunStatus.SUCCEEDED]
+                    time.sleep(1 if missing else 0)
+            finally:
+                store.close()
+            log(f"history over TLS: {len(done) - len(missing)} of {len(done)} finished runs")
+            assert done and not missing, f"history misses {len(missing)} runs, e.g. {missing[:3]}"
         finally:
             sc.stop_all()
     finally:

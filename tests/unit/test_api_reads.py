@@ -403,7 +403,7 @@ def test_api_command_serves_with_workers(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv(wiring.WORKERS_ENV, "3")
     res = CliRunner().invoke(app, ["api", "--port", "18999", "--no-access-log"])
     assert res.exit_code == 0, res.output
-    assert seen == {"host": "127.0.0.1", "port": 18999, "workers": 3, "access_log": False}
+    assert seen == {"host": "127.0.0.1", "port": 18999, "workers": 3, "access_log": False, "tls": None}
     res = CliRunner().invoke(app, ["api", "--workers", "2"])
     assert res.exit_code == 0 and seen["workers"] == 2 and seen["access_log"] is True
 

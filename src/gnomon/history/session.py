@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gnomon.core.errors import HistoryStoreError
+from gnomon.core.errors import HistoryStoreError, InfraError
 
 __all__ = ["PASSWORD_ENV", "USERNAME_ENV", "client_credentials", "connect", "one_line", "translate_errors"]
 
@@ -93,8 +93,15 @@ def connect(
         consistency_level=ConsistencyLevel.LOCAL_QUORUM,
         request_timeout=request_timeout_s,
     )
+    from gnomon import credentials
+    from gnomon.config import load
+
     where = ",".join(hosts) + f":{port}"
     creds = client_credentials() if auth is _DEFAULT else auth
+    try:
+        ssl_context = credentials.cassandra_ssl_context(load().state_dir)
+    except (OSError, InfraError, ValueError) as exc:
+        raise HistoryStoreError(f"cassandra TLS: {one_line(exc)}") from exc
     with translate_errors(f"connect to {where}"):
         cluster = Cluster(
             contact_points=list(hosts),
@@ -104,6 +111,7 @@ def connect(
             control_connection_timeout=connect_timeout_s,
             reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
             auth_provider=PlainTextAuthProvider(*creds) if creds else None,
+            ssl_context=ssl_context,
         )
         try:
             session = cluster.connect()

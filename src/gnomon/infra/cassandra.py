@@ -23,7 +23,7 @@ from typing import Any
 
 from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, procs
+from gnomon.infra import fetch, jvm, procs, tls
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say
@@ -68,6 +68,7 @@ def render_config(settings: Settings) -> str:
     data = home(settings) / "data"
     template = Template((CONF_DIR / "cassandra.yaml.template").read_text())
     return template.substitute(
+        encryption=_encryption(settings) if tls.is_enabled(settings.state_dir) else "# TLS off (gnomon infra up --tls)",
         storage_port=settings.cassandra_storage_port,
         native_port=settings.cassandra_port,
         data_dir=data / "data",
@@ -76,6 +77,20 @@ def render_config(settings: Settings) -> str:
         hints_dir=data / "hints",
         cdc_raw_dir=data / "cdc_raw",
     )
+
+
+def _encryption(settings: Settings) -> str:
+    """Client and internode encryption with the node's certificate (gnomon.infra.tls): a
+    plaintext client is refused (``optional: false``)."""
+    cert = tls.ensure_host(settings.state_dir, NAME, [HOST])
+    keystore = tls.tls_dir(settings.state_dir) / f"{NAME}.keystore.pem"
+    credentials.write_secret(keystore, cert.key.read_text() + cert.cert.read_text())
+    block = ("  enabled: true\n  optional: false\n  ssl_context_factory:\n"
+             "    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory\n"
+             f"  keystore: {keystore}\n  truststore: {cert.ca}\n")
+    return ("# TLS on (gnomon.infra.tls): clients and the other nodes\n"
+            "client_encryption_options:\n" + block + "  require_client_auth: false\n"
+            "server_encryption_options:\n  internode_encryption: all\n" + block.replace("  enabled: true\n", ""))
 
 
 def jvm_options() -> list[str]:
@@ -137,6 +152,7 @@ def _cluster(settings: Settings, cred: credentials.Credential | None) -> Any:
         connect_timeout=5,
         control_connection_timeout=5,
         auth_provider=PlainTextAuthProvider(cred.username, cred.password) if cred else None,
+        ssl_context=credentials.cassandra_ssl_context(settings.state_dir),
     )
 
 

@@ -72,11 +72,11 @@ def up(
     """
     _check(components, kafka_nodes)
     if tls is not None and tls != tls_.is_enabled(settings.state_dir):
-        if kafka.running_names(settings):
-            raise InfraError(f"Kafka runs with TLS {'off' if tls else 'on'}; run `gnomon infra down` before "
+        if kafka.running_names(settings) or cassandra.running_names(settings):
+            raise InfraError(f"the stack runs with TLS {'off' if tls else 'on'}; run `gnomon infra down` before "
                              f"starting it with TLS {'on' if tls else 'off'}")
         tls_.enable(settings.state_dir, tls)
-        say(f"TLS {'on' if tls else 'off'} for Kafka's listeners (gnomon.infra.tls)")
+        say(f"TLS {'on' if tls else 'off'} for Kafka's listeners and Cassandra (gnomon.infra.tls)")
     with kafka_stack(settings.state_dir):
         return _up(settings, kafka_nodes, components)
 
