@@ -1,9 +1,11 @@
-"""Apache Kafka in KRaft mode (combined broker+controller), one or three nodes on 127.0.0.1.
+"""Apache Kafka in KRaft mode (combined broker+controller), one node, or three nodes as
+three hosts on one machine.
 
-Ports: node ``i`` (1-based) listens on ``kafka_port + 10*(i-1)`` (clients) and
-``kafka_controller_port + 10*(i-1)`` (controller quorum); with the defaults that is
-9092/9093, 9102/9103, 9112/9113. Node 1 is always on ``kafka_port``, so
-``Settings.kafka_bootstrap`` reaches either layout.
+Addresses (issue 26, the way Cassandra's ccm does it): node ``i`` (1-based) is host
+127.0.0.\ *i* (the whole 127/8 is loopback on Linux), each on ``kafka_port`` (clients)
+and ``kafka_controller_port`` (the controller quorum), bound to its own address only:
+9092/9093 on 127.0.0.1, 127.0.0.2 and 127.0.0.3 with the defaults. Node 1 is always
+127.0.0.1:``kafka_port``, so ``Settings.kafka_bootstrap`` reaches either layout.
 
 Files: ``<state_dir>/kafka/<n>-node/`` holds the cluster id and one ``node-<i>/`` per node
 (``server.properties`` rendered from ``infra/kafka/server.properties.template`` and the
@@ -47,7 +49,6 @@ LABEL = "Kafka"
 JAVA_VERSIONS = (17, 21, 11)
 HEAP = ("-Xms256m", "-Xmx512m")
 GC = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError")
-PORT_STEP = 10
 CONF_DIR = fetch.INFRA_DIR / "kafka"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_ITERATIONS = 8192
@@ -65,6 +66,7 @@ class KafkaNode:
     controller_port: int
     home: Path
     logs: Path
+    host: str = "127.0.0.1"
 
     @property
     def name(self) -> str:
@@ -80,7 +82,13 @@ class KafkaNode:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
+
+
+def host_address(i: int) -> str:
+    """Host ``i``'s address (1-based): 127.0.0.i."""
+    assert 1 <= i <= 254, i
+    return f"127.0.0.{i}"
 
 
 def layout_dir(settings: Settings, count: int) -> Path:
@@ -94,10 +102,11 @@ def nodes(settings: Settings, count: int) -> list[KafkaNode]:
     return [
         KafkaNode(
             node_id=i,
-            port=settings.kafka_port + PORT_STEP * (i - 1),
-            controller_port=settings.kafka_controller_port + PORT_STEP * (i - 1),
+            port=settings.kafka_port,
+            controller_port=settings.kafka_controller_port,
             home=home / f"node-{i}",
             logs=settings.state_dir / "logs" / f"kafka-{i}",
+            host=host_address(i),
         )
         for i in range(1, count + 1)
     ]
@@ -179,7 +188,7 @@ def render_config(
 ) -> str:
     creds = creds or server_credentials(settings)
     rf, min_isr = replication(count)
-    voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes(settings, count))
+    voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in nodes(settings, count))
     template = Template((CONF_DIR / "server.properties.template").read_text())
     broker, controller = creds[credentials.KAFKA_BROKER], creds[credentials.KAFKA_CONTROLLER]
     on = tls.is_enabled(settings.state_dir)
@@ -187,6 +196,7 @@ def render_config(
         protocol="SASL_SSL" if on else "SASL_PLAINTEXT",
         tls_config=_tls_config(settings, node) if on else "# TLS off (gnomon infra up --tls turns it on)",
         node_id=node.node_id,
+        host=node.host,
         quorum_voters=voters,
         port=node.port,
         controller_port=node.controller_port,
@@ -204,7 +214,7 @@ def render_config(
 def _tls_config(settings: Settings, node: KafkaNode) -> str:
     """Every listener (clients, inter-broker, the controller quorum) speaks TLS with the
     node's certificate (gnomon.infra.tls), a PEM keystore of its key and chain."""
-    cert = tls.ensure_host(settings.state_dir, node.name, ["127.0.0.1"])
+    cert = tls.ensure_host(settings.state_dir, node.name, [node.host])
     keystore = tls.tls_dir(settings.state_dir) / f"{node.name}.keystore.pem"
     credentials.write_secret(keystore, cert.key.read_text() + cert.cert.read_text())
     return "\n".join([
@@ -315,9 +325,9 @@ def start(settings: Settings, count: int) -> list[int]:
     for node in nodes(settings, count):
         if not procs.is_running(settings.state_dir, node.name):
             for port in (node.port, node.controller_port):
-                if port_open("127.0.0.1", port):
+                if port_open(node.host, port):
                     raise InfraError(
-                        f"127.0.0.1:{port} is already in use by another process; stop it or "
+                        f"{node.host}:{port} is already in use by another process; stop it or "
                         f"choose other ports (GNOMON_KAFKA_PORT, GNOMON_KAFKA_CONTROLLER_PORT)"
                     )
         argv = [
@@ -435,7 +445,7 @@ def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> floa
     return wait_until_serving(
         state_dir=settings.state_dir,
         processes=[(n.name, f"Kafka node {n.node_id}") for n in ns],
-        ports=[n.port for n in ns],
+        ports=[(n.host, n.port) for n in ns],
         probe=probe,
         waiting_for=f"Kafka on {servers}",
         not_ready=f"Kafka did not serve on {servers}",
@@ -462,7 +472,7 @@ def status(settings: Settings) -> dict[str, Any]:
     ns = nodes(settings, count)
     pids = [procs.running_pid(settings.state_dir, n.name) for n in ns]
     serving = [
-        pid is not None and port_open("127.0.0.1", n.port) for n, pid in zip(ns, pids, strict=True)
+        pid is not None and port_open(n.host, n.port) for n, pid in zip(ns, pids, strict=True)
     ]
     state = "up" if all(serving) else ("degraded" if any(serving) else "starting")
     return {

@@ -18,7 +18,7 @@ def wait_until_serving(
     *,
     state_dir: Path,
     processes: Sequence[tuple[str, str]],
-    ports: Sequence[int],
+    ports: Sequence[int | tuple[str, int]],
     probe: Callable[[], str | None],
     waiting_for: str,
     not_ready: str,
@@ -30,7 +30,7 @@ def wait_until_serving(
     """Poll ``probe`` once every port is open; it returns None when ready, else why not
     (raising ``InfraError`` fails at once; any other exception means "not yet").
 
-    ``processes`` are (pid-file name, label) pairs: if one exits, fail with its log.
+    ``ports``: a port on 127.0.0.1, or (address, port). ``processes`` are (pid-file name, label) pairs: if one exits, fail with its log.
     Returns the seconds waited; on timeout raises ``InfraError`` quoting the first
     process's log. ``not_ready`` starts the timeout message, e.g. "Kafka did not serve on X".
     """
@@ -41,7 +41,7 @@ def wait_until_serving(
             pid = procs.read_pid(state_dir, name)
             if pid is None or procs.exited(pid):
                 raise InfraError(f"{label} exited during startup; last lines of its log:\n{excerpt(name)}")
-        if all(port_open(HOST, p) for p in ports):
+        if all(port_open(*(p if isinstance(p, tuple) else (HOST, p))) for p in ports):
             try:
                 reason = probe()
             except InfraError:
