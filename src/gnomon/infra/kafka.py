@@ -1,4 +1,4 @@
-"""Apache Kafka in KRaft mode (combined broker+controller), one node, or three nodes as
+r"""Apache Kafka in KRaft mode (combined broker+controller), one node, or three nodes as
 three hosts on one machine.
 
 Addresses (issue 26, the way Cassandra's ccm does it): node ``i`` (1-based) is host
