@@ -1,8 +1,8 @@
-r"""Apache Kafka in KRaft mode (combined broker+controller), one node, or three nodes as
+"""Apache Kafka in KRaft mode (combined broker+controller), one node, or three nodes as
 three hosts on one machine.
 
 Addresses (issue 26, the way Cassandra's ccm does it): node ``i`` (1-based) is host
-127.0.0.\ *i* (the whole 127/8 is loopback on Linux), each on ``kafka_port`` (clients)
+127.0.0.<i> (the whole 127/8 is loopback on Linux), each on ``kafka_port`` (clients)
 and ``kafka_controller_port`` (the controller quorum), bound to its own address only:
 9092/9093 on 127.0.0.1, 127.0.0.2 and 127.0.0.3 with the defaults. Node 1 is always
 127.0.0.1:``kafka_port``, so ``Settings.kafka_bootstrap`` reaches either layout.
