@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 # leaves). docs/testing.md has the runs.
 CHAOS := $(BIN)/python -m pytest -q -m chaos -s --durations=3
 CHAOS_PAIR := chaos-broker-outage "$(CHAOS) tests/chaos/test_broker_outage.py" chaos-kills "$(CHAOS) tests/chaos/test_chaos.py"
-CHAOS_ALONE := $(CHAOS) tests/chaos/test_history_outage.py tests/chaos/test_broker_loss.py tests/chaos/test_tls.py
+CHAOS_ALONE := $(CHAOS) tests/chaos/test_history_outage.py tests/chaos/test_broker_loss.py tests/chaos/test_tls.py tests/chaos/test_hosts.py
 # `make test` runs the simulation's seed sweeps (marker sweep: pure CPU, no services) at idle
 # priority (tests/idle.sh) beside integration and e2e, on the cores those leave idle while
 # they wait on processes and brokers; the chaos suite runs after both, without them (beside

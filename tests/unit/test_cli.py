@@ -195,7 +195,7 @@ def test_infra_only_names_one_component_or_exits_2(monkeypatch: pytest.MonkeyPat
 
     assert infra_cli.ONLY == manager.ALL_COMPONENTS  # the CLI and `python -m gnomon.infra` agree
     calls: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr(manager, "up", lambda _s, kafka_nodes=1, components=(), tls=None: calls.append(("up", components)))
+    monkeypatch.setattr(manager, "up", lambda _s, kafka_nodes=1, components=(), tls=None, cassandra_nodes=1: calls.append(("up", components)))
     monkeypatch.setattr(manager, "down", lambda _s, components=(): calls.append(("down", components)))
     res = runner.invoke(app, ["infra", "up", "--only", "nope"])
     assert res.exit_code == 2

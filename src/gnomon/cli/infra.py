@@ -34,7 +34,11 @@ def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft
        tls: Annotated[bool | None, typer.Option(
            "--tls/--no-tls", help="Kafka's listeners speak TLS (SASL_SSL), with a private CA and per-node "
                                   "certificates under <state dir>/tls; remembered until --no-tls "
-                                  "(default: as last time, else off)")] = None) -> None:
+                                  "(default: as last time, else off)")] = None,
+       hosts: Annotated[int, typer.Option(
+           "--hosts", help="3: three hosts on this machine, 127.0.0.1-3, each with a Kafka node and a Cassandra "
+                           "node (one cluster, replication 3); clients then use "
+                           "GNOMON_CASSANDRA_HOSTS=127.0.0.1,127.0.0.2,127.0.0.3")] = 1) -> None:
     """Fetch (first time), start and wait until Kafka, Cassandra and the schema registry
     serve (or only the --only component); create topics."""
     from gnomon.core.errors import ValidationError
@@ -44,7 +48,12 @@ def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft
     if kafka_nodes not in (1, 3):
         raise ValidationError("--kafka-nodes", "must be 1 (development) or 3 (fault tests)")
     one = _only(only)
-    manager.up(load(), kafka_nodes=kafka_nodes, components=(one,) if one else manager.COMPONENTS, tls=tls)
+    if hosts not in (1, 3):
+        raise ValidationError("--hosts", "must be 1 or 3")
+    if hosts == 3:
+        kafka_nodes = 3
+    manager.up(load(), kafka_nodes=kafka_nodes, components=(one,) if one else manager.COMPONENTS, tls=tls,
+               cassandra_nodes=hosts)
 
 
 @app.command()

@@ -1,4 +1,6 @@
-"""Apache Cassandra 5.0, one node on 127.0.0.1, from Maven Central jars on Java 17 (or 11).
+"""Apache Cassandra 5.0, one node on 127.0.0.1 or three nodes as three hosts on one
+machine (node i on 127.0.0.i, all seeds, one datacenter), from Maven Central jars on
+Java 17 (or 11).
 
 Files: ``<state_dir>/cassandra/`` holds ``cassandra.yaml`` (rendered from
 ``infra/cassandra/cassandra.yaml.template``) and ``data/`` (data, commitlog, hints, caches);
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -52,23 +55,62 @@ for _name in ("cassandra", "cassandra.cluster", "cassandra.connection", "cassand
     logging.getLogger(_name).propagate = False
 
 
+@dataclass(frozen=True)
+class Node:
+    index: int  # 1-based
+    host: str
+    name: str  # its pid file's name
+    home: Path  # cassandra.yaml and data/
+    logs: Path
+
+
+def nodes(settings: Settings, count: int = 1) -> list[Node]:
+    """The layout of ``count`` nodes (1 or 3): one node keeps the paths it always had."""
+    if count == 1:
+        return [Node(1, HOST, NAME, settings.state_dir / "cassandra", settings.state_dir / "logs" / "cassandra")]
+    if count != 3:
+        raise InfraError(f"cassandra nodes must be 1 or 3, not {count}")
+    return [Node(i, f"127.0.0.{i}", f"{NAME}-{i}", settings.state_dir / "cassandra" / "3-node" / f"node-{i}",
+                 settings.state_dir / "logs" / f"cassandra-{i}") for i in range(1, 4)]
+
+
+def _layout_file(settings: Settings) -> Path:
+    return settings.state_dir / "run" / "cassandra-layout"
+
+
+def layout(settings: Settings) -> int:
+    """The node count of the layout last started (1 by default)."""
+    try:
+        return int(_layout_file(settings).read_text().strip())
+    except (OSError, ValueError):
+        return 1
+
+
+def hosts(settings: Settings) -> list[str]:
+    return [n.host for n in nodes(settings, layout(settings))]
+
+
 def home(settings: Settings) -> Path:
-    return settings.state_dir / "cassandra"
+    return nodes(settings, layout(settings))[0].home
 
 
 def log_dir(settings: Settings) -> Path:
-    return settings.state_dir / "logs" / "cassandra"
+    return nodes(settings, layout(settings))[0].logs
 
 
 def address(settings: Settings) -> str:
-    return f"{HOST}:{settings.cassandra_port}"
+    return ",".join(f"{h}:{settings.cassandra_port}" for h in hosts(settings))
 
 
-def render_config(settings: Settings) -> str:
-    data = home(settings) / "data"
+def render_config(settings: Settings, node: Node | None = None, count: int = 1) -> str:
+    node = node or nodes(settings, count)[0]
+    data = node.home / "data"
     template = Template((CONF_DIR / "cassandra.yaml.template").read_text())
+    seeds = ",".join(f"{n.host}:{settings.cassandra_storage_port}" for n in nodes(settings, count))
     return template.substitute(
-        encryption=_encryption(settings) if tls.is_enabled(settings.state_dir) else "# TLS off (gnomon infra up --tls)",
+        encryption=_encryption(settings, node) if tls.is_enabled(settings.state_dir) else "# TLS off (gnomon infra up --tls)",
+        host=node.host,
+        seeds=seeds,
         storage_port=settings.cassandra_storage_port,
         native_port=settings.cassandra_port,
         data_dir=data / "data",
@@ -79,11 +121,11 @@ def render_config(settings: Settings) -> str:
     )
 
 
-def _encryption(settings: Settings) -> str:
+def _encryption(settings: Settings, node: Node) -> str:
     """Client and internode encryption with the node's certificate (gnomon.infra.tls): a
     plaintext client is refused (``optional: false``)."""
-    cert = tls.ensure_host(settings.state_dir, NAME, [HOST])
-    keystore = tls.tls_dir(settings.state_dir) / f"{NAME}.keystore.pem"
+    cert = tls.ensure_host(settings.state_dir, node.name, [node.host])
+    keystore = tls.tls_dir(settings.state_dir) / f"{node.name}.keystore.pem"
     credentials.write_secret(keystore, cert.key.read_text() + cert.cert.read_text())
     block = ("  enabled: true\n  optional: false\n  ssl_context_factory:\n"
              "    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory\n"
@@ -98,18 +140,19 @@ def jvm_options() -> list[str]:
     return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
 
 
-def command(settings: Settings, java: str, lib: Path) -> list[str]:
-    config = home(settings) / "cassandra.yaml"
+def command(settings: Settings, java: str, lib: Path, node: Node | None = None) -> list[str]:
+    node = node or nodes(settings)[0]
+    config = node.home / "cassandra.yaml"
     return [
         java,
         *HEAP,
         *jvm_options(),
         f"-javaagent:{jvm.find_jar(lib, 'jamm-')}",
-        procs.marker(NAME),
+        procs.marker(node.name),
         "-Dcassandra-foreground=yes",
         f"-Dcassandra.config=file://{config}",
-        f"-Dcassandra.logdir={log_dir(settings)}",
-        f"-Dcassandra.storagedir={home(settings) / 'data'}",
+        f"-Dcassandra.logdir={node.logs}",
+        f"-Dcassandra.storagedir={node.home / 'data'}",
         f"-Dlogback.configurationFile={CONF_DIR / 'logback.xml'}",
         *DEV_PROPERTIES,
         "-cp",
@@ -118,23 +161,33 @@ def command(settings: Settings, java: str, lib: Path) -> list[str]:
     ]
 
 
-def start(settings: Settings) -> int:
-    """Fetch, render the config and start the node unless it runs. Returns the pid."""
-    pid = procs.running_pid(settings.state_dir, NAME)
-    if pid is not None:
-        return pid
+def start(settings: Settings, count: int = 1) -> list[int]:
+    """Fetch, render the configs and start every node of the layout that does not run
+    yet. Returns the pids."""
+    if count != layout(settings) and running_names(settings):
+        raise InfraError(f"Cassandra runs with {layout(settings)} node(s); run `gnomon infra down` before "
+                         f"starting {count}")
     java = jvm.find_java(JAVA_VERSIONS, LABEL)
     lib = fetch.fetch(settings.state_dir, COMPONENT, LABEL)
-    for port in (settings.cassandra_port, settings.cassandra_storage_port):
-        if port_open(HOST, port):
-            raise InfraError(
-                f"{HOST}:{port} is already in use by another process; stop it or choose other "
-                f"ports (GNOMON_CASSANDRA_PORT, GNOMON_CASSANDRA_STORAGE_PORT)"
-            )
-    home(settings).mkdir(parents=True, exist_ok=True)
-    log_dir(settings).mkdir(parents=True, exist_ok=True)
-    (home(settings) / "cassandra.yaml").write_text(render_config(settings))
-    return procs.start(settings.state_dir, NAME, command(settings, java, lib), cwd=home(settings))
+    pids = []
+    for node in nodes(settings, count):
+        pid = procs.running_pid(settings.state_dir, node.name)
+        if pid is not None:
+            pids.append(pid)
+            continue
+        for port in (settings.cassandra_port, settings.cassandra_storage_port):
+            if port_open(node.host, port):
+                raise InfraError(
+                    f"{node.host}:{port} is already in use by another process; stop it or choose other "
+                    f"ports (GNOMON_CASSANDRA_PORT, GNOMON_CASSANDRA_STORAGE_PORT)"
+                )
+        node.home.mkdir(parents=True, exist_ok=True)
+        node.logs.mkdir(parents=True, exist_ok=True)
+        (node.home / "cassandra.yaml").write_text(render_config(settings, node, count))
+        pids.append(procs.start(settings.state_dir, node.name, command(settings, java, lib, node), cwd=node.home))
+    _layout_file(settings).parent.mkdir(parents=True, exist_ok=True)
+    _layout_file(settings).write_text(f"{count}\n")
+    return pids
 
 
 def _cluster(settings: Settings, cred: credentials.Credential | None) -> Any:
@@ -142,11 +195,12 @@ def _cluster(settings: Settings, cred: credentials.Credential | None) -> Any:
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import WhiteListRoundRobinPolicy
 
+    contact = hosts(settings)
     profile = ExecutionProfile(
-        load_balancing_policy=WhiteListRoundRobinPolicy([HOST]), request_timeout=10
+        load_balancing_policy=WhiteListRoundRobinPolicy(contact), request_timeout=10
     )
     return Cluster(
-        [HOST],
+        contact,
         port=settings.cassandra_port,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=5,
@@ -181,7 +235,11 @@ def release_version(settings: Settings, cred: credentials.Credential | None = _A
         cred = credentials.read(settings.credentials_dir, credentials.CASSANDRA)
     cluster = _cluster(settings, cred)
     try:
-        row = cluster.connect().execute("SELECT release_version FROM system.local").one()
+        session = cluster.connect()
+        row = session.execute("SELECT release_version FROM system.local").one()
+        peers = len(list(session.execute("SELECT peer FROM system.peers_v2")))
+        if peers < layout(settings) - 1:
+            raise RuntimeError(f"node sees {peers + 1} of {layout(settings)} nodes")
         return str(row.release_version)
     finally:
         cluster.shutdown()
@@ -199,14 +257,15 @@ def wait_ready(settings: Settings, timeout_s: float = 180.0) -> float:
                 raise
         return None
 
+    ns = nodes(settings, layout(settings))
     return wait_until_serving(
         state_dir=settings.state_dir,
-        processes=[(NAME, "Cassandra")],
-        ports=[settings.cassandra_port],
+        processes=[(n.name, f"Cassandra node {n.index}") for n in ns],
+        ports=[(n.host, settings.cassandra_port) for n in ns],
         probe=probe,
         waiting_for=f"Cassandra on {address(settings)}",
         not_ready=f"Cassandra did not answer CQL on {address(settings)}",
-        excerpt=lambda _name: _excerpt(settings),
+        excerpt=lambda name: _excerpt(settings, name),
         timeout_s=timeout_s,
         interval_s=1.0,
         last="native port closed",
@@ -284,6 +343,10 @@ def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
             probe[0].shutdown()
         # creates its own keyspaces (migrations, tests); a creator gets ALL on what it creates
         session.execute(f'GRANT CREATE ON ALL KEYSPACES TO "{app.username}"')
+        if layout(settings) >= 3:  # three hosts: roles and history on all three, LOCAL_QUORUM reads 2
+            rf3 = "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}"
+            session.execute(f"ALTER KEYSPACE system_auth WITH replication = {rf3}")
+            session.execute(f"CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {rf3}")
         if session.execute(
             "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (KEYSPACE,)
         ).one():  # created before authentication existed (or by another role)
@@ -304,21 +367,22 @@ def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
         cluster.shutdown()
 
 
-def _excerpt(settings: Settings) -> str:
-    return procs.log_excerpt(
-        procs.out_file(settings.state_dir, NAME), log_dir(settings) / "system.log"
-    )
+def _excerpt(settings: Settings, name: str = NAME) -> str:
+    node = next((n for c in (1, 3) for n in nodes(settings, c) if n.name == name), nodes(settings)[0])
+    return procs.log_excerpt(procs.out_file(settings.state_dir, node.name), node.logs / "system.log")
 
 
 def running_names(settings: Settings) -> list[str]:
-    return [NAME] if procs.is_running(settings.state_dir, NAME) else []
+    return [n.name for c in (1, 3) for n in nodes(settings, c) if procs.is_running(settings.state_dir, n.name)]
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    pid = procs.running_pid(settings.state_dir, NAME)
-    if pid is None:
+    ns = nodes(settings, layout(settings))
+    pids = [procs.running_pid(settings.state_dir, n.name) for n in ns]
+    pid = pids[0]
+    if all(p is None for p in pids):
         return {"state": "down"}
-    serving = port_open(HOST, settings.cassandra_port)
+    serving = all(p is not None and port_open(n.host, settings.cassandra_port) for n, p in zip(ns, pids, strict=True))
     jars = sorted(fetch.lib_dir(settings.state_dir, COMPONENT).glob("cassandra-all-*.jar"))
     return {
         "state": "up" if serving else "starting",

@@ -62,12 +62,14 @@ def _lock(settings: Settings) -> Iterator[None]:
 
 
 def up(
-    settings: Settings, kafka_nodes: int = 1, components: Sequence[str] = COMPONENTS, tls: bool | None = None
+    settings: Settings, kafka_nodes: int = 1, components: Sequence[str] = COMPONENTS, tls: bool | None = None,
+    cassandra_nodes: int = 1,
 ) -> dict[str, Any]:
     """Fetch (first run), start and wait until each component serves; create topics.
 
-    Already-running components are only health-checked. ``tls``: Kafka's listeners speak
-    TLS (gnomon.infra.tls), remembered in the state directory; None: as last time.
+    Already-running components are only health-checked. ``tls``: Kafka's listeners and
+    Cassandra speak TLS (gnomon.infra.tls), remembered in the state directory; None: as
+    last time. ``kafka_nodes``/``cassandra_nodes`` 3: three hosts, 127.0.0.1-3.
     Returns :func:`status`.
     """
     _check(components, kafka_nodes)
@@ -78,10 +80,10 @@ def up(
         tls_.enable(settings.state_dir, tls)
         say(f"TLS {'on' if tls else 'off'} for Kafka's listeners and Cassandra (gnomon.infra.tls)")
     with kafka_stack(settings.state_dir):
-        return _up(settings, kafka_nodes, components)
+        return _up(settings, kafka_nodes, components, cassandra_nodes)
 
 
-def _up(settings: Settings, kafka_nodes: int, components: Sequence[str]) -> dict[str, Any]:
+def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassandra_nodes: int) -> dict[str, Any]:
     begun = time.monotonic()
     tightened = perms.private_state_dir(settings.state_dir)  # before anything writes tenants' data
     if tightened:
@@ -96,7 +98,7 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str]) -> dict
         if "kafka" in components:
             kafka.start(settings, kafka_nodes)
         if "cassandra" in components:
-            cassandra.start(settings)
+            cassandra.start(settings, cassandra_nodes)
         if "kafka" in components:
             kafka.wait_ready(settings, kafka_nodes)
             rf, _ = kafka.replication(kafka_nodes)
