@@ -75,7 +75,7 @@ from gnomon.core.clock import Clock, FakeClock
 from gnomon.core.command_auth import OPERATOR, CommandKey, Headers, MemoryKeyring
 from gnomon.core.command_auth import sign as sign_command
 from gnomon.core.errors import HistoryStoreError
-from gnomon.core.model import Schedule, Target, Upstream
+from gnomon.core.model import OverlapPolicy, Schedule, Target, Upstream
 from gnomon.eventlog.memory import MemoryEventLog, MemoryGroupConsumer, MemoryProducer, PlainFaults
 from gnomon.history.base import HistoryBatch
 from gnomon.history.export import RunExportPublisher
@@ -581,7 +581,7 @@ class SimCluster:
                  timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
                  tenant: str = TENANT, run_at_ms: int | None = None, schedule: Schedule | None = None,
                  exclude_calendars: tuple[str, ...] = (), after: tuple[str | Upstream, ...] = (),
-                 wait_max_s: int | None = None) -> None:
+                 wait_max_s: int | None = None, overlap: OverlapPolicy = OverlapPolicy.ALLOW) -> None:
         """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time; with
         ``schedule``, that one: an interval, bounds), as the API registers it; ``after``:
         its upstream jobs (an id waits for success); ``cron`` "" with ``after``: no
@@ -596,7 +596,8 @@ class SimCluster:
                        payload_json=json.dumps({"fail_attempts": fail_attempts}), timeout_s=timeout_s,
                        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.5, backoff_cap_s=2.0),
                        priority=Priority(priority), late_max_s=late_max_s, exclude_calendars=exclude_calendars,
-                       after=tuple(Upstream(u) if isinstance(u, str) else u for u in after), wait_max_s=wait_max_s)
+                       after=tuple(Upstream(u) if isinstance(u, str) else u for u in after), wait_max_s=wait_max_s,
+                       overlap=overlap)
         self.submit(J.RegisterJob(job_id, tenant, spec, self.clock.now_ms()))
 
     def put_calendar(self, name: str, dates: list[Any], *, tz: str = "UTC", tenant: str = TENANT) -> None:

@@ -10,6 +10,7 @@ checker), a run skipped for its upstreams names them, and no run waits past its 
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -20,7 +21,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.clock import iso_to_ms
 from gnomon.core.errors import TransitionError
-from gnomon.core.model import DependsOn, Upstream, slot_run_id
+from gnomon.core.model import DependsOn, OverlapPolicy, Upstream, slot_run_id
 from gnomon.sim import SimCluster
 
 T0 = iso_to_ms("2026-12-25T11:58:00Z")
@@ -201,3 +202,65 @@ def test_a_job_without_a_schedule_is_skipped_with_the_reason_paused_or_failed_an
     job = c.jobs()["report"]
     with pytest.raises(TransitionError, match="no schedule of its own"):
         J.check_backfill_slots(job, (iso_to_ms(slot),))
+
+
+def test_a_long_run_of_a_job_without_a_schedule_covers_its_own_logical_time_only() -> None:
+    """A every 10 s, F after A with no schedule, D every 10 s after F, every run 60 s: F's
+    run of slot T ends long after A's later slots have ended, and its end covers [T, T+10 s)
+    (A's next slot), not up to the slots of the ends F holds then: D's run of T+10 s waits
+    for F's run of T+10 s."""
+    c = SimCluster(17, processors=1, workers=2, partitions=2, duration_ms=(60_000, 60_000))
+    c.clock.set(T0)
+    c.register("a", "*/10 * * * * *", timeout_s=120)
+    c.run_for(500, faults=False)
+    c.register("f", "", after=("a",), timeout_s=120)
+    c.register("d", "*/10 * * * * *", after=("f",), timeout_s=120)
+    c.run_for(240_000, faults=False)
+    c.heal(10_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    assert sum(1 for r in runs.values() if r.job_id == "d" and r.started_at_ms is not None) >= 5
+    check_dependencies(c, {})
+
+
+@pytest.mark.parametrize("overlap", [OverlapPolicy.FORBID, OverlapPolicy.BUFFER_ONE])
+def test_a_run_released_by_its_upstreams_keeps_its_overlap_policy(overlap: OverlapPolicy) -> None:
+    """A run held for its upstreams, once released, is decided like any due run: with
+    ``overlap: forbid`` it is skipped ("overlap") while the job's previous run still runs,
+    with ``bufferOne`` one waits for it and the next is skipped."""
+    c = SimCluster(19, processors=1, workers=2, partitions=2, duration_ms=(90_000, 90_000))
+    c.clock.set(T0)
+    c.register("up", "0 * * * * *", timeout_s=120)
+    c.run_for(500, faults=False)
+    c.register("down", "0 * * * * *", after=("up",), timeout_s=200, overlap=overlap)
+    c.run_for(400_000, faults=False)
+    c.heal(10_000)
+    downs = list({s.run_id: s for s in c.ledger() if s.job_id == "down"}.values())
+    ran = sorted((s for s in downs if s.started_at_ms is not None), key=lambda r: r.started_at_ms or 0)
+    assert len(ran) >= 3 and any(s.status is R.RunStatus.SKIPPED and (s.reason or "").startswith("overlap") for s in downs)
+    for a, b in itertools.pairwise(ran):
+        assert a.finished_at_ms is not None and b.started_at_ms is not None
+        assert a.finished_at_ms <= b.started_at_ms, (a.run_id, b.run_id)
+
+
+def test_a_job_edited_to_run_after_its_upstreams_only_withdraws_the_slots_its_old_schedule_staged() -> None:
+    from gnomon.core.model import Schedule
+    from gnomon.core.records import replace
+
+    c = SimCluster(23, processors=1, workers=1, partitions=2)
+    c.clock.set(T0)
+    c.register("up", "0 * * * * *")
+    c.run_for(500, faults=False)
+    c.register("down", "30 * * * * *", after=("up",))
+    c.run_for(87_000, faults=False)  # 11:59:27: down@11:59:30 is staged (the lookahead)
+    runs = {s.run_id: s for s in c.ledger()}
+    assert "down@2026-12-25T11:59:30Z" in runs
+    spec = replace(c.jobs()["down"].spec, schedule=Schedule())
+    c.submit(J.UpdateJob("down", "sim", spec, c.clock.now_ms()))
+    c.run_for(90_000, faults=False)
+    c.heal(5_000)
+    runs = {s.run_id: s for s in c.ledger()}
+    old = runs["down@2026-12-25T11:59:30Z"]
+    assert old.status is R.RunStatus.SKIPPED and old.reason == "schedule changed before the slot", old.reason
+    assert runs["down@2026-12-25T12:00:00Z"].status is R.RunStatus.SUCCEEDED
+    assert "down@2026-12-25T12:00:30Z" not in runs
+    check_dependencies(c, {})

@@ -5,7 +5,9 @@ state: ``core.quota``; the API's, from history, to answer with an HTTP status be
 processor decides). Each refusal is a ``LimitExceeded`` naming the limit:
 
 * a registration over ``jobs_max``, or a cron schedule firing more often than
-  ``interval_min_s``: refused, waiting does not help (422);
+  ``interval_min_s``: refused, waiting does not help (422). A job with no schedule of
+  its own (after its upstreams) is not checked here: its upstreams were, its runs fire
+  no more often than all of theirs together (``core.schedule.shortest_gap_ms``);
 * a manual trigger or a one-time job over ``backlog_max``, or a trigger over
   ``triggers_per_min_max``: refused with a Retry-After (429);
 * a backfill: its new runs are one-off runs and triggers too, all or none: refused

@@ -158,6 +158,36 @@ def decide_waiting(slot_ms: int, upstreams: Sequence[Upstream], ends: Mapping[st
     return Wait(tuple(pending), until)
 
 
+@dataclass(frozen=True)
+class NextTime:
+    """Of a job after its upstreams: its first logical time after a slot (None: none)."""
+
+    next_slot_ms: int | None
+
+
+def next_logical_time(slot_ms: int, upstreams: Sequence[Upstream],
+                      ends: Mapping[str, Sequence[UpstreamEnded]]) -> NextTime | None:
+    """A job after its upstreams has their slots for logical times: after ``slot_ms``, the
+    earliest of each upstream's first slot after its slot at or before ``slot_ms``. Known
+    only when every upstream (but a deleted one) has an end covering ``slot_ms`` (its
+    ``next_slot_ms`` says it): None until then. What the job's end of ``slot_ms`` covers
+    for its own downstreams: [slot_ms, next)."""
+    nexts: list[int] = []
+    live = 0
+    for up in upstreams:
+        end = covering(ends.get(up.job_id, ()), slot_ms)
+        if end is None:
+            return None
+        if end.outcome is Outcome.DELETED:
+            continue
+        live += 1
+        if end.next_slot_ms is not None:
+            nexts.append(end.next_slot_ms)
+    if not live:
+        return None
+    return NextTime(min(nexts, default=None))
+
+
 def ends_by_upstream(ends: Sequence[UpstreamEnded]) -> dict[str, list[UpstreamEnded]]:
     out: dict[str, list[UpstreamEnded]] = {}
     for end in ends:

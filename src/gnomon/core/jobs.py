@@ -16,7 +16,7 @@ from enum import StrEnum
 
 from gnomon.core import schedule as S
 from gnomon.core.calendars import Calendar, calendar_reason, excluded_by
-from gnomon.core.dependencies import Outcome, UpstreamEnded
+from gnomon.core.dependencies import Outcome, UpstreamEnded, ends_by_upstream, next_logical_time
 from gnomon.core.errors import Conflict, JobNotFound, TransitionError, ValidationError
 from gnomon.core.model import (
     CatchUp,
@@ -78,9 +78,55 @@ class JobState:
     # a job after its upstreams (no schedule of its own): the latest slots it staged a run
     # for (or recorded skipped), ascending, at most FOLLOWED_SLOTS_KEPT (``decide_follow``)
     followed_slots: tuple[int, ...] = ()
+    # of those slots, the ones whose next logical time is known (``learn_follow_next``):
+    # what the end of its run of a slot covers for its own downstreams
+    follow_next: tuple[FollowNext, ...] = ()
+
+
+@dataclass(frozen=True)
+class FollowNext:
+    """A job after its upstreams: its first logical time after ``slot_ms`` (None: none)."""
+
+    slot_ms: int
+    next_slot_ms: int | None
 
 
 FOLLOWED_SLOTS_KEPT = 64
+
+
+def learn_follow_next(state: JobState, staging_ms: int | None = None) -> JobState:
+    """A job after its upstreams, whose ``upstream_ends`` just grew: the next logical
+    time of each slot it follows (and of ``staging_ms``, the slot being staged now) that
+    every upstream's ends now tell (``core.dependencies.next_logical_time``), kept with
+    the slot. Learnt once every upstream has ended its run of the slot, so before the
+    job's run of it can be released; a slot whose run is decided without it (paused, a
+    calendar, a bound on the wait) covers only itself (``follow_next_of``)."""
+    if not state.spec.schedule.after_upstreams:
+        return state
+    slots = sorted({*state.followed_slots, *(() if staging_ms is None else (staging_ms,))})[-FOLLOWED_SLOTS_KEPT:]
+    known = {f.slot_ms: f for f in state.follow_next}
+    by_up: dict[str, list[UpstreamEnded]] | None = None
+    learnt = []
+    for slot in slots:
+        if slot in known:
+            learnt.append(known[slot])
+            continue
+        if by_up is None:
+            by_up = ends_by_upstream(state.upstream_ends)
+        nxt = next_logical_time(slot, state.spec.after, by_up)
+        if nxt is not None:
+            learnt.append(FollowNext(slot, nxt.next_slot_ms))
+    return state if tuple(learnt) == state.follow_next else replace(state, follow_next=tuple(learnt))
+
+
+def follow_next_of(state: JobState, slot_ms: int) -> int | None:
+    """The next logical time after ``slot_ms`` of a job after its upstreams, as learnt;
+    ``slot_ms + 1`` when it was not (its end then covers its own slot only: a downstream
+    slot after it waits for the job's next run rather than be released early)."""
+    for f in state.follow_next:
+        if f.slot_ms == slot_ms:
+            return f.next_slot_ms
+    return slot_ms + 1
 
 
 def _live(spec: JobSpec, next_run_at_ms: int | None) -> JobStatus:
@@ -738,7 +784,8 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
         counted = state.scheduled_runs + (isinstance(event, RunTriggered) and not event.manual and not event.backfill)
         if state.spec.schedule.after_upstreams and not (isinstance(event, RunTriggered) and event.manual):
             followed = tuple(sorted({*state.followed_slots, event.slot_ms}))[-FOLLOWED_SLOTS_KEPT:]
-            return replace(state, scheduled_runs=counted, followed_slots=followed)
+            nexts = tuple(f for f in state.follow_next if f.slot_ms >= followed[0])
+            return replace(state, scheduled_runs=counted, followed_slots=followed, follow_next=nexts)
         if not event.advances:
             return state if counted == state.scheduled_runs else replace(state, scheduled_runs=counted)
         nxt = event.advance_to_ms

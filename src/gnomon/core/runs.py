@@ -703,7 +703,7 @@ def _job_changed(state: RunState, job: JobState | None, now: int) -> list[RunEve
         return []
     elif job.status is JobStatus.PAUSED:
         reason = "paused"
-    elif not _is_slot_of(job.spec, state.slot_ms):
+    elif not _still_a_slot(state, job):
         reason = "schedule changed before the slot"
     if reason is not None:
         return [RunWithdrawn(state.run_id, reason, now, staged_on, state.token)]
@@ -765,7 +765,7 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         if job.status is JobStatus.PAUSED and not state.manual:
             return [RunWithdrawn(state.run_id, "paused", now_ms)]
         # (a run triggered from the job's current schedule is a slot of it: skip the cron walk)
-        if not state.manual and job.spec.schedule != state.spec.schedule and not _is_slot_of(job.spec, state.slot_ms):
+        if not state.manual and job.spec.schedule != state.spec.schedule and not _still_a_slot(state, job):
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
         if isinstance(upstreams, D.Skip):
             return [RunWithdrawn(state.run_id, upstreams.reason, now_ms)]
@@ -816,6 +816,16 @@ def is_active(run: RunState) -> bool:
     return run.status in (RunStatus.READY, RunStatus.RUNNING, RunStatus.RETRY_WAIT)
 
 
+def _still_a_slot(state: RunState, job: JobState) -> bool:
+    """Is the run's slot one of the job's as the job is now? A job edited to run after
+    its upstreams only has for slots those their ends staged (``followed_slots``), not
+    those its old schedule did."""
+    if not _is_slot_of(job.spec, state.slot_ms):
+        return False
+    return (not job.spec.schedule.after_upstreams or state.spec.schedule == job.spec.schedule
+            or state.slot_ms in job.followed_slots)
+
+
 def _is_slot_of(spec: JobSpec, slot_ms: int) -> bool:
     # (an instant outside what a calendar holds, years 1-9999, is a forged or corrupt slot
     # (issue 21 fuzzing): no slot of any schedule)
@@ -851,7 +861,8 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
     if isinstance(event, RunBuffered):
         _guard(state, RunStatus.SCHEDULED)
         note = f"overlap: buffered behind {event.active_run_id} (bufferOne)"
-        return replace(state, recheck_at_ms=event.recheck_at_ms, reason=note, note=note, updated_at_ms=event.at_ms)
+        return replace(state, recheck_at_ms=event.recheck_at_ms, held_until_ms=None, reason=note, note=note,
+                       updated_at_ms=event.at_ms)
     if isinstance(event, ClaimRejected | StaleRejected):
         return state  # rejections change nothing; the processor tells the worker
     if isinstance(event, RunReplayed):
@@ -877,7 +888,10 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
                        lease_until_ms=event.lease_until_ms, updated_at_ms=event.at_ms)
     if isinstance(event, RunReleased):
         _guard(state, RunStatus.READY)
+        # (the wait's reason goes with the wait; its note stays, for the run's page)
+        waited = state.held or state.buffered
         return replace(state, status=RunStatus.READY, spec=event.spec or state.spec, dispatched_at_ms=event.at_ms,
+                       reason=None if waited else state.reason,
                        next_attempt_at_ms=None, recheck_at_ms=None, held_until_ms=None,
                        worker_id=None, lease_until_ms=None, deadline_ms=None, updated_at_ms=event.at_ms)
     if isinstance(event, AttemptGranted):

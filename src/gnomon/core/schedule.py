@@ -95,7 +95,10 @@ def is_slot(schedule: Schedule, ms: int) -> bool:
 def shortest_gap_ms(schedule: Schedule, from_ms: int, sample: int) -> int | None:
     """The shortest gap between two of the next ``sample`` slots after ``from_ms``
     (ignoring the bounds: what the schedule *can* do), or None for a one-time schedule
-    (and one after its upstreams: they fire no more often than their own schedules)."""
+    and for one after its upstreams (its logical times are all its upstreams' slots
+    together: with fan-in of upstreams on offset schedules it may fire up to
+    ``UPSTREAMS_MAX`` times as often as the most frequent of them, each of which passed
+    the tenant's ``interval_min_s``; its runs pass the tenant's run limits like any)."""
     if schedule.run_at_ms is not None or schedule.after_upstreams:
         return None
     if schedule.every_s is not None:

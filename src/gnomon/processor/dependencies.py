@@ -80,25 +80,21 @@ def end_of(run: R.RunState, job: J.JobState, downstream: str, now_ms: int) -> D.
 
 def _next_slot(job: J.JobState, slot_ms: int) -> int | None:
     """The job's first slot after ``slot_ms`` (a one-time job has none). A job after its
-    upstreams has no schedule to say it: its next logical time is its upstreams' first
-    slot after ``slot_ms`` that the ends it holds name (``slot_ms + 1`` if none does, so
-    that the end covers its own slot only)."""
+    upstreams has no schedule to say it: its next logical time was learnt from its
+    upstreams' ends of the slot (``core.jobs.learn_follow_next``)."""
     if job.spec.schedule.run_at_ms is not None:
         return None
     if job.spec.schedule.after_upstreams:
-        later = [e.next_slot_ms for e in job.upstream_ends
-                 if e.next_slot_ms is not None and e.next_slot_ms > slot_ms and e.outcome is not D.Outcome.DELETED]
-        return min(later, default=slot_ms + 1)
+        return J.follow_next_of(job, slot_ms)
     return J.first_slot_after(job.spec, slot_ms)
 
 
-def _latest_slot(job: J.JobState, now_ms: int) -> int | None:
-    """The job's latest slot at or before ``now_ms`` (of a job after its upstreams: the
-    latest it staged)."""
+def _latest_slots(job: J.JobState, now_ms: int, count: int) -> list[int]:
+    """The job's latest ``count`` slots at or before ``now_ms``, ascending (of a job after
+    its upstreams: the latest it staged)."""
     if job.spec.schedule.after_upstreams:
-        return max((s for s in job.followed_slots if s <= now_ms), default=None)
-    latest = J.last_slots_at_or_before(job.spec, now_ms, 1)
-    return latest[0] if latest else None
+        return [s for s in job.followed_slots if s <= now_ms][-count:]
+    return sorted(J.last_slots_at_or_before(job.spec, now_ms, count))
 
 
 def ended(task: PartitionTask, before: R.RunState | None, run: R.RunState, now_ms: int) -> list[Output]:
@@ -171,14 +167,19 @@ def _declared(task: PartitionTask, msg: D.DependencyDeclared, now_ms: int) -> li
         new = replace(job, downstreams=(*job.downstreams, msg.downstream_job))
         task._store_job(job.job_id, job, new, out)
         job = new
-    # the end of its latest slot's run, if it is known here: a downstream declared after
-    # it learns it now (one whose run has left state waits for the next, or its bound)
-    latest = _latest_slot(job, now_ms)
-    run = task.run(slot_run_id(job.job_id, latest)) if latest is not None else None
-    if run is not None and run.status.terminal:
-        end = end_of(run, job, msg.downstream_job, now_ms)
-        if end is not None:
-            out.append(send(task, end))
+    # the ends it has of its latest slot's run and of the runs of slots since the
+    # declaration was made (they may have ended before it arrived here; a job after its
+    # upstreams stages its runs from them): a downstream declared after them learns them
+    # now (one whose run has left state waits for the next, or its bound)
+    slots = _latest_slots(job, now_ms, D.ENDS_KEPT_PER_UPSTREAM)
+    for i, slot in enumerate(slots):
+        if slot < msg.at_ms and i < len(slots) - 1:
+            continue
+        run = task.run(slot_run_id(job.job_id, slot))
+        if run is not None and run.status.terminal:
+            end = end_of(run, job, msg.downstream_job, now_ms)
+            if end is not None:
+                out.append(send(task, end))
     return out
 
 
@@ -208,6 +209,7 @@ def _follow(task: PartitionTask, job: J.JobState, kept: J.JobState, end: D.Upstr
     cals = (task.calendars.for_job(job.tenant, job.spec.exclude_calendars)
             if task.calendars is not None and job.spec.exclude_calendars else ())
     events = J.decide_follow(kept, end, now_ms, cals)
+    kept = J.learn_follow_next(kept, end.last_slot_ms if events else None)
     if J.follow_too_old(kept, end):
         task.stats.follow_ends_too_old += 1
         log.warning("job %s: the end of %s (slot %d) is older than its last %d logical times; no run staged",
@@ -256,8 +258,13 @@ def wake(task: PartitionTask, job: J.JobState | None, now_ms: int, job_id: str |
         run = task.run(run_id)
         if run is None or not run.held:
             continue
-        events = R.decide_timer(run, now_ms, task.run_cfg, job, upstreams=verdict(run, job, now_ms), wake=True)
+        # (released, it meets the job's overlap policy like any due run: forbid, bufferOne, replace)
+        active = task._active_sibling(run, job)
+        buffered = task._buffered_sibling(run, job) if active is not None else None
+        events = R.decide_timer(run, now_ms, task.run_cfg, job, active=active, buffered=buffered,
+                                upstreams=verdict(run, job, now_ms), wake=True)
         out.extend(task._apply_run_events(run, events, now_ms))
+        out.extend(task._replace_active(run.run_id, active, now_ms))
     return out
 
 
