@@ -64,7 +64,12 @@ def test_a_chain_runs_in_order_across_partitions_through_a_kill_of_the_processor
     def all_done() -> bool:
         return all(len([r for r in job_runs(stack, j) if r["status"] == "succeeded"]) == SLOTS for j in ids)
 
-    wait_for(all_done, 150, f"{SLOTS} slots of each job succeeded")
+    try:
+        wait_for(all_done, 150, f"{SLOTS} slots of each job succeeded")
+    except AssertionError as exc:
+        seen = {name: [(r["slot"][11:19], r["status"], r.get("reason")) for r in job_runs(stack, j)]
+                for name, j in zip(("extract", "transform", "load"), ids, strict=True)}
+        raise AssertionError(f"{exc}: {seen}") from None
     runs = {j: {iso_to_ms(r["slot"]): r for r in job_runs(stack, j)} for j in ids}
     for j in ids:
         assert sorted(runs[j]) == [anchor + i * EVERY_S * 1000 for i in range(SLOTS)], (j, sorted(runs[j]))
