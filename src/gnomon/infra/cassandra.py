@@ -52,6 +52,7 @@ DEV_PROPERTIES = (
 # "keyspace gnomon does not exist".
 SINGLE_NODE_PROPERTIES = ("-Dcassandra.unsafesystem=true",)
 KEYSPACE = "gnomon"
+RF3 = "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}"  # three hosts: every row on each
 DEFAULT_SUPERUSER = credentials.Credential("cassandra", "cassandra")
 
 for _name in ("cassandra", "cassandra.cluster", "cassandra.connection", "cassandra.pool"):
@@ -305,6 +306,8 @@ def _admin_session(settings: Settings, admin: credentials.Credential, timeout_s:
         if default is not None:
             cluster, session = default
             try:
+                if layout(settings) >= 3:  # (see ensure_auth: first, before the role is written)
+                    session.execute(f"ALTER KEYSPACE system_auth WITH replication = {RF3}")
                 pw = _cql_string(admin.password)
                 session.execute(
                     f'CREATE ROLE IF NOT EXISTS "{admin.username}" '
@@ -338,6 +341,13 @@ def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
     except Exception as exc:
         raise InfraError(f"cannot log in to Cassandra as {admin.username}: {exc}") from exc
     try:
+        if layout(settings) >= 3:  # three hosts: roles and history on all three, LOCAL_QUORUM reads 2
+            # before any role is made (the admin's: ``_admin_session``): a row written while
+            # system_auth had one replica is on one node only, and a LOCAL_QUORUM read of
+            # two then misses it ("Role gnomon doesn't exist", a refused login: seen on
+            # fresh clusters)
+            session.execute(f"ALTER KEYSPACE system_auth WITH replication = {RF3}")
+            session.execute(f"CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {RF3}")
         pw = _cql_string(app.password)
         session.execute(f'CREATE ROLE IF NOT EXISTS "{app.username}" WITH LOGIN = true AND PASSWORD = {pw}')
         probe = _login(settings, app)
@@ -348,10 +358,6 @@ def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
             probe[0].shutdown()
         # creates its own keyspaces (migrations, tests); a creator gets ALL on what it creates
         session.execute(f'GRANT CREATE ON ALL KEYSPACES TO "{app.username}"')
-        if layout(settings) >= 3:  # three hosts: roles and history on all three, LOCAL_QUORUM reads 2
-            rf3 = "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}"
-            session.execute(f"ALTER KEYSPACE system_auth WITH replication = {rf3}")
-            session.execute(f"CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {rf3}")
         if session.execute(
             "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (KEYSPACE,)
         ).one():  # created before authentication existed (or by another role)
