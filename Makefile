@@ -52,11 +52,11 @@ sysdeps: ## install the sandbox tools (bubblewrap, uidmap, podman, runc, busybox
 	  else echo "gnomon: command targets need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
 	fi
 
-testdeps: ## install chromium (the web UI's browser test) and systemd (systemd-analyze verify of infra/systemd) from Debian packages, as root, if missing
-	@missing=""; for dep in chromium:chromium systemd-analyze:systemd; do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep##*:}"; done; \
+testdeps: ## install chromium (the web UI's browser test), systemd (systemd-analyze verify of infra/systemd) and nftables (the host cut-off chaos test) from Debian packages, as root, if missing
+	@missing=""; for dep in chromium:chromium systemd-analyze:systemd nft:nftables unshare:util-linux; do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "gnomon: installing$$missing (the web UI's browser test; checking the systemd units)"; \
+	    echo "gnomon: installing$$missing (the web UI's browser test; checking the systemd units; cutting a host off)"; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing >/dev/null; }; \
 	  else echo "gnomon: the tests need$$missing; install them (apt-get install$$missing)"; exit 1; fi; \
 	fi

@@ -7,7 +7,7 @@ Subclass ``EventLogContract`` and provide two fixtures: ``log`` (an ``EventLog``
 log). Every test uses topics of its own. What the processor, the feeds and the API's
 answer reader rely on is what is checked here: order within a partition, read_committed
 (an aborted or open transaction is never read), fencing by transactional id, end offsets,
-reading to the end, the compacted-feed reader on top of a reader, and a group member
+reading to the end (once no transaction is open), the compacted-feed reader on top of a reader, and a group member
 starting where its group committed (the history projector).
 """
 
@@ -119,6 +119,24 @@ class EventLogContract:
         assert reader.watermarks((topic, p), WAIT_S) == (0, 4)
         assert [r.value for r in log.read_to_end(topic, p, WAIT_S)] == [b"0", b"1", b"2", b"3"]
         assert [r.value for r in log.read_to_end(topic, p, WAIT_S, start=2)] == [b"2", b"3"]
+
+    def test_reading_to_the_end_waits_out_an_open_transaction_and_never_skips_it(
+            self, log: EventLog, new_topic: Callable[[int], str]) -> None:
+        """A new owner restores a changelog only once no transaction is open on it: a
+        previous owner's commit in flight is read, not skipped (the restore is retried)."""
+        topic = new_topic(1)
+        txn = log.transactional_producer(f"contract-{topic}", client_id="contract-open",
+                                         transaction_timeout_ms=TXN_TIMEOUT_MS)
+        txn.init_transactions(WAIT_S)
+        txn.begin()
+        txn.produce(topic, b"k", b"in flight", 0)
+        txn.flush(WAIT_S)
+        began = time.monotonic()
+        with pytest.raises(EventLogError, match="still open"):
+            list(log.read_to_end(topic, 0, 1.0))
+        assert time.monotonic() - began < WAIT_S  # bounded by its timeout
+        txn.commit(WAIT_S)
+        assert [r.value for r in log.read_to_end(topic, 0, WAIT_S)] == [b"in flight"]
 
     def test_the_compacted_feed_reader_loads_to_the_end_then_polls(self, log: EventLog,
                                                                   new_topic: Callable[[int], str]) -> None:

@@ -29,6 +29,9 @@ Faults (``SimFaults``), drawn per step from ``random.Random(seed)`` during ``run
 * ``worker_crash``: a worker vanishes with its staged and running attempts; a new one
   starts later;
 * ``skew_ms``: each worker's clock is off the cluster's by up to this, either way;
+* ``slow_markers``: a processor's next commit is answered but its records become
+  readable 1-8 s later (Kafka's PrepareCommit whose markers wait for a coordinator cut
+  off or moving); a new owner's restore must wait for them, not decide again;
 * with ``history=True`` the history projector runs too (``gnomon.history.projector``, on
   the same log, into an in-memory history store, publishing run exports), and two more
   faults apply to it: ``projector_crash`` (it vanishes without a commit; a new one in
@@ -189,12 +192,13 @@ class SimFaults:
     webhook_fail: float = 0.0  # per webhook call
     webhook_outage: float = 0.0
     webhook_outage_ms: int = 5_000
+    slow_markers: float = 0.0  # a processor's next commit answered, its records readable 1-8 s later
 
     @classmethod
     def mixed(cls) -> SimFaults:
         return cls(abort=0.02, kill=0.01, rebalance=0.01, zombie=0.01, worker_crash=0.01, duplicate=0.05,
                    reorder=0.05, skew_ms=1_500, projector_crash=0.01, history_outage=0.01, alerter_crash=0.01,
-                   webhook_fail=0.1, webhook_outage=0.005)
+                   webhook_fail=0.1, webhook_outage=0.005, slow_markers=0.01)
 
 
 @dataclass
@@ -715,6 +719,13 @@ class SimCluster:
         self._count("abort")
         self._event(f"{name}: next commit fails")
 
+    def delay_commit_markers(self, name: str, ms: int) -> None:
+        """``name``'s next commit is answered but its records become visible ``ms`` later
+        (Kafka's PrepareCommit with the markers not written: a coordinator cut off, or
+        moving to another broker)."""
+        self.log.slow_markers[f"gnomon-processor-{name}"] = ms
+        self._event(f"{name}: next commit's markers land {ms} ms late")
+
     def kill(self, name: str, *, drop_state: bool, down_ms: int) -> None:
         """``name`` dies: no close, so its session lapses; ``drop_state``: its disk too."""
         s = self._slot(name)
@@ -766,6 +777,8 @@ class SimCluster:
             self.stop(name, down_ms=rng.randint(0, 3_000))
         if len(live) > 1 and rng.random() < f.zombie:
             self.stall(rng.choice(live), self.cfg.session_timeout_ms + rng.randint(500, 2_000))
+        if f.slow_markers and live and rng.random() < f.slow_markers:  # (no draw when off: seeds replay)
+            self.delay_commit_markers(rng.choice(live), rng.randint(1_000, 8_000))
         up = [i for i, w in enumerate(self.workers) if w.worker is not None]
         if up and rng.random() < f.worker_crash:
             self.crash_worker(rng.choice(up), down_ms=rng.randint(0, 5_000))

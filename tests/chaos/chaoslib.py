@@ -31,6 +31,7 @@ from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.jobs import DeleteJob, JobState, RegisterJob
 from gnomon.core.runs import RunState, RunStatus
+from gnomon.infra import placement
 from gnomon.topology import load_topology
 from topic_reading import end_offsets, read_messages
 
@@ -172,22 +173,24 @@ class Scenario:
         self.tap = Tap(self.settings.kafka_bootstrap, [tp for tps in self.start_offsets.values() for tp in tps])
         self.producer = Producer(producer_config(self.settings.kafka_bootstrap))
 
-    def start(self, name: str, *args: str) -> None:
+    def start(self, name: str, *args: str, group: Path | None = None) -> None:
+        """``gnomon <args>`` as process ``name``; in cgroup ``group`` (a host's, placement.py) if given."""
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
         # the API authenticates to Kafka as role `api` (the other services set their role in code)
         env = {**self.env, "GNOMON_KAFKA_ROLE": "api"} if args[:1] == ("api",) else self.env
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "gnomon.cli.main", *args], env=env,
-                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        argv = placement.wrap([sys.executable, "-m", "gnomon.cli.main", *args], group)
+        self.procs[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         log(f"started {name} (pid {self.procs[name].pid})")
 
-    def processor(self, name: str) -> None:
+    def processor(self, name: str, group: Path | None = None) -> None:
         self.start(name, "processor", "--instance-id", f"{self.tag}-{name}", "--lease-s", str(self.lease_s),
-                   "--lookahead-s", str(self.lookahead_s), *self.processor_args)
+                   "--lookahead-s", str(self.lookahead_s), *self.processor_args, group=group)
 
-    def worker(self, name: str, concurrency: int = 32, pool: str = "default") -> None:
+    def worker(self, name: str, concurrency: int = 32, pool: str = "default", group: Path | None = None) -> None:
         tenants = [arg for t in self.worker_tenants for arg in ("--tenant", t)]
         self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),
-                   "--pool", pool, *tenants, "--policy", str(Path(__file__).parent / "worker-policy.toml"))
+                   "--pool", pool, *tenants, "--policy", str(Path(__file__).parent / "worker-policy.toml"),
+                   group=group)
 
     def wait_ready(self, *names: str, timeout_s: float = 60) -> None:
         """Until each named process says in its log that it serves: a processor has restored

@@ -222,6 +222,12 @@ Row = namedtuple("Row", "slot_ms run_id status state")
 JobRow = namedtuple("JobRow", "state")
 
 
+class _Prepared(str):
+    """A prepared statement's stand-in: its CQL text, with the attributes the store sets."""
+
+    is_idempotent = False
+
+
 class FakeCassandra:
     """Answers the store's prepared statements (their CQL text) from lists, in pages of
     ``page_size`` rows through the callback API; the sync API answers too."""
@@ -233,7 +239,7 @@ class FakeCassandra:
         self.async_calls = 0
 
     def prepare(self, cql: str) -> str:
-        return cql
+        return _Prepared(cql)
 
     def _rows(self, cql: str, params: tuple[Any, ...]) -> list[Any]:
         if "FROM ks.jobs_by_id" in cql:
@@ -466,3 +472,14 @@ def test_api_workers_from_the_environment(monkeypatch: pytest.MonkeyPatch, raw: 
             wiring.api_workers()
     else:
         assert wiring.api_workers() == ok
+
+
+def test_reads_may_be_speculated_writes_may_not() -> None:
+    """A read routed to a node that stopped answering (cut off) is sent to the next one
+    after SPECULATIVE_DELAY_S (history/session.py); a write is never sent twice."""
+    st = _prepare(FakeCassandra([], []), "ks")
+    statements = vars(st) if hasattr(st, "__dict__") else {f: getattr(st, f) for f in st.__dataclass_fields__}
+    reads = {name for name, stmt in statements.items() if str(stmt).startswith("SELECT")}
+    assert reads and {"get_run", "get_job", "list_runs_first"} <= reads
+    for name, stmt in statements.items():
+        assert stmt.is_idempotent is (name in reads), name

@@ -244,3 +244,83 @@ def test_a_store_that_does_not_open_after_a_clean_stop_is_rebuilt_from_the_chang
     every_owned_partition_matches_its_changelog(c)
     c.heal(8_000)
     assert_clean(c)
+
+
+def _commit_with_late_markers_then_die(c: SimCluster) -> None:
+    c.run_for(4_000, faults=False)
+    p0 = c.processor("p0")
+    c.delay_commit_markers("p0", c.cfg.session_timeout_ms + 6_000)
+    before = p0.transactions
+    while p0.transactions == before:
+        c.run_for(c.step_ms, faults=False)
+    c.kill("p0", drop_state=False, down_ms=30_000)
+    c.run_for(c.cfg.session_timeout_ms + 10_000, faults=False)
+
+
+def test_a_commit_whose_markers_land_late_is_read_by_the_next_owner_not_decided_again() -> None:
+    """Kafka answers a commit once its coordinator wrote PrepareCommit; the records become
+    readable when the markers are written, which a coordinator cut off or moving delays.
+    A processor dying right after such a commit leaves the next owner a transaction its
+    read_committed restore cannot see yet: it waits for it instead of deciding its slots
+    again (found by the host cut-off chaos test: runs created twice, tokens granted twice)."""
+    c = cluster(6)
+    _commit_with_late_markers_then_die(c)
+    assert {c.owner(p) for p in range(c.topo.partitions)} == {"p1"}
+    c.heal(10_000)
+    assert_clean(c)
+
+
+def test_without_waiting_for_open_transactions_the_next_owner_decides_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above is not vacuous: restoring without waiting doubles runs."""
+    from gnomon.eventlog.memory import MemoryEventLog
+
+    monkeypatch.setattr(MemoryEventLog, "wait_stable", lambda self, topic, partition: None)
+    c = cluster(6)
+    _commit_with_late_markers_then_die(c)
+    c.heal(10_000)
+    rep = c.history_report()
+    assert not rep.ok and (rep.duplicates or rep.overlapping_grants), rep.summary()
+
+
+def _lost_then_rewound() -> list[tuple[str, float]]:
+    """Worker 0 crashes; the transaction of the tick that finds it lost aborts, so the
+    rewound partitions still hold attempts staged on it. The runs that started late."""
+    c = cluster(9, duration_ms=(200, 400), workers=2)
+    c.run_for(5_000, faults=False)
+    p0 = c.processor("p0")
+    w0 = c.workers[0].worker
+    assert w0 is not None
+    gone = w0.worker_id
+    crashed_at = c.clock.now_ms()
+    c.crash_worker(0, down_ms=60_000)
+    while gone not in p0._lost_workers:
+        if not p0.directory.alive(gone, c.clock.now_ms() + c.step_ms):
+            c.fail_next_commit("p0")  # the tick that finds it lost commits nothing
+        c.run_for(c.step_ms, faults=False)
+    assert p0.aborts >= 1
+    c.run_for(12_000, faults=False)
+    late = [(s.run_id, (s.started_at_ms - s.slot_ms) / 1000) for s in c.ledger()
+            if s.started_at_ms is not None and s.slot_ms > crashed_at + 3_000
+            and s.started_at_ms - s.slot_ms > 2_000]
+    c.heal(8_000)
+    assert_clean(c)
+    return late
+
+
+def test_runs_staged_on_a_worker_lost_before_their_partition_was_restored_move_at_once() -> None:
+    """A worker found lost is reported once; a partition restored after that (taken over,
+    or rewound by an abort, as here: the transaction that moved its runs failed) still
+    holds attempts staged on it: they move at the next tick, not when their lease lapses."""
+    late = _lost_then_rewound()
+    assert not late, f"runs started late after the worker was lost: {late[:5]}"
+
+
+def test_without_the_move_on_restore_those_runs_wait_out_their_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above is not vacuous: without the move they start a lease late."""
+    def forget(self: Processor, now: int) -> list[object]:
+        self._restored = set()
+        return []
+
+    monkeypatch.setattr(Processor, "_staged_on_lost_workers", forget)
+    late = _lost_then_rewound()
+    assert late and min(lag for _, lag in late) >= 5.0, late

@@ -169,7 +169,7 @@ def test_the_alerter_faults_are_really_injected() -> None:
     (the same key: receivers drop repeats) and some given up, all accounted for."""
     crashes = outages = repeats = retries = 0
     given_up: set[str] = set()
-    for seed in range(12):
+    for seed in range(16):
         c = SimCluster(seed, faults=SimFaults.mixed(), history=True, alerts=True, step_ms=200,
                        standbys=seed % 3 != 0)
         c.set_alerts(late_s=1)

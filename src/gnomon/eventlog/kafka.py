@@ -16,10 +16,19 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka import Producer as _KProducer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec  # (not re-exported for type checkers)
 
-from gnomon.adapters.kafka import consumer_config, producer_config
+from gnomon.adapters.kafka import admin_config, consumer_config, producer_config
 from gnomon.core.errors import EventLogError
 from gnomon.eventlog.port import (
     TP,
@@ -463,10 +472,55 @@ def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | N
         c.close()
 
 
+STABLE_POLL_S = 0.1  # how often a restore asks whether a transaction is still open
+
+
+def _latest(admin: AdminClient, tp: TopicPartition, level: IsolationLevel, timeout_s: float) -> int:
+    futures = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=level,  # type: ignore[no-untyped-call]
+                                 request_timeout=max(1.0, timeout_s))
+    return int(futures[tp].result(timeout=max(1.0, timeout_s) + 1).offset)
+
+
+def wait_stable(bootstrap: str, topic: str, partition: int, timeout_s: float, *, role: str | None = None) -> int:
+    """Wait until no transaction is open on one partition (its last stable offset reached
+    its high watermark) and return that end offset.
+
+    A new owner restores a changelog partition only then. A read_committed read stops at
+    the last stable offset; a transaction the previous owner asked to commit (its
+    coordinator wrote PrepareCommit) but whose markers are not written yet (the
+    coordinator was cut off, or is moving to another broker) is invisible there and
+    becomes visible later. Restoring before it ends would decide again what it decided:
+    a run created twice, a grant token given twice (found by the host cut-off chaos
+    test). Only owners write a changelog partition, and the new owner has written
+    nothing yet, so whatever is open is a previous owner's: it commits, or its
+    coordinator aborts it within the transaction timeout. EventLogError when that takes
+    longer than ``timeout_s`` (the caller's recovery tries again)."""
+    tp = TopicPartition(topic, partition)
+    admin = AdminClient(admin_config(bootstrap, role=role))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            stable = _latest(admin, tp, IsolationLevel.READ_COMMITTED, left)
+            end = _latest(admin, tp, IsolationLevel.READ_UNCOMMITTED, left)
+        except (KafkaException, TimeoutError) as exc:
+            raise EventLogError(f"cannot read the end offsets of {topic}[{partition}]: {exc}") from exc
+        if stable >= end:
+            return end
+        if time.monotonic() + STABLE_POLL_S >= deadline:
+            raise EventLogError(
+                f"{topic}[{partition}]: a transaction is still open from offset {stable} (end {end}) after "
+                f"{timeout_s:.0f} s; a previous owner's commit or abort has not completed")
+        time.sleep(STABLE_POLL_S)
+
+
 def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float,
                           start: int | None = None, *, role: str | None = None) -> Iterator[Record]:
     """Every committed record of one partition, from ``start`` (default: the beginning)
-    to the current end."""
+    to the current end, once no transaction is open on it (:func:`wait_stable`)."""
+    began = time.monotonic()
+    wait_stable(bootstrap, topic, partition, timeout_s, role=role)
+    timeout_s = max(1.0, timeout_s - (time.monotonic() - began))
     c = Consumer(consumer_config(bootstrap, RESTORE_GROUP, role=role,
                                  **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
     try:

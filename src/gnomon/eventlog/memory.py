@@ -44,6 +44,9 @@ from gnomon.eventlog.port import (
 )
 
 OPEN, COMMITTED, ABORTED = "open", "committed", "aborted"
+# commit asked for and answered, markers not written yet (Kafka's PrepareCommit: the
+# coordinator was cut off, or is moving): invisible, holds the LSO, commits later
+PREPARED = "prepared"
 
 
 @dataclass
@@ -56,6 +59,7 @@ class _Txn:
     tps: set[TP] = field(default_factory=set)
     offsets: dict[TP, int] = field(default_factory=dict)
     group: str | None = None
+    complete_at_ms: int | None = None  # PREPARED: when its markers are written
 
 
 @dataclass(slots=True)
@@ -69,7 +73,7 @@ class _Entry:
 
     @property
     def open(self) -> bool:
-        return self.txn is not None and self.txn.state == OPEN
+        return self.txn is not None and self.txn.state in (OPEN, PREPARED)
 
 
 @dataclass
@@ -132,6 +136,8 @@ class MemoryEventLog:
         self._open: dict[str, _Txn] = {}
         self._member_seq = 0
         self.fail_next_commit: set[str] = set()  # transactional ids whose next commit fails (abortable)
+        # transactional id -> ms: its next commit is answered, its markers written that much later
+        self.slow_markers: dict[str, int] = {}
         self.plain_faults: PlainFaults | None = None
         self.refuse_writes: dict[str, str] = {}  # topic -> the error plain producers are told
         self.fenced: list[str] = []  # what refused a commit, and why (for tests)
@@ -196,7 +202,10 @@ class MemoryEventLog:
     def tick(self) -> None:
         now = self.clock.now_ms()
         for tid, txn in list(self._open.items()):
-            if now - txn.started_ms > txn.timeout_ms:
+            if txn.state == PREPARED:
+                if txn.complete_at_ms is not None and now >= txn.complete_at_ms:
+                    self._end(txn, COMMITTED)
+            elif now - txn.started_ms > txn.timeout_ms:
                 self._end(txn, ABORTED)
                 self._epochs[tid] = self._epochs.get(tid, 0) + 1  # the producer is fenced
         for g in self.groups.values():
@@ -254,8 +263,8 @@ class MemoryEventLog:
 
     def _claim(self, tid: str) -> int:
         old = self._open.get(tid)
-        if old is not None:
-            self._end(old, ABORTED)
+        if old is not None:  # (a prepared commit is completed, as Kafka's coordinator does)
+            self._end(old, COMMITTED if old.state == PREPARED else ABORTED)
         self._epochs[tid] = self._epochs.get(tid, 0) + 1
         return self._epochs[tid]
 
@@ -291,7 +300,16 @@ class MemoryEventLog:
     def end_offset(self, topic: str, partition: int) -> int:
         return self.high((topic, partition))
 
+    def wait_stable(self, topic: str, partition: int) -> None:
+        """As Kafka's ``wait_stable``: no transaction open (or prepared) on the partition.
+        Nothing moves while a simulated process waits, so one that is open outlasts any
+        wait: EventLogError at once (the processor's recovery tries again later)."""
+        part = self._parts.get((topic, partition))
+        if part is not None and part.lso() < len(part.entries):
+            raise EventLogError(f"{topic}[{partition}]: a transaction is still open from offset {part.lso()}")
+
     def read_to_end(self, topic: str, partition: int, timeout_s: float, start: int | None = None) -> Iterator[Record]:
+        self.wait_stable(topic, partition)
         pos = start or 0
         while True:
             batch, pos = self.fetch((topic, partition), pos, 10_000)
@@ -493,6 +511,8 @@ class MemoryTransactionalProducer:
         self._check()
         if self._txn is not None and self._txn.state == OPEN:
             raise TransactionError("a transaction is already open", fatal=True)
+        if self._txn is not None and self._txn.state == PREPARED:  # its markers first (Kafka retries)
+            self.log._end(self._txn, COMMITTED)
         self._txn = _Txn(self.tid, self.epoch, self.log.clock.now_ms(), self.timeout_ms)
         self.log._open[self.tid] = self._txn
 
@@ -519,6 +539,10 @@ class MemoryTransactionalProducer:
         if self.tid in self.log.fail_next_commit:
             self.log.fail_next_commit.discard(self.tid)
             raise TransactionError(f"commit of {self.tid} failed (injected)")
+        delay_ms = self.log.slow_markers.pop(self.tid, None)
+        if delay_ms is not None:  # answered; visible only once its markers are written (tick)
+            txn.state, txn.complete_at_ms = PREPARED, self.log.clock.now_ms() + delay_ms
+            return
         self.log._end(txn, COMMITTED)
         self._txn = None
 

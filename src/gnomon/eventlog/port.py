@@ -160,5 +160,7 @@ class EventLog(Protocol):
         ...
     def read_to_end(self, topic: str, partition: int, timeout_s: float, start: int | None = None) -> Iterator[Record]:
         """Every committed record of one partition from ``start`` (default: the beginning)
-        to the current end. EventLogError when the end is not reached in time."""
+        to the current end, read once no transaction is open on it (a previous owner's
+        commit in flight is waited for, not missed). EventLogError when the end is not
+        reached in time."""
         ...

@@ -214,7 +214,9 @@ class _Statements:
 
 def _prepare(session: Any, ks: str) -> _Statements:
     def p(cql: str) -> Any:
-        return session.prepare(cql.replace("{ks}", ks))
+        stmt = session.prepare(cql.replace("{ks}", ks))
+        stmt.is_idempotent = cql.startswith("SELECT")  # reads may be speculated (session.py)
+        return stmt
 
     return _Statements(
         put_job_by_id=p("INSERT INTO {ks}.jobs_by_id (job_id, tenant, status, version, updated_at_ms, state) "

@@ -17,6 +17,16 @@ from gnomon.core.errors import HistoryStoreError, InfraError
 __all__ = ["PASSWORD_ENV", "USERNAME_ENV", "client_credentials", "connect", "one_line", "translate_errors"]
 
 _MESSAGE_MAX = 300
+# A node that stops answering without closing its connections (cut off, not killed) is
+# found by the driver's idle heartbeat: one unanswered within this long marks it down.
+HEARTBEAT_S = 5.0
+HEARTBEAT_TIMEOUT_S = 5.0
+# A read (an idempotent statement) not answered within this long is also sent to the next
+# node of its plan, and the first answer wins: a read routed to a silent node answers
+# from another replica instead of waiting out the request timeout (the API stays up
+# while one host of three is cut off). Writes are not speculated.
+SPECULATIVE_DELAY_S = 1.0
+SPECULATIVE_ATTEMPTS_MAX = 2
 
 
 def one_line(exc: BaseException) -> str:
@@ -83,6 +93,7 @@ def connect(
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import (
+        ConstantSpeculativeExecutionPolicy,
         DCAwareRoundRobinPolicy,
         ExponentialReconnectionPolicy,
         TokenAwarePolicy,
@@ -92,6 +103,8 @@ def connect(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
         consistency_level=ConsistencyLevel.LOCAL_QUORUM,
         request_timeout=request_timeout_s,
+        speculative_execution_policy=ConstantSpeculativeExecutionPolicy(SPECULATIVE_DELAY_S,
+                                                                        SPECULATIVE_ATTEMPTS_MAX - 1),
     )
     from gnomon import credentials
     from gnomon.config import load
@@ -110,6 +123,8 @@ def connect(
             connect_timeout=connect_timeout_s,
             control_connection_timeout=connect_timeout_s,
             reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
+            idle_heartbeat_interval=HEARTBEAT_S,
+            idle_heartbeat_timeout=HEARTBEAT_TIMEOUT_S,
             auth_provider=PlainTextAuthProvider(*creds) if creds else None,
             ssl_context=ssl_context,
         )

@@ -26,7 +26,7 @@ from typing import Any
 
 from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, procs, tls
+from gnomon.infra import fetch, jvm, placement, procs, tls
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say
@@ -190,7 +190,9 @@ def start(settings: Settings, count: int = 1) -> list[int]:
         node.home.mkdir(parents=True, exist_ok=True)
         node.logs.mkdir(parents=True, exist_ok=True)
         (node.home / "cassandra.yaml").write_text(render_config(settings, node, count))
-        pids.append(procs.start(settings.state_dir, node.name, command(settings, java, lib, node), cwd=node.home))
+        group = placement.host_group(settings.state_dir, placement.host_of(node.host)) if count > 1 else None
+        argv = placement.wrap(command(settings, java, lib, node), group)
+        pids.append(procs.start(settings.state_dir, node.name, argv, cwd=node.home))
     _layout_file(settings).parent.mkdir(parents=True, exist_ok=True)
     _layout_file(settings).write_text(f"{count}\n")
     return pids

@@ -38,7 +38,7 @@ from typing import Any
 
 from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, procs, tls
+from gnomon.infra import fetch, jvm, placement, procs, tls
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say
@@ -335,7 +335,8 @@ def start(settings: Settings, count: int) -> list[int]:
             "kafka.Kafka",
             str(node.config),
         ]
-        pids.append(procs.start(settings.state_dir, node.name, argv, cwd=node.home))
+        group = placement.host_group(settings.state_dir, node.node_id) if count > 1 else None
+        pids.append(procs.start(settings.state_dir, node.name, placement.wrap(argv, group), cwd=node.home))
     _layout_file(settings).write_text(f"{count}\n")
     return pids
 

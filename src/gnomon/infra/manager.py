@@ -21,7 +21,18 @@ from typing import Any
 
 from gnomon.adapters.kafka import kafka_stack
 from gnomon.config import Settings
-from gnomon.infra import cassandra, connect, fetch, jvm, kafka, perms, postgres, procs, registry
+from gnomon.infra import (
+    cassandra,
+    connect,
+    fetch,
+    jvm,
+    kafka,
+    perms,
+    placement,
+    postgres,
+    procs,
+    registry,
+)
 from gnomon.infra import tls as tls_
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
@@ -164,6 +175,7 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
             procs.stop(settings.state_dir, name, STOP_TIMEOUT_S)
         if pg:  # after Connect, whose JDBC sink writes into it
             postgres.stop(settings)
+        placement.remove(settings.state_dir)  # the hosts' cgroups, once empty
         say("stopped")
         return [*names, "postgres"] if pg else names
 

@@ -79,6 +79,7 @@ CALENDARS_CATCH_UPS_PER_S_MAX = 10
 CALENDARS_CLOCK_SKEW_MS = 1_000
 CALENDARS_CATCH_UP_TIMEOUT_S = 2.0
 OVERLOAD_GAP_MS = 5_000
+LOST_WORKERS_KEPT = 1_000  # workers found lost, remembered for partitions restored later
 LOCAL_ROUNDS_MAX = 8  # dependency messages for owned partitions applied in process, rounds per transaction
 
 
@@ -176,6 +177,8 @@ class Processor:
         self.progress_at_s = time.monotonic()  # the last step that ended at a commit, or idle
         self.producer = self._new_producer()
         self.directory = WorkerDirectory()
+        self._lost_workers: dict[str, int] = {}  # worker -> when found lost (the latest LOST_WORKERS_KEPT)
+        self._restored: set[int] = set()  # partitions restored since the last tick
         self.adverts: AdvertFeed | None = None
         # tenants' limits (gnomon.tenants) and this instance's counts against them (ADR 0008)
         self.tenants = TenantBook()
@@ -477,7 +480,25 @@ class Processor:
                               time.monotonic() - started)
         log.info("partition %d restored: %d records in %.2fs (%s); %d tenant counting entries", partition, n,
                  time.monotonic() - started, source, counted)
+        self._restored.add(partition)
         return task
+
+    def _staged_on_lost_workers(self, now: int) -> list[Output]:
+        """A partition restored since the last tick (taken over, or rewound) may hold
+        attempts staged on a worker this processor already found lost (each is reported
+        once): they move now, not when their lease lapses."""
+        restored, self._restored = self._restored, set()
+        out: list[Output] = []
+        for p in sorted(restored):
+            task = self.tasks.get(p)
+            if task is None:
+                continue
+            for worker in task.staged_workers():
+                if worker in self._lost_workers and not self.directory.alive(worker, now):
+                    log.info("partition %d holds runs staged on %s, lost before it was restored; moving them",
+                             p, worker)
+                    out.extend(task.worker_lost(worker, now))
+        return out
 
     def _progressed(self) -> None:
         self.progress_at_s = time.monotonic()
@@ -523,8 +544,12 @@ class Processor:
             self._last_tick_ms = now
             for worker in self.directory.lost(now):
                 log.warning("worker %s lost (no advert); moving its staged runs", worker)
+                self._lost_workers[worker] = now
+                while len(self._lost_workers) > LOST_WORKERS_KEPT:
+                    self._lost_workers.pop(next(iter(self._lost_workers)))
                 for task in list(self.tasks.values()):
                     outputs.extend(task.worker_lost(worker, now))
+            outputs.extend(self._staged_on_lost_workers(now))
             behind = self._behind()
             budget = self._tick_budget(now)
             # One budget across the partitions: each phase (due now, backlog, lookahead)

@@ -175,8 +175,12 @@ def _active_prefix(job_id: str) -> bytes:
     return b"ja/" + job_id.encode() + b"\0"
 
 
+_STAGED = b"ws/"  # ws/<worker_id>\0<run_id>: the attempts staged on each worker
+STAGED_WORKERS_MAX = 10_000
+
+
 def _staged_prefix(worker_id: str) -> bytes:
-    return b"ws/" + worker_id.encode() + b"\0"
+    return _STAGED + worker_id.encode() + b"\0"
 
 
 def _purge_key(ms: int, run_id: str) -> bytes:
@@ -909,6 +913,20 @@ class PartitionTask:
             if run is not None and run.not_before_ms > now_ms:
                 out.extend(self._contained("run", run_id, now_ms,
                                            partial(self._handle_run, R.WorkerLost(run_id, worker_id, now_ms), now_ms)))
+        return out
+
+    def staged_workers(self, limit: int = STAGED_WORKERS_MAX) -> list[str]:
+        """The workers this partition has attempts staged on (one seek per worker)."""
+        out: list[str] = []
+        start, end = _STAGED, _prefix_end(_STAGED)
+        while len(out) < limit:
+            found = next(iter(self.kv.scan(start, end, 1)), None)
+            if found is None:
+                break
+            key = found[0]
+            worker_id = key[len(_STAGED):key.index(b"\0", len(_STAGED))].decode()
+            out.append(worker_id)
+            start = _prefix_end(_staged_prefix(worker_id))
         return out
 
     def _run_ids_under(self, prefix: bytes) -> list[str]:
