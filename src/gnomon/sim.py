@@ -388,6 +388,7 @@ class SimCluster:
         # sandboxed targets, and the simulation's handlers run in process
         self.worker_tenants = worker_tenants
         self.duration_range = duration_ms
+        self.job_durations: dict[str, tuple[int, int]] = {}  # per job, instead of duration_range
         self.run_cfg = run_cfg or R.RunConfig(lease_ms=8_000, stage_ahead_ms=3_000, timeout_grace_ms=5_000)
         self.sched_cfg = sched_cfg or J.SchedulerConfig(lookahead_ms=5_000)
         self.cfg = ProcessorConfig(bootstrap="memory", state_dir=Path("/nonexistent"), standbys=standbys,
@@ -558,7 +559,7 @@ class SimCluster:
         self._event(f"webhook down for {ms} ms")
 
     def _duration(self, ctx: AttemptContext) -> int:
-        lo, hi = self.duration_range
+        lo, hi = self.job_durations.get(ctx.job_id, self.duration_range)
         return random.Random(f"{self.seed}/{ctx.run_id}/{ctx.attempt}").randint(lo, hi)
 
     def processor(self, name: str) -> Processor:
@@ -585,12 +586,17 @@ class SimCluster:
                  timeout_s: int = 60, priority: str = "normal", late_max_s: int | None = None,
                  tenant: str = TENANT, run_at_ms: int | None = None, schedule: Schedule | None = None,
                  exclude_calendars: tuple[str, ...] = (), after: tuple[str | Upstream, ...] = (),
-                 wait_max_s: int | None = None, overlap: OverlapPolicy = OverlapPolicy.ALLOW) -> None:
+                 wait_max_s: int | None = None, overlap: OverlapPolicy = OverlapPolicy.ALLOW,
+                 duration_ms: tuple[int, int] | None = None) -> None:
         """A job of ``tenant`` on ``cron`` (or, with ``run_at_ms``, one-time; with
         ``schedule``, that one: an interval, bounds), as the API registers it; ``after``:
         its upstream jobs (an id waits for success); ``cron`` "" with ``after``: no
-        schedule of its own, it runs after them."""
+        schedule of its own, it runs after them. ``duration_ms``: how long its attempts
+        run (default: the cluster's range)."""
         from gnomon.core.model import JobSpec, Priority, RetryPolicy, TargetType
+
+        if duration_ms is not None:
+            self.job_durations[job_id] = duration_ms
 
         if schedule is None:
             # (cron "" with after: no schedule of its own, the job runs after its upstreams)

@@ -264,3 +264,29 @@ def test_a_job_edited_to_run_after_its_upstreams_only_withdraws_the_slots_its_ol
     assert runs["down@2026-12-25T12:00:00Z"].status is R.RunStatus.SUCCEEDED
     assert "down@2026-12-25T12:00:30Z" not in runs
     check_dependencies(c, {})
+
+
+def test_a_buffered_run_keeps_its_upstreams_release_while_later_upstream_ends_arrive() -> None:
+    """U every 10 s (short runs), D every 10 s after U with ``bufferOne`` and 60 s runs: a
+    run of D released by U's end and buffered behind D's previous run sees more ends of U
+    arrive than D keeps (four) while it waits. It runs once the previous run ends; no run
+    of D is skipped but for the overlap. (The pure rule: test_overlap.py,
+    test_a_buffered_run_is_not_held_again_by_its_upstreams.)"""
+    c = SimCluster(29, processors=1, workers=2, partitions=2, duration_ms=(300, 300))
+    c.clock.set(T0)
+    c.register("u", "*/10 * * * * *")
+    c.run_for(500, faults=False)
+    c.register("d", "*/10 * * * * *", after=("u",), overlap=OverlapPolicy.BUFFER_ONE, timeout_s=120,
+               wait_max_s=150, duration_ms=(60_000, 60_000))
+    c.run_for(400_000, faults=False)
+    c.heal(10_000)
+    downs = list({s.run_id: s for s in c.ledger() if s.job_id == "d"}.values())
+    waited = [(s.run_id, s.reason) for s in downs if s.status is R.RunStatus.SKIPPED
+              and not (s.reason or "").startswith("overlap")]
+    assert not waited, waited
+    ran = sorted((s for s in downs if s.started_at_ms is not None), key=lambda r: r.started_at_ms or 0)
+    assert len(ran) >= 5
+    for a, b in itertools.pairwise(ran):
+        assert a.finished_at_ms is not None and b.started_at_ms is not None
+        assert a.finished_at_ms <= b.started_at_ms, (a.run_id, b.run_id)
+    check_dependencies(c, {"d": 150})

@@ -218,3 +218,40 @@ def test_overlap_decision_properties(overlap: OverlapPolicy, active_status: RunS
         assert (cancel is not None) == (overlap is OverlapPolicy.REPLACE)
         if cancel is not None:
             assert cancel.run_id == active.run_id and "overlap: replace" in cancel.reason
+
+
+def test_a_buffered_run_is_not_held_again_by_its_upstreams() -> None:
+    """A run released by its upstreams and then buffered (bufferOne) keeps that release:
+    while it waits, more ends of its upstream may push the one that covered its slot out
+    of the job's latest ends, and a fresh verdict would say "wait"; it is not held again
+    (it would wait to its bound, then be skipped though its upstream succeeded)."""
+    from gnomon.core import dependencies as D
+
+    b1 = OverlapPolicy.BUFFER_ONE
+    job = _job(b1)
+    running = _run("job@1", 10_000, RunStatus.RUNNING, b1, lease_until_ms=10**12, deadline_ms=10**12)
+    waiting = R.evolve(_run("job@2", 20_000, RunStatus.SCHEDULED, b1),
+                       R.RunBuffered("job@2", "job@1", 21_000, 20_000))
+    forgot = D.Wait(("up",), 99_000)
+    (ev,) = R.decide_timer(waiting, 21_000, job=job, active=running, buffered=waiting, upstreams=forgot)
+    assert isinstance(ev, R.RunBuffered), ev
+    (rel,) = R.decide_timer(waiting, 21_000, job=job, active=None, upstreams=forgot)
+    assert isinstance(rel, R.RunReleased), rel
+    # a run held after all leaves no buffered recheck behind (its timer is the hold's end)
+    held = R.evolve(waiting, R.RunHeld("job@2", ("up",), 99_000, 21_000))
+    assert not held.buffered and held.timer_ms() == 99_000
+
+
+def test_replace_never_lets_an_older_slot_cancel_a_newer_run() -> None:
+    """Upstreams may end out of order: the run of slot T+10 released first, then T's. With
+    ``replace`` the older is withdrawn, the newer keeps running."""
+    rep = OverlapPolicy.REPLACE
+    job = _job(rep)
+    newer = _run("job@3", 30_000, RunStatus.RUNNING, rep, lease_until_ms=10**12, deadline_ms=10**12)
+    older = _run("job@2", 20_000, RunStatus.SCHEDULED, rep)
+    (ev,) = R.decide_timer(older, 31_000, job=job, active=newer)
+    assert isinstance(ev, R.RunWithdrawn) and ev.reason.startswith("overlap: superseded by job@3"), ev
+    # in slot order it replaces, as before
+    oldest = _run("job@1", 10_000, RunStatus.RUNNING, rep, lease_until_ms=10**12, deadline_ms=10**12)
+    (rel,) = R.decide_timer(older, 20_000, job=job, active=oldest)
+    assert isinstance(rel, R.RunReleased)

@@ -767,12 +767,22 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         # (a run triggered from the job's current schedule is a slot of it: skip the cron walk)
         if not state.manual and job.spec.schedule != state.spec.schedule and not _still_a_slot(state, job):
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
+        if state.buffered:
+            # its upstreams released it before it was buffered: the ends that did may have
+            # left the job's latest ends since, which is no reason to hold it again
+            upstreams = None
         if isinstance(upstreams, D.Skip):
             return [RunWithdrawn(state.run_id, upstreams.reason, now_ms)]
         if isinstance(upstreams, D.Wait):
             if state.held_until_ms == upstreams.until_ms:
                 return []
             return [RunHeld(state.run_id, upstreams.pending, upstreams.until_ms, now_ms)]
+        if (active is not None and not state.manual and not active.manual
+                and job.spec.overlap is OverlapPolicy.REPLACE and active.slot_ms > state.slot_ms):
+            # released after a later slot (its upstreams ended out of order): the later run
+            # replaces it, not the other way round
+            return [RunWithdrawn(state.run_id, f"overlap: superseded by {active.run_id}, a later slot "
+                                               "already released (replace)", now_ms)]
         if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.FORBID:
             return [RunWithdrawn(state.run_id, f"overlap: {active.run_id} is still {active.status.value}", now_ms)]
         if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.BUFFER_ONE:
@@ -857,7 +867,8 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
     if isinstance(event, RunHeld):
         _guard(state, RunStatus.SCHEDULED)
         note = f"waiting for upstream {', '.join(event.pending)} (at most until {_iso(event.until_ms)})"
-        return replace(state, held_until_ms=event.until_ms, reason=note, note=note, updated_at_ms=event.at_ms)
+        return replace(state, held_until_ms=event.until_ms, recheck_at_ms=None, reason=note, note=note,
+                       updated_at_ms=event.at_ms)
     if isinstance(event, RunBuffered):
         _guard(state, RunStatus.SCHEDULED)
         note = f"overlap: buffered behind {event.active_run_id} (bufferOne)"
