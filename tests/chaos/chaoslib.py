@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,7 @@ class Scenario:
     processor_args: tuple[str, ...] = ()  # extra `gnomon processor` options for every processor
     worker_tenants: tuple[str, ...] = ("chaos",)  # the tenants every worker serves (`--tenant`)
     registered: dict[str, str] = field(default_factory=dict)  # job id -> tenant, of the jobs sent
+    _log_from: dict[str, int] = field(default_factory=dict)  # where each process's latest start begins in its log
 
     def __post_init__(self) -> None:
         self.settings = load()
@@ -173,24 +175,43 @@ class Scenario:
         self.tap = Tap(self.settings.kafka_bootstrap, [tp for tps in self.start_offsets.values() for tp in tps])
         self.producer = Producer(producer_config(self.settings.kafka_bootstrap))
 
-    def start(self, name: str, *args: str, group: Path | None = None) -> None:
-        """``gnomon <args>`` as process ``name``; in cgroup ``group`` (a host's, placement.py) if given."""
-        out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+    def start(self, name: str, *args: str, group: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+        """``gnomon <args>`` as process ``name``; in cgroup ``group`` (a host's, placement.py) if
+        given; ``env``: more environment (e.g. ``PYTHONPATH`` to another version's code)."""
+        path = self.logs / f"{name}.log"
+        self._log_from[name] = path.stat().st_size if path.exists() else 0  # readiness: this start's lines
+        out = open(path, "ab")  # noqa: SIM115 - lives with the process
         # the API authenticates to Kafka as role `api` (the other services set their role in code)
-        env = {**self.env, "GNOMON_KAFKA_ROLE": "api"} if args[:1] == ("api",) else self.env
+        base = {**self.env, **(env or {})}
+        env = {**base, "GNOMON_KAFKA_ROLE": "api"} if args[:1] == ("api",) else base
         argv = placement.wrap([sys.executable, "-m", "gnomon.cli.main", *args], group)
         self.procs[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         log(f"started {name} (pid {self.procs[name].pid})")
 
-    def processor(self, name: str, group: Path | None = None) -> None:
+    def processor(self, name: str, group: Path | None = None, env: Mapping[str, str] | None = None) -> None:
         self.start(name, "processor", "--instance-id", f"{self.tag}-{name}", "--lease-s", str(self.lease_s),
-                   "--lookahead-s", str(self.lookahead_s), *self.processor_args, group=group)
+                   "--lookahead-s", str(self.lookahead_s), *self.processor_args, group=group, env=env)
 
-    def worker(self, name: str, concurrency: int = 32, pool: str = "default", group: Path | None = None) -> None:
+    def worker(self, name: str, concurrency: int = 32, pool: str = "default", group: Path | None = None,
+               env: Mapping[str, str] | None = None) -> None:
         tenants = [arg for t in self.worker_tenants for arg in ("--tenant", t)]
         self.start(name, "worker", "--worker-id", f"{self.tag}-{name}", "--concurrency", str(concurrency),
                    "--pool", pool, *tenants, "--policy", str(Path(__file__).parent / "worker-policy.toml"),
-                   group=group)
+                   group=group, env=env)
+
+    def stop(self, name: str, timeout_s: float = 30) -> int | None:
+        """Stop process ``name`` as its service manager would (SIGTERM, SIGKILL after
+        ``timeout_s``); its exit code."""
+        p = self.procs.pop(name)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        log(f"stopped {name} (exit {p.returncode})")
+        return p.returncode
 
     def wait_ready(self, *names: str, timeout_s: float = 60) -> None:
         """Until each named process says in its log that it serves: a processor has restored
@@ -218,7 +239,7 @@ class Scenario:
 
     def _ready(self, name: str) -> bool:
         path = self.logs / f"{name}.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
+        text = path.read_bytes()[self._log_from.get(name, 0):].decode(errors="replace") if path.exists() else ""
         if "Uvicorn running on" in text or "serving pool" in text or "history projector: group" in text:
             return True
         assigned = text.rfind("assigned partitions [")

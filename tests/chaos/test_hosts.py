@@ -27,7 +27,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from chaoslib import LONG, Scenario, log
 
 from gnomon.adapters.kafka import partition_for
 from gnomon.checker import CheckReport
-from gnomon.client import ApiError, Client
+from gnomon.client import ApiError, ApiUnavailable, Client
 from gnomon.config import Settings, load
 from gnomon.core.jobs import PauseJob, RegisterJob
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
@@ -95,9 +95,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             manager.down(settings)
 
 
-def _start_api(sc: Scenario, cl: Cluster, group: Path | None = None) -> str:
+def _start_api(sc: Scenario, cl: Cluster, group: Path | None = None, env: Mapping[str, str] | None = None) -> str:
     sc.start("api", "api", "--port", str(API_PORT), "--workers", "1", "--tls-cert", str(cl.cert.cert),
-             "--tls-key", str(cl.cert.key), group=group)
+             "--tls-key", str(cl.cert.key), group=group, env=env)
     return f"https://127.0.0.1:{API_PORT}"
 
 
@@ -187,7 +187,7 @@ class ApiPoller:
                     key = "200"
                 except ApiError as exc:
                     key = str(exc.status)
-                except httpx.HTTPError as exc:
+                except (ApiUnavailable, httpx.HTTPError) as exc:  # (the API restarting, or gone)
                     key = type(exc).__name__
                 self.statuses[key] = self.statuses.get(key, 0) + 1
                 self._stop.wait(1.0)
@@ -216,14 +216,15 @@ def _spread_ids(tag: str, n: int) -> list[str]:
     return ids
 
 
-def _load(sc: Scenario, cl: Cluster, tag: str) -> tuple[str, list[str]]:
+def _load(sc: Scenario, cl: Cluster, tag: str, env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
     """Each host's processor and worker in its host's group, the projector and the API on
-    host 1, and 12 per-second jobs running: the API's address and the jobs' ids."""
+    host 1, and 12 per-second jobs running: the API's address and the jobs' ids. ``env``:
+    more environment for every process (another version's code)."""
     for h in (1, 2, 3):
-        sc.processor(f"p{h}", group=_group(cl, h))
-        sc.worker(f"w{h}", group=_group(cl, h))
-    sc.start("projector", "projector", group=_group(cl, 1))
-    url = _start_api(sc, cl, group=_group(cl, 1))
+        sc.processor(f"p{h}", group=_group(cl, h), env=env)
+        sc.worker(f"w{h}", group=_group(cl, h), env=env)
+    sc.start("projector", "projector", group=_group(cl, 1), env=env)
+    url = _start_api(sc, cl, group=_group(cl, 1), env=env)
     sc.wait_ready("p1", "p2", "p3", "w1", "w2", "w3", "projector", "api", timeout_s=150)
     # (registered as signed commands, with ids of the scenario's: the checker reads them by prefix)
     spec = JobSpec(name=tag, schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
