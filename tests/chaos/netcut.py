@@ -13,7 +13,11 @@ open before the cut are cut too (their first packet after it marks them), and a
 connection attempt times out as in a real partition (nothing answers, nothing refuses).
 
 Everything lives in one nftables table of the test's own (``gnomon_cut_<tag>``); healing
-deletes that table and nothing else. nft resolves a cgroup path under ``/sys/fs/cgroup``;
+deletes that table and nothing else. Limits: the marks stay on the conntrack entries after
+healing, so a second cut of another host within their lifetime would read them wrong
+(clear them first, ``conntrack -U --mark 0/0x3``; one cut per cluster today); and the
+cgroup level in the rule counts from the kernel's root, so inside a cgroup namespace (a
+container's) the rule matches nothing and the probes say the cut is not real. nft resolves a cgroup path under ``/sys/fs/cgroup``;
 on a hybrid hierarchy (v2 at ``/sys/fs/cgroup/unified``) the rules are loaded in a private
 mount namespace where the v2 mount is bound there, and the kernel keeps the group's id.
 """
@@ -96,14 +100,26 @@ PROBE = """
 import socket, sys
 try:
     socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("connected")
+except TimeoutError:
+    print("timeout")
 except OSError as exc:
     print(type(exc).__name__)
-    sys.exit(1)
 """
 
 
-def reaches(group: Path | None, host: str, port: int, timeout_s: float = 3.0) -> bool:
-    """Whether a process in ``group`` (``None``: this test's own) opens a TCP connection to
-    ``host:port`` within ``timeout_s``."""
+def probe(group: Path | None, host: str, port: int, timeout_s: float = 3.0) -> str:
+    """What a TCP connection from a process in ``group`` (``None``: this test's own) to
+    ``host:port`` does: "connected", "timeout" (dropped, as by a cut) or the error (e.g.
+    ConnectionRefusedError: nothing listens, which says nothing of a cut)."""
     argv = placement.wrap([sys.executable, "-c", PROBE, host, str(port), str(timeout_s)], group)
-    return subprocess.run(argv, capture_output=True, timeout=timeout_s + 10).returncode == 0
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 10).stdout.strip()
+
+
+def reaches(group: Path | None, host: str, port: int, timeout_s: float = 3.0) -> bool:
+    return probe(group, host, port, timeout_s) == "connected"
+
+
+def dropped(group: Path | None, host: str, port: int, timeout_s: float = 3.0) -> bool:
+    """The connection attempt times out (a refused one is not a cut)."""
+    return probe(group, host, port, timeout_s) == "timeout"

@@ -245,13 +245,19 @@ def test_a_buffered_run_is_not_held_again_by_its_upstreams() -> None:
 def test_replace_never_lets_an_older_slot_cancel_a_newer_run() -> None:
     """Upstreams may end out of order: the run of slot T+10 released first, then T's. With
     ``replace`` the older is withdrawn, the newer keeps running."""
+    from gnomon.core.model import Upstream
+    from gnomon.core.records import replace
+
     rep = OverlapPolicy.REPLACE
-    job = _job(rep)
+    plain = _job(rep)
+    job = replace(plain, spec=replace(plain.spec, after=(Upstream("up"),)))
     newer = _run("job@3", 30_000, RunStatus.RUNNING, rep, lease_until_ms=10**12, deadline_ms=10**12)
     older = _run("job@2", 20_000, RunStatus.SCHEDULED, rep)
     (ev,) = R.decide_timer(older, 31_000, job=job, active=newer)
     assert isinstance(ev, R.RunWithdrawn) and ev.reason.startswith("overlap: superseded by job@3"), ev
-    # in slot order it replaces, as before
+    # in slot order it replaces, as before; and without upstreams a late release replaces too
     oldest = _run("job@1", 10_000, RunStatus.RUNNING, rep, lease_until_ms=10**12, deadline_ms=10**12)
     (rel,) = R.decide_timer(older, 20_000, job=job, active=oldest)
     assert isinstance(rel, R.RunReleased)
+    (late,) = R.decide_timer(older, 31_000, job=plain, active=newer)
+    assert isinstance(late, R.RunReleased)

@@ -79,3 +79,11 @@ def test_the_cut_marks_both_ends_of_a_connection_and_drops_only_what_crosses(tmp
     assert f"ct direction reply {match} ct mark set ct mark or 0x1" in inp
     drops = [line.strip() for line in inp.splitlines() if line.strip().endswith("drop")]
     assert drops == ["ct mark and 0x3 == 0x1 drop", "ct mark and 0x3 == 0x2 drop"]  # one end inside: cut
+
+
+def test_placement_is_asked_for_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moving servers out of the caller's cgroup (a unit's, a CI job's) is opt-in."""
+    monkeypatch.delenv(placement.ENV, raising=False)
+    assert not placement.enabled()
+    monkeypatch.setenv(placement.ENV, "1")
+    assert placement.enabled()

@@ -251,8 +251,11 @@ def _commit_with_late_markers_then_die(c: SimCluster) -> None:
     p0 = c.processor("p0")
     c.delay_commit_markers("p0", c.cfg.session_timeout_ms + 6_000)
     before = p0.transactions
-    while p0.transactions == before:
+    for _ in range(100):  # (a commit comes within a few steps)
+        if p0.transactions != before:
+            break
         c.run_for(c.step_ms, faults=False)
+    assert p0.transactions != before, "p0 committed nothing"
     c.kill("p0", drop_state=False, down_ms=30_000)
     c.run_for(c.cfg.session_timeout_ms + 10_000, faults=False)
 
@@ -293,10 +296,13 @@ def _lost_then_rewound() -> list[tuple[str, float]]:
     gone = w0.worker_id
     crashed_at = c.clock.now_ms()
     c.crash_worker(0, down_ms=60_000)
-    while gone not in p0._lost_workers:
+    for _ in range(200):  # (found lost within a few seconds of silence)
+        if gone in p0._lost_workers:
+            break
         if not p0.directory.alive(gone, c.clock.now_ms() + c.step_ms):
             c.fail_next_commit("p0")  # the tick that finds it lost commits nothing
         c.run_for(c.step_ms, faults=False)
+    assert gone in p0._lost_workers
     assert p0.aborts >= 1
     c.run_for(12_000, faults=False)
     late = [(s.run_id, (s.started_at_ms - s.slot_ms) / 1000) for s in c.ledger()

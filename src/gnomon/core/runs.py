@@ -767,9 +767,10 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
         # (a run triggered from the job's current schedule is a slot of it: skip the cron walk)
         if not state.manual and job.spec.schedule != state.spec.schedule and not _still_a_slot(state, job):
             return [RunWithdrawn(state.run_id, "schedule changed before the slot", now_ms)]
-        if state.buffered:
+        if state.buffered and isinstance(upstreams, D.Wait):
             # its upstreams released it before it was buffered: the ends that did may have
-            # left the job's latest ends since, which is no reason to hold it again
+            # left the job's latest ends since, which is no reason to hold it again (a
+            # Skip, e.g. an upstream deleted meanwhile, still withdraws it)
             upstreams = None
         if isinstance(upstreams, D.Skip):
             return [RunWithdrawn(state.run_id, upstreams.reason, now_ms)]
@@ -777,10 +778,11 @@ def decide_timer(state: RunState, now_ms: int, cfg: RunConfig | None = None,
             if state.held_until_ms == upstreams.until_ms:
                 return []
             return [RunHeld(state.run_id, upstreams.pending, upstreams.until_ms, now_ms)]
-        if (active is not None and not state.manual and not active.manual
+        if (active is not None and not state.manual and not active.manual and job.spec.after
                 and job.spec.overlap is OverlapPolicy.REPLACE and active.slot_ms > state.slot_ms):
-            # released after a later slot (its upstreams ended out of order): the later run
-            # replaces it, not the other way round
+            # released by its upstreams after a later slot was (they ended out of order): the
+            # later run replaces it, not the other way round. (Without upstreams, runs are
+            # released in slot order; one released late after a fault replaces, as always.)
             return [RunWithdrawn(state.run_id, f"overlap: superseded by {active.run_id}, a later slot "
                                                "already released (replace)", now_ms)]
         if active is not None and not state.manual and job.spec.overlap is OverlapPolicy.FORBID:

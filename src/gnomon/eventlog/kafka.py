@@ -473,6 +473,11 @@ def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | N
 
 
 STABLE_POLL_S = 0.1  # how often a restore asks whether a transaction is still open
+# The longest a restore waits for one: a previous owner's transaction ends within its
+# timeout (5 s) once its coordinator answers, which a failover delays ~10-25 s (the host
+# cut-off test saw 22 s). Below the processor's stall limit (60 s), so a partition that
+# stays blocked is retried by the recovery, not taken for a stuck process.
+STABLE_WAIT_MAX_S = 45.0
 
 
 def _latest(admin: AdminClient, tp: TopicPartition, level: IsolationLevel, timeout_s: float) -> int:
@@ -496,21 +501,32 @@ def wait_stable(bootstrap: str, topic: str, partition: int, timeout_s: float, *,
     coordinator aborts it within the transaction timeout. EventLogError when that takes
     longer than ``timeout_s`` (the caller's recovery tries again)."""
     tp = TopicPartition(topic, partition)
-    admin = AdminClient(admin_config(bootstrap, role=role))
+    timeout_s = min(timeout_s, STABLE_WAIT_MAX_S)
     deadline = time.monotonic() + timeout_s
+    try:
+        admin = AdminClient(admin_config(bootstrap, role=role))
+    except KafkaException as exc:
+        raise EventLogError(f"cannot read the end offsets of {topic}[{partition}]: {exc}") from exc
+    stable = end = -1
     while True:
         left = deadline - time.monotonic()
         try:
             stable = _latest(admin, tp, IsolationLevel.READ_COMMITTED, left)
             end = _latest(admin, tp, IsolationLevel.READ_UNCOMMITTED, left)
         except (KafkaException, TimeoutError) as exc:
-            raise EventLogError(f"cannot read the end offsets of {topic}[{partition}]: {exc}") from exc
+            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            retriable = isinstance(err, KafkaError) and err.retriable()
+            if not retriable or time.monotonic() + STABLE_POLL_S >= deadline:  # (a leader moving: again)
+                raise EventLogError(f"cannot read the end offsets of {topic}[{partition}]: {exc}") from exc
+            time.sleep(STABLE_POLL_S)
+            continue
         if stable >= end:
             return end
         if time.monotonic() + STABLE_POLL_S >= deadline:
             raise EventLogError(
                 f"{topic}[{partition}]: a transaction is still open from offset {stable} (end {end}) after "
-                f"{timeout_s:.0f} s; a previous owner's commit or abort has not completed")
+                f"{timeout_s:.0f} s; a previous owner's commit or abort has not completed (if it never does, "
+                "kafka-transactions.sh find-hanging / abort)")
         time.sleep(STABLE_POLL_S)
 
 

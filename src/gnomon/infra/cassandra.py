@@ -190,7 +190,8 @@ def start(settings: Settings, count: int = 1) -> list[int]:
         node.home.mkdir(parents=True, exist_ok=True)
         node.logs.mkdir(parents=True, exist_ok=True)
         (node.home / "cassandra.yaml").write_text(render_config(settings, node, count))
-        group = placement.host_group(settings.state_dir, placement.host_of(node.host)) if count > 1 else None
+        group = (placement.host_group(settings.state_dir, placement.host_of(node.host))
+                 if count > 1 and placement.enabled() else None)
         argv = placement.wrap(command(settings, java, lib, node), group)
         pids.append(procs.start(settings.state_dir, node.name, argv, cwd=node.home))
     _layout_file(settings).parent.mkdir(parents=True, exist_ok=True)
@@ -370,12 +371,19 @@ def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
         # Cassandra writes cassandra/cassandra while system_auth has one replica, on one
         # node: on three, a read at ONE misses it two times in three and it stayed enabled
         # (found in review); ALL finds it wherever it is (and repairs it on the others)
-        level = ConsistencyLevel.ALL if layout(settings) >= 3 else ConsistencyLevel.ONE
-        default = session.execute(
-            SimpleStatement("SELECT can_login, is_superuser FROM system_auth.roles WHERE role = %s",
-                            consistency_level=level),
-            (DEFAULT_SUPERUSER.username,),
-        ).one()
+        # (ALL needs every node up: a node just restarted may not be seen as up yet; QUORUM
+        # then, as good as it gets without it)
+        levels = ((ConsistencyLevel.ALL, ConsistencyLevel.QUORUM) if layout(settings) >= 3
+                  else (ConsistencyLevel.ONE,))
+        query = "SELECT can_login, is_superuser FROM system_auth.roles WHERE role = %s"
+        for i, level in enumerate(levels):
+            try:
+                default = session.execute(SimpleStatement(query, consistency_level=level),
+                                          (DEFAULT_SUPERUSER.username,)).one()
+                break
+            except Exception:
+                if i == len(levels) - 1:
+                    raise
         if default is not None and (default.can_login or default.is_superuser):
             session.execute(
                 f'ALTER ROLE "{DEFAULT_SUPERUSER.username}" WITH PASSWORD = '

@@ -335,7 +335,7 @@ def start(settings: Settings, count: int) -> list[int]:
             "kafka.Kafka",
             str(node.config),
         ]
-        group = placement.host_group(settings.state_dir, node.node_id) if count > 1 else None
+        group = placement.host_group(settings.state_dir, node.node_id) if count > 1 and placement.enabled() else None
         pids.append(procs.start(settings.state_dir, node.name, placement.wrap(argv, group), cwd=node.home))
     _layout_file(settings).write_text(f"{count}\n")
     return pids

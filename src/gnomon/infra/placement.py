@@ -9,10 +9,12 @@ their own (cgroup v2, ``<mount>/gnomon/<cluster>/host-<i>``), which nftables can
 the sending socket (``socket cgroupv2``) and on the receiving one: the cut-off chaos test
 (``tests/chaos/netcut.py``) drops exactly the packets that cross that boundary.
 
-Placement is best effort and changes nothing else: with no writable cgroup v2 hierarchy
-(:func:`cgroup2_root` is ``None``) processes start where they would have, and a test that
-needs placement says so. ``<cluster>`` is a digest of the state directory, so two clusters
-on one machine (CI's and a bench's) never share a group.
+Placement is asked for (``GNOMON_HOST_CGROUPS=1``, :func:`enabled`: the host-fault chaos
+tests set it), since it moves the servers out of the caller's own cgroup (a systemd unit's,
+a CI job's) and its limits. It is best effort and changes nothing else: with no writable
+cgroup v2 hierarchy (:func:`cgroup2_root` is ``None``) processes start where they would
+have, and a test that needs placement says so. ``<cluster>`` is a digest of the state
+directory, so two clusters on one machine (CI's and a bench's) never share a group.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from pathlib import Path
 MOUNTS = Path("/proc/self/mounts")
 BASE = "gnomon"
 MAX_HOSTS = 254  # 127.0.0.1 .. 127.0.0.254
+
+
+ENV = "GNOMON_HOST_CGROUPS"
+
+
+def enabled() -> bool:
+    """Should ``gnomon infra up --hosts N`` place each host's servers in its cgroup?"""
+    return os.environ.get(ENV) == "1"
 
 
 def cgroup2_root(mounts: Path = MOUNTS) -> Path | None:

@@ -544,6 +544,7 @@ class Processor:
             self._last_tick_ms = now
             for worker in self.directory.lost(now):
                 log.warning("worker %s lost (no advert); moving its staged runs", worker)
+                self._lost_workers.pop(worker, None)  # (latest loss last: the oldest are forgotten first)
                 self._lost_workers[worker] = now
                 while len(self._lost_workers) > LOST_WORKERS_KEPT:
                     self._lost_workers.pop(next(iter(self._lost_workers)))
