@@ -45,6 +45,20 @@ def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def missing_from_history(store: Any, run_ids: list[str], timeout_s: float = 120) -> list[str]:
+    """The runs of ``run_ids`` (each finished as succeeded in the ledger) that the history
+    ``store`` does not show succeeded, after waiting up to ``timeout_s`` for it to catch up."""
+    deadline = time.monotonic() + timeout_s
+    missing = list(run_ids)
+    while missing and time.monotonic() < deadline:
+        missing = [rid for rid in missing
+                   if (got := store.get_run(rid)) is None or got.status is not RunStatus.SUCCEEDED]
+        if missing:
+            log(f"history still misses {len(missing)} of {len(run_ids)} runs")
+            time.sleep(2)
+    return missing
+
+
 def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 90) -> list[Any]:
     """Every committed record from ``start`` to the current end, decoded, in partition order."""
     return _decoded([(msg.key(), msg.value()) for msg in read_messages(bootstrap, start, timeout_s)])

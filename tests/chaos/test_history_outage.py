@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from chaoslib import LONG, Scenario, log
+from chaoslib import LONG, Scenario, log, missing_from_history
 
 from gnomon.client import ApiError, Client
 from gnomon.config import load
@@ -92,14 +92,7 @@ def test_history_survives_a_cassandra_outage(tmp_path_factory: pytest.TempPathFa
         done = {rid: r for rid, r in final.items() if r.status is RunStatus.SUCCEEDED}
         # history catches up: every finished run of the ledger is in Cassandra, finished
         store = CassandraHistoryStore(settings.cassandra_hosts, settings.cassandra_port)
-        deadline = time.monotonic() + 120
-        missing = list(done)
-        while missing and time.monotonic() < deadline:
-            missing = [rid for rid in missing
-                       if (h := store.get_run(rid)) is None or h.status is not RunStatus.SUCCEEDED]
-            if missing:
-                log(f"history still misses {len(missing)} of {len(done)} runs")
-                time.sleep(2)
+        missing = missing_from_history(store, list(done))
         caught_up_s = (time.time() * 1000 - up_at) / 1000
         store.close()
         projector_alive = sc.procs["projector"].poll() is None
