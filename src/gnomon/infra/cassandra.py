@@ -331,8 +331,46 @@ def _admin_session(settings: Settings, admin: credentials.Credential, timeout_s:
         time.sleep(1.0)  # the default superuser is created shortly after startup
 
 
+def unavailable(exc: BaseException) -> bool:
+    """True if ``exc`` says too few replicas answered (Unavailable, a server or client
+    timeout), on every host tried: nodes that have just started, before they see each
+    other as up; worth retrying."""
+    from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
+    from cassandra.cluster import NoHostAvailable
+
+    kinds = (Unavailable, OperationTimedOut, ReadTimeout, WriteTimeout)
+    if isinstance(exc, kinds):
+        return True
+    if isinstance(exc, InfraError) and exc.__cause__ is not None:
+        return unavailable(exc.__cause__)
+    if isinstance(exc, NoHostAvailable):
+        errors = list(exc.errors.values())
+        return bool(errors) and all(isinstance(e, kinds) for e in errors)
+    return False
+
+
+AUTH_RETRY_INTERVAL_S = 2.0
+
+
 def ensure_auth(settings: Settings, timeout_s: float = 120.0) -> None:
-    """Create or update the superuser and the application role; disable cassandra/cassandra."""
+    """Create or update the superuser and the application role; disable cassandra/cassandra.
+    Every step is idempotent; on three nodes it is retried (for at most ``timeout_s``)
+    while too few replicas are up: a node just started may not yet see the others as up
+    (seen in CI: CREATE ROLE at LOCAL_QUORUM, "alive_replicas 1", seconds after all
+    three nodes served CQL)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _ensure_auth_once(settings, timeout_s)
+            return
+        except InfraError as exc:
+            if not unavailable(exc) or time.monotonic() + AUTH_RETRY_INTERVAL_S > deadline:
+                raise
+            say(f"Cassandra: waiting for the nodes to see each other up ({exc.__cause__})")
+            time.sleep(AUTH_RETRY_INTERVAL_S)
+
+
+def _ensure_auth_once(settings: Settings, timeout_s: float) -> None:
     d = settings.credentials_dir
     credentials.ensure_dir(d)
     admin = credentials.ensure(d, credentials.CASSANDRA_ADMIN)
