@@ -84,9 +84,10 @@ from gnomon.history.base import HistoryBatch
 from gnomon.history.export import RunExportPublisher
 from gnomon.history.memory import InMemoryHistoryStore
 from gnomon.history.projector import HistoryProjector
+from gnomon.processor import growth
 from gnomon.processor.runtime import Processor, ProcessorConfig
 from gnomon.processor.stores import MemoryStores
-from gnomon.topology import Topology, load_topology
+from gnomon.topology import CO_PARTITIONED, Topology, load_topology
 from gnomon.worker.attempt import AttemptContext, AttemptResult, encode_output
 from gnomon.worker.executors import Handler
 from gnomon.worker.worker import Worker
@@ -634,6 +635,17 @@ class SimCluster:
 
     # ---- time -----------------------------------------------------------------------------
 
+    def grow(self, count: int) -> None:
+        """``gnomon partitions grow --to count``: the co-partitioned topics get ``count``
+        partitions (producers place keys by it at once), then each old partition of the
+        job-commands topic gets its grow marker (``gnomon.processor.growth``)."""
+        old = self.log.partitions_of(self.topo.job_commands)
+        growth.check_grow(old, count)
+        self.log.add_partitions([getattr(self.topo, role) for role in CO_PARTITIONED], count)
+        for p in range(old):
+            self.log.append(self.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(count), p)
+        self._event(f"partitions grown from {old} to {count}")
+
     def at(self, at_ms: int, action: Callable[[], None]) -> None:
         """Do ``action`` (e.g. submit a command) at the first step at or after ``at_ms``."""
         heapq.heappush(self._scheduled, (at_ms, len(self._scheduled) + len(self.events), action))
@@ -828,9 +840,12 @@ class SimCluster:
                 if r.value is not None]
 
     def jobs(self) -> dict[str, J.JobState]:
-        """The latest committed state of every job (deleted ones left out)."""
+        """The latest committed state of every job (deleted ones left out). After a grow a
+        handed-over job's last state is on its new partition, read after its old one."""
         out: dict[str, J.JobState | None] = {}
         for r in self.log.records(self.topo.jobs):
+            if growth.is_control(r.key):
+                continue
             out[(r.key or b"").decode()] = None if r.value is None else codec.decode(r.value, topic=self.topo.jobs)
         return {k: v for k, v in out.items() if v is not None}
 
@@ -854,6 +869,8 @@ class SimCluster:
         runs = {state.run_id: state for state in self.ledger()}  # the last state of each
         jobs: dict[str, J.JobState | None] = {}
         for rec in self.log.records(self.topo.jobs):
+            if growth.is_control(rec.key):
+                continue
             jobs[(rec.key or b"").decode()] = (None if rec.value is None
                                                else codec.decode(rec.value, topic=self.topo.jobs))
         gaps = []

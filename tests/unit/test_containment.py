@@ -132,11 +132,11 @@ def test_a_record_that_kills_processes_is_poisoned_after_its_attempts(monkeypatc
     deaths = []
 
     def deadly(self: PartitionTask, cmd: object, now_ms: int, topic: str, offset: int,  # type: ignore[no-untyped-def]
-               signed=None) -> list:  # type: ignore[type-arg]
+               signed=None, origin=None) -> list:  # type: ignore[type-arg]
         if getattr(cmd, "job_id", None) == "killer":
             deaths.append(offset)
             raise Death()
-        return original(self, cmd, now_ms, topic, offset, signed)
+        return original(self, cmd, now_ms, topic, offset, signed, origin)
 
     monkeypatch.setattr(PartitionTask, "apply_record", deadly)
     sim = _sim()

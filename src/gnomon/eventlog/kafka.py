@@ -327,10 +327,13 @@ class KafkaTransactionalProducer:
         except KafkaException as exc:
             raise _txn_error(exc, "begin_transaction") from exc
 
-    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
+                headers: Headers = ()) -> None:
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition is not None:
             kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = _kheaders(headers)
         try:
             produce_waiting(self._p, topic, **kwargs)
         except KafkaException as exc:

@@ -149,6 +149,17 @@ class MemoryEventLog:
     def partitions_of(self, topic: str) -> int:
         return self.topic_partitions.get(topic, self.default_partitions)
 
+    def add_partitions(self, topics: Sequence[str], count: int) -> None:
+        """Grow ``topics`` to ``count`` partitions (Kafka's CreatePartitions): keys placed
+        by the partitioner move; every group reading one of them rebalances."""
+        for topic in topics:
+            if count < self.partitions_of(topic):
+                raise EventLogError(f"{topic} has {self.partitions_of(topic)} partitions; they cannot shrink")
+            self.topic_partitions[topic] = count
+        for g in self.groups.values():
+            if g.members and set(g.topics) & set(topics):
+                self._rebalance(g)
+
     def _part(self, tp: TP) -> _Partition:
         part = self._parts.get(tp)
         if part is None:
@@ -298,6 +309,8 @@ class MemoryEventLog:
         return MemoryProducer(self)
 
     def end_offset(self, topic: str, partition: int) -> int:
+        if not 0 <= partition < self.partitions_of(topic):
+            raise EventLogError(f"{topic} has no partition {partition}")  # as Kafka: unknown partition
         return self.high((topic, partition))
 
     def wait_stable(self, topic: str, partition: int) -> None:
@@ -522,8 +535,9 @@ class MemoryTransactionalProducer:
             raise TransactionError("no open transaction", fatal=True)
         return self._txn
 
-    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
-        self.log.append(topic, key, value, partition, self._current())
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
+                headers: Headers = ()) -> None:
+        self.log.append(topic, key, value, partition, self._current(), headers)
 
     def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any, timeout_s: float) -> None:
         txn = self._current()

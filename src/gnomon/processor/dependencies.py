@@ -55,7 +55,7 @@ def held_prefix(job_id: str) -> bytes:
 
 def send(task: PartitionTask, msg: D.DependencyMessage) -> Output:
     to = D.receiver(msg)
-    return Output(task.topo.dependencies, to, msg, partition_for(to, task.topo.partitions))
+    return Output(task.topo.dependencies, to, msg, partition_for(to, task.partitions))
 
 
 def verdict(run: R.RunState, job: J.JobState | None, now_ms: int) -> D.Verdict | None:
@@ -135,7 +135,7 @@ def job_changed(task: PartitionTask, job_id: str, old: J.JobState | None, new: J
 def handle(task: PartitionTask, msg: D.DependencyMessage, now_ms: int) -> list[Output]:
     """A message read from ``gnomon.dependencies`` on this partition."""
     to = D.receiver(msg)
-    if "\0" in to or partition_for(to, task.topo.partitions) != task.partition:
+    if "\0" in to or partition_for(to, task.partitions) != task.partition:
         raise ValidationError("job_id", f"{type(msg).__name__} for job {to[:200]!r} read on partition "
                                         f"{task.partition}, not its job's")
     if isinstance(msg, D.DependencyDeclared):

@@ -16,3 +16,4 @@ class Output:
     partition: int | None = None
     encoded: bytes | None = None  # ``value`` already encoded for ``topic`` (state writes reuse it)
     final: bool = False  # a ledger write of a run that has just become final (metrics count it)
+    headers: tuple[tuple[str, bytes], ...] = ()  # a forwarded record's (``gnomon.processor.growth``)

@@ -29,7 +29,13 @@ from gnomon.core import runs as R
 from gnomon.core.calendars import CalendarBook
 from gnomon.core.clock import Clock, SystemClock
 from gnomon.core.command_auth import CommandKey, Keyring, Unauthenticated, verify
-from gnomon.core.errors import EventLogError, GnomonError, InfraError, StateStoreError
+from gnomon.core.errors import (
+    EventLogError,
+    GnomonError,
+    InfraError,
+    StateStoreError,
+    ValidationError,
+)
 from gnomon.core.messages import PoisonRecord
 from gnomon.core.overload import OverloadGovernor, TickBudget
 from gnomon.core.priorities import WeightedPicker
@@ -49,6 +55,7 @@ from gnomon.eventlog.port import (
 )
 from gnomon.feeds.tenants import TenantFeed
 from gnomon.metrics.processor import ProcessorMetrics
+from gnomon.processor import growth
 from gnomon.processor.adverts import AdvertFeed
 from gnomon.processor.attempts import RecordAttempts
 from gnomon.processor.catch_up import CatchUpGate
@@ -153,6 +160,7 @@ class Processor:
         self._clean = True  # False while local state may hold writes not yet committed
         self._read_ts: dict[int, int] = {}  # run-events partition -> timestamp of the last record read
         self.poisoned = 0
+        self.forwarded = 0  # records for jobs handed over in a grow, written to their new partition
         # a record the last processes died in is tried at most record_attempts_max times
         self.attempts = RecordAttempts(self.stores.marker(), cfg.record_attempts_max)
         if self.attempts.carried is not None:
@@ -513,7 +521,7 @@ class Processor:
         if self.history is not None:
             self.history.poll(self.tasks)  # between transactions: everything before now is committed
         if self.standbys is not None and self._joined:  # (before the first assignment every partition looks free)
-            self.standbys.track(set(range(self.topo.partitions)) - set(self.tasks))
+            self.standbys.track(set(range(self._partitions_known())) - set(self.tasks))
             if not self._saturated:
                 self.standbys.poll()  # our own partitions first: standbys get the spare time
         msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
@@ -531,17 +539,26 @@ class Processor:
         outputs: list[Output] = []
         offsets: dict[tuple[str, int], int] = {}
         self._clean = False
+        held: dict[TP, int] = {}
         for msg in msgs:
+            task = self.tasks.get(msg.partition)
+            if task is not None and task.awaiting:  # born in a grow, its handover not come: read again later
+                held.setdefault((msg.topic, msg.partition), msg.offset)
+                continue
             offsets[(msg.topic, msg.partition)] = msg.offset + 1
             if msg.topic == self.topo.run_events:
                 self._read_ts[msg.partition] = msg.timestamp_ms
             outputs.extend(self._apply(msg, now))
+        for tp, offset in held.items():
+            self.consumer.seek(tp, offset)
         if self.adverts is not None:
             self.adverts.poll()
         if self.tenant_feed is not None:
             self.tenant_feed.poll()
         if due_tick:
             self._last_tick_ms = now
+            self._handovers_come()
+            self.quota.partitions_total = self._partitions_known()  # tenant limits' units, homed across them
             for worker in self.directory.lost(now):
                 log.warning("worker %s lost (no advert); moving its staged runs", worker)
                 self._lost_workers.pop(worker, None)  # (latest loss last: the oldest are forgotten first)
@@ -603,10 +620,11 @@ class Processor:
         is delivered too (at most ``LOCAL_ROUNDS_MAX`` rounds, then the rest is produced)."""
         topic = self.topo.dependencies
         for _ in range(LOCAL_ROUNDS_MAX):
-            local = [o for o in outputs if o.topic == topic and o.partition in self.tasks]
+            mine = {p for p, t in self.tasks.items() if not t.awaiting}
+            local = [o for o in outputs if o.topic == topic and o.partition in mine]
             if not local:
                 return outputs
-            outputs = [o for o in outputs if not (o.topic == topic and o.partition in self.tasks)]
+            outputs = [o for o in outputs if not (o.topic == topic and o.partition in mine)]
             for o in local:
                 assert o.partition is not None
                 task = self.tasks[o.partition]
@@ -680,9 +698,14 @@ class Processor:
 
     def _applied(self, task: PartitionTask, msg: Record, now: int) -> list[Output]:
         try:
+            if growth.is_control(msg.key):
+                return self._control(task, msg)
+            if task.grown and msg.key is not None and not task.owns(msg.key.decode("utf-8", "replace")):
+                return [self._forwarded(task, msg)]
             cmd = codec.decode(msg.value or b"")
             signed = None if self.keyring is None or msg.topic != self.topo.job_commands else self._signed(msg)
-            return task.apply_record(cmd, now, msg.topic, msg.offset, signed=signed)
+            return task.apply_record(cmd, now, msg.topic, msg.offset, signed=signed,
+                                     origin=growth.origin_of(msg.headers))
         except InfraError:
             # the state store (or the log) failed, not the record: poisoning it would lose
             # it. The processor stops; its restart resumes from the last commit.
@@ -699,6 +722,61 @@ class Processor:
             log.error("%s[%d]@%d could not be decoded: %s", msg.topic, msg.partition, msg.offset, exc,
                       exc_info=exc)
             return self._poison(msg, f"{type(exc).__name__}: {str(exc)[:1000]}", now)
+
+    # ---- a grow (gnomon.processor.growth) ----------------------------------------------------
+
+    def _control(self, task: PartitionTask, msg: Record) -> list[Output]:
+        """A control record (NUL key) on an input topic: a grow marker on the job commands;
+        anything else is refused (poisoned)."""
+        if msg.topic != self.topo.job_commands or msg.key != growth.GROW_KEY.encode():
+            raise ValidationError("key", f"{(msg.key or b'')[:40]!r} is a control key (NUL first) this processor does "
+                                         f"not know on {msg.topic}")
+        count = growth.decode_count(msg.value, f"grow marker {msg.topic}[{msg.partition}]@{msg.offset}")
+        if count > task.partitions:
+            for topic in (self.topo.jobs, self.topo.runs):  # the heirs' changelogs must exist
+                try:
+                    self.log.end_offset(topic, count - 1)
+                except EventLogError as exc:
+                    raise ValidationError("value", f"a grow to {count} partitions, but {topic} has no partition "
+                                                   f"{count - 1} ({exc}): `gnomon partitions grow` adds "
+                                                   "them first") from exc
+        return task.grow(count)
+
+    def _forwarded(self, task: PartitionTask, msg: Record) -> Output:
+        """A record for a job handed to another partition in a grow (its producer placed
+        it by the old count): written there as it came, with where it was read first."""
+        key = (msg.key or b"").decode("utf-8", "replace")
+        headers = msg.headers
+        if growth.origin_of(headers) is None:
+            headers = (*headers, growth.origin_header(msg.partition, msg.offset))
+        self.forwarded += 1
+        return Output(msg.topic, key, None, growth.owner(key, task.partitions), msg.value, headers=headers)
+
+    def _partitions_known(self) -> int:
+        """The count of partitions as far as this processor knows: the topology's, or a
+        grown count one of its partitions places jobs by."""
+        return max([self.topo.partitions, *(t.partitions for t in self.tasks.values())])
+
+    def _handovers_come(self) -> None:
+        """A partition born in a grow waits for its handover (its jobs changelog is empty
+        until the handover's transaction commits): once something is there, restore it."""
+        for p, task in sorted(self.tasks.items()):
+            if not task.awaiting:
+                continue
+            try:
+                if self.log.end_offset(self.topo.jobs, p) <= 0:
+                    continue
+                task.kv.close()
+                self.tasks[p] = self._restore(p, trust_checkpoint=False)
+            except EventLogError as exc:
+                log.warning("partition %d: its handover not read (%s); recovering", p, exc)
+                self._need_rewind = True
+                return
+            if self.tasks[p].awaiting:
+                log.warning("partition %d: its changelog has records but no partitions record; still waiting", p)
+            else:
+                log.info("partition %d: handover restored (placing jobs by %d partitions)", p,
+                         self.tasks[p].partitions)
 
     def _signed(self, msg: Record) -> CommandKey | Unauthenticated:
         """The key that signed this command record, or why none did (answered by the task)."""
@@ -726,7 +804,7 @@ class Processor:
             for o in outputs:
                 value = o.encoded if o.encoded is not None else (
                     None if o.value is None else codec.encode(o.value, o.topic))
-                self.producer.produce(o.topic, o.key.encode(), value, o.partition)
+                self.producer.produce(o.topic, o.key.encode(), value, o.partition, o.headers)
             tps = dict(offsets)
             if not tps:
                 # a tick-only transaction still carries the group generation for fencing

@@ -81,6 +81,7 @@ from gnomon.core.replies import ALREADY_REGISTERED, CommandResult, result_for
 from gnomon.core.workers import WorkerDirectory
 from gnomon.ports import KeyValueStore
 from gnomon.processor import dependencies as deps
+from gnomon.processor import growth
 from gnomon.processor.output import Output
 from gnomon.processor.savepoint import JournalKV
 from gnomon.processor.waiting import assign_waiting
@@ -259,6 +260,7 @@ class TaskStats:
     commands_refused: int = 0  # job commands answered "refused" on the command-results topic
     rolled_back: int = 0  # records (and tick items) whose writes were taken back after they raised
     tick_failures: int = 0  # jobs and runs whose time-driven step raised (contained, retried next tick)
+    handed_over_jobs: int = 0  # jobs handed to new partitions by a grow (gnomon.processor.growth)
 
 
 class PartitionTask:
@@ -321,6 +323,13 @@ class PartitionTask:
         self.overloaded = False  # set by the runtime: its last ticks deferred due jobs (new one-off work refused)
         self._last_tick_ms: int | None = None
         self._present_since_ms: int | None = None
+        # The count of partitions this partition's jobs are placed by: the topology's
+        # until a grow reaches it (``gnomon.processor.growth``), then the grown count
+        # (its jobs changelog's partitions record). A partition born in a grow waits
+        # (``awaiting``) until its handover has come: nothing is decided on it before.
+        self.partitions = topology.partitions
+        self.grown = False
+        self.awaiting = partition >= topology.partitions
 
     # ---- state access ------------------------------------------------------------------
 
@@ -424,15 +433,19 @@ class PartitionTask:
         self.stats.rolled_back += 1
 
     def apply_record(self, cmd: Any, now_ms: int, topic: str, offset: int,
-                     signed: CommandKey | Unauthenticated | None = None) -> list[Output]:
+                     signed: CommandKey | Unauthenticated | None = None,
+                     origin: tuple[int, int] | None = None) -> list[Output]:
         """One decoded input record of ``topic`` at ``offset`` of this partition: a job
         command is answered on the command-results topic (``handle_command``); any other
         is applied (``handle``). Raises GnomonError for a refused non-command record, and
         ``RecordFailed`` (with the command's answer, if it is one) when it broke; either
         way nothing it wrote stays. ``signed``: the key that signed a command record or
-        why none did (None: signatures are not checked)."""
+        why none did (None: signatures are not checked). ``origin``: the (partition,
+        offset) a forwarded record was first read at (``gnomon.processor.growth``): a
+        command is answered under that position, the one its producer knows."""
         if topic == self.topo.job_commands:
-            return self.handle_command(cmd, now_ms, self.partition, offset, signed)
+            partition, offset = origin if origin is not None else (self.partition, offset)
+            return self.handle_command(cmd, now_ms, partition, offset, signed)
         return self.savepoint(lambda: self.handle(cmd, now_ms, topic))
 
     def load_counts(self) -> int:
@@ -542,7 +555,77 @@ class PartitionTask:
 
     # ---- restore from changelogs -------------------------------------------------------
 
+    # ---- a grow (gnomon.processor.growth) -------------------------------------------------
+
+    def owns(self, job_id: str) -> bool:
+        """Whether ``job_id`` lives on this partition (by the count it places jobs by)."""
+        return growth.owner(job_id, self.partitions) == self.partition
+
+    def _foreign(self, key: str) -> bool:
+        """A changelog key of a job handed over to another partition in a grow."""
+        return self.grown and not self.owns(growth.job_of(key))
+
+    def set_partitions(self, count: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+        """Place jobs by ``count`` partitions from now on (a partitions record, or this
+        partition's own grow): every job and run that now lives elsewhere leaves the
+        store. Returns them (key, encoded state) for a handover. A count below the one
+        in force is refused (ValueError): partitions only grow."""
+        if count < self.partitions:
+            raise ValidationError("value", f"partition {self.partition} places jobs by {self.partitions} partitions; "
+                             f"a record of {count} is older")
+        self.partitions = count
+        self.grown = True
+        self.awaiting = False
+        jobs: list[tuple[str, bytes]] = []
+        runs: list[tuple[str, bytes]] = []
+        for key, raw in list(self.kv.scan(b"j/", _prefix_end(b"j/"), COUNTED_ENTRIES_MAX)):
+            job_id = key[2:].decode()
+            if not self.owns(job_id):
+                jobs.append((job_id, raw))
+                self._store_job(job_id, self.job(job_id), None, [])
+        for key, raw in list(self.kv.scan(b"r/", _prefix_end(b"r/"), COUNTED_ENTRIES_MAX)):
+            run_id = key[2:].decode()
+            if not self.owns(growth.job_of(run_id)):
+                run = self.run(run_id)
+                runs.append((run_id, raw))
+                if run is not None:
+                    self._forget_run(run)
+        return jobs, runs
+
+    def grow(self, count: int) -> list[Output]:
+        """This partition's grow marker: hand the jobs that live elsewhere under ``count``
+        partitions (and their runs) to their new partitions' changelogs, then a
+        partitions record to each of those and to its own. Idempotent: a marker for the
+        count already in force writes nothing. ValueError for a count that is not a
+        multiple of the one in force (ValidationError)."""
+        if self.grown and count == self.partitions:
+            return []
+        old = self.partitions
+        try:
+            heirs = growth.heirs(self.partition, old, count)
+        except ValueError as exc:
+            raise ValidationError("value", str(exc)) from None
+        jobs, runs = self.set_partitions(count)
+        out: list[Output] = []
+        for job_id, raw in jobs:
+            out.append(Output(self.topo.jobs, job_id, None, growth.owner(job_id, count), raw))
+        for run_id, raw in runs:
+            out.append(Output(self.topo.runs, run_id, None, growth.owner(growth.job_of(run_id), count), raw))
+        record = growth.encode_count(count)
+        for p in (*heirs, self.partition):  # last: the handover's end on each heir
+            out.append(Output(self.topo.jobs, growth.PARTITIONS_KEY, None, p, record))
+        log.info("partition %d grown from %d to %d partitions: %d jobs and %d runs handed to partitions %s",
+                 self.partition, old, count, len(jobs), len(runs), heirs)
+        self.stats.handed_over_jobs += len(jobs)
+        return out
+
     def restore_job(self, job_id: str, value: bytes | None) -> None:
+        if growth.is_control(job_id):
+            if job_id == growth.PARTITIONS_KEY:
+                self.set_partitions(growth.decode_count(value, f"{self.topo.jobs}[{self.partition}]"))
+            return
+        if self._foreign(job_id):
+            return
         old = self.job(job_id)
         new = None if value is None else codec.decode(value)
         self._store_job(job_id, old, new, [])
@@ -553,8 +636,11 @@ class PartitionTask:
         self._jobs_cache.clear()
         self._runs_cache.clear()
         n = 0
+        count = jobs.get(growth.PARTITIONS_KEY)
+        if count is not None:
+            self.set_partitions(growth.decode_count(count, f"{self.topo.jobs}[{self.partition}]"))
         for job_id, raw in jobs.items():
-            if raw is None:
+            if raw is None or growth.is_control(job_id) or self._foreign(job_id):
                 continue
             job: J.JobState = codec.decode(raw)
             self.kv.put(_job_key(job_id), raw)
@@ -568,7 +654,7 @@ class PartitionTask:
             n += 1
             self._progress(n)
         for run_id, raw in runs.items():
-            if raw is None:
+            if raw is None or self._foreign(run_id):
                 continue
             run: R.RunState = codec.decode(raw)
             self.kv.put(_run_key(run_id), raw)
@@ -584,6 +670,8 @@ class PartitionTask:
             self.on_progress()
 
     def restore_run(self, run_id: str, value: bytes | None) -> None:
+        if self._foreign(run_id):
+            return
         old = self.run(run_id)
         if value is None:
             if old is not None:
@@ -730,7 +818,7 @@ class PartitionTask:
         of the job (and its run ids) beside the real one: refused. Producers key every
         command by its job id (docs/job-events.md), and Kafka's partitioner does the rest."""
         job_id = cmd.job_id if isinstance(cmd, J.JOB_COMMANDS) else cmd.run_id.partition("@")[0]
-        owner = partition_for(job_id, self.topo.partitions)
+        owner = partition_for(job_id, self.partitions)
         if owner != self.partition:
             raise ValidationError("job_id", f"job {job_id[:200]!r} lives on partition {owner}, but this command "
                                             f"was read from partition {self.partition}: key each command by its "

@@ -1,0 +1,105 @@
+"""Growing the partition count of a live system (docs/adr/0012-growing-partitions.md).
+
+The co-partitioned topics go from N partitions to M, a multiple of N (``gnomon
+partitions grow --to M``: Kafka's CreatePartitions, then one *grow marker* on each old
+partition of the job-commands topic). A job's partition under M is ``h % M``, under N
+``h % N``: every job of new partition q came from old partition ``q % N``, and old
+partition p keeps the jobs with ``h % M == p``. So each old partition hands its leaving
+jobs to their new partitions itself, at its marker, in one transaction:
+
+* their job and run states are written to the new partitions' changelogs (jobs, runs)
+  and dropped from its own store (not tombstoned: the history projector would read a
+  job tombstone as a delete; a restore skips keys the partition no longer owns);
+* a *partitions record* (key ``PARTITIONS_KEY``, value the count as ASCII) goes to its
+  own jobs changelog and to each of its new partitions' (the handover's last word);
+* from then on a record it reads for a job that lives elsewhere (a producer that has
+  not yet seen the new partitions) is forwarded there, headers kept, with the position
+  it was read at (``ORIGIN_HEADER``) so that the command's answer names the position its
+  producer knows.
+
+A new partition's processor holds its input records (reads them again later) until the
+partitions record appears in its jobs changelog, then restores the handed-over state
+and goes on: nothing is decided on it before its jobs are there.
+
+Keys starting with NUL are control keys: job and run ids cannot contain NUL (refused
+at validation), so none collides with one.
+"""
+
+from __future__ import annotations
+
+from gnomon.adapters.kafka import partition_for
+from gnomon.core.errors import ValidationError
+
+CONTROL_PREFIX = "\0"
+# on the jobs changelog: this partition's count of partitions since a grow (ASCII int)
+PARTITIONS_KEY = "\0partitions"
+# on the job-commands topic: "grow to M" (value: M as ASCII), written by ``gnomon partitions grow``
+GROW_KEY = "\0grow"
+# a forwarded record's position where it was first read: b"<partition>:<offset>"
+ORIGIN_HEADER = "gnomon-origin"
+GROW_TO_MAX = 4_096  # a sanity bound on the count of partitions
+
+
+def is_control(key: bytes | str | None) -> bool:
+    if key is None:
+        return False
+    return (key.startswith(b"\0") if isinstance(key, bytes) else key.startswith(CONTROL_PREFIX))
+
+
+def encode_count(count: int) -> bytes:
+    assert 1 <= count <= GROW_TO_MAX
+    return str(count).encode()
+
+
+def decode_count(raw: bytes | None, where: str) -> int:
+    """The count of a partitions or grow record; ValidationError naming ``where`` if it is not one."""
+    try:
+        count = int((raw or b"").decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValidationError("value", f"{where}: not a partition count: {(raw or b'')[:40]!r}") from None
+    if not 1 <= count <= GROW_TO_MAX:
+        raise ValidationError("value", f"{where}: partition count {count} out of 1..{GROW_TO_MAX}")
+    return count
+
+
+def check_grow(old: int, new: int) -> None:
+    """ValueError unless ``old`` partitions may grow to ``new`` (a larger multiple)."""
+    if new <= old:
+        raise ValueError(f"partitions can only grow: {new} is not more than {old}")
+    if new % old:
+        raise ValueError(f"the new count must be a multiple of the current one ({old}): {new} is not "
+                         "(each new partition takes its jobs from exactly one old one)")
+    if new > GROW_TO_MAX:
+        raise ValueError(f"at most {GROW_TO_MAX} partitions")
+
+
+def heirs(partition: int, old: int, new: int) -> list[int]:
+    """The new partitions that take jobs from old ``partition`` when ``old`` grows to ``new``."""
+    check_grow(old, new)
+    assert 0 <= partition < old
+    return list(range(partition + old, new, old))
+
+
+def job_of(key: str) -> str:
+    """The job id a jobs or runs changelog key (a job id, or ``<job id>@<slot>``) belongs to."""
+    return key.partition("@")[0]
+
+
+def owner(job_id: str, count: int) -> int:
+    return partition_for(job_id, count)
+
+
+def origin_header(partition: int, offset: int) -> tuple[str, bytes]:
+    return ORIGIN_HEADER, f"{partition}:{offset}".encode()
+
+
+def origin_of(headers: tuple[tuple[str, bytes], ...]) -> tuple[int, int] | None:
+    """The (partition, offset) a forwarded record was first read at, if it was forwarded."""
+    for name, value in headers:
+        if name == ORIGIN_HEADER:
+            p, _, o = value.decode("ascii", "replace").partition(":")
+            try:
+                return int(p), int(o)
+            except ValueError:
+                return None
+    return None
