@@ -124,6 +124,7 @@ class JobEvents:
         self._waiting: list[tuple[str, int, int]] = []  # written, answer not returned yet (send order)
         self._early: dict[tuple[int, int], CommandResult] = {}  # answers found before a results() timed out
         self._consumer: Reader | None = None
+        self._started_at: dict[int, int] = {}  # results partition -> where reading began
         if replies:
             self._consumer = log.reader(RESULTS_GROUP, client_id=CLIENT_ID, config={
                 "enable.partition.eof": False, "fetch.wait.max.ms": 50})
@@ -205,6 +206,8 @@ class JobEvents:
         sent, self._sent = self._sent, []
         self._waiting += [e for e in sent if e is not None and e is not _FAILED]
         wanted = {(p, o): i for i, (_, p, o) in enumerate(self._waiting)}  # position -> index in send order
+        if wanted:
+            self._read_up_to(max(p for p, _ in wanted))
         found: dict[int, CommandResult] = {}
         for key in [k for k in self._early if k in wanted]:
             found[wanted[key]] = self._early.pop(key)
@@ -289,5 +292,21 @@ class JobEvents:
         commands sent from now on come after it."""
         assert self._consumer is not None
         topic = self.topo.command_results
-        positions = [(topic, p, self._consumer.watermarks((topic, p), 10.0)[1]) for p in range(self.topo.partitions)]
+        count = max(self.topo.partitions, len(self._consumer.partitions(topic, 10.0)))  # grown: docs/adr/0012
+        positions = [(topic, p, self._consumer.watermarks((topic, p), 10.0)[1]) for p in range(count)]
         self._consumer.assign(positions)
+        self._started_at = {p: off for _, p, off in positions}
+
+    def _read_up_to(self, partition: int) -> None:
+        """A command went to a partition added by a grow since reading began: read the new
+        partitions from their start, the others on from where they are."""
+        assert self._consumer is not None
+        topic = self.topo.command_results
+        if partition < len(self._started_at):
+            return
+        count = max(partition + 1, len(self._consumer.partitions(topic, 10.0)))
+        at = self._consumer.position([(topic, p) for p in range(len(self._started_at))])
+        positions = [(topic, p, off if off >= 0 else self._started_at[p]) for (_, p), off in at.items()]
+        positions += [(topic, p, 0) for p in range(len(self._started_at), count)]
+        self._consumer.assign(positions)
+        self._started_at.update({p: 0 for p in range(len(self._started_at), count)})

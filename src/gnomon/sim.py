@@ -513,6 +513,7 @@ class SimCluster:
         self.alerter = Alerter(book, self.webhook, SIM_DELIVERY, log=self.log, feed=feed, clock=self.clock,  # type: ignore[arg-type]
                                batch_max=200, poll_timeout_s=0.0, executor=self._deliveries, retry_sleep=_no_wait,
                                on_given_up=self._given_up)
+        self.alerter.topology_partitions = self.topo.partitions  # (this cluster's count at creation)
         self.alerter_down_until_ms = None
 
     def _given_up(self, alert: Alert, why: str) -> None:

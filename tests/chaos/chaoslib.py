@@ -120,6 +120,13 @@ class Tap:
         finally:
             self._consumer.close()
 
+    def grow(self, topic: str, partitions: int) -> None:
+        """Tap ``topic``'s partitions added by a grow too, from their first record."""
+        with self._lock:
+            for p in range(partitions):
+                self._position.setdefault((topic, p), 0)
+        self._rebuild.set()
+
     def records(self, topic: str, timeout_s: float = 90) -> list[tuple[bytes | None, bytes | None]]:
         """Every (key, value) of ``topic`` recorded, once the tap has read past every record
         written before this call: up to the high watermark of this moment, so every

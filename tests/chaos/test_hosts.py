@@ -25,6 +25,8 @@ import re
 import secrets
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -420,3 +422,98 @@ def test_a_host_cut_off_and_healed_misses_and_doubles_nothing(tmp_path: Path, cl
     lags = _report(settings, 2, owned2 | led2, ids, cut_at, out, poller.statuses)
     assert not exited, f"processes exited during the cut: {exited}"
     _assert_whole(out, lags, poller.statuses, 12 * (CUT_S + AFTER_S))
+
+
+GROW_TO = 16
+GROW_AFTER_S = 40 if LONG else 20  # running on 16 partitions before the jobs are paused and checked
+
+
+def test_a_live_system_grows_from_8_to_16_partitions(tmp_path: Path, cluster: Cluster) -> None:
+    """`gnomon infra grow --to 16` under per-second jobs on the three hosts: the processors
+    hand every moving job to its new partition themselves (ADR 0012); the history checker
+    accounts for every slot once, every job runs on its new partition afterwards, and the
+    start lag from the grow is reported for the jobs that moved and those that stayed.
+    Last in this module: the cluster keeps its 16 partitions."""
+    topo = load_topology()
+    tag = "grow" + secrets.token_hex(3)
+    sc = Scenario(tag, tmp_path)
+    try:
+        for h in (1, 2, 3):
+            sc.processor(f"p{h}", group=_group(cluster, h))
+            sc.worker(f"w{h}", group=_group(cluster, h))
+        sc.wait_ready("p1", "p2", "p3", "w1", "w2", "w3", timeout_s=150)
+        spec = JobSpec(name=tag, schedule=Schedule(cron="* * * * * *"),
+                       target=Target(TargetType.COMMAND, argv=("true",)), timeout_s=20,
+                       retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2))
+        ids = _spread_ids(tag, 24)
+        for job_id in ids:
+            sc.send(RegisterJob(job_id, "chaos", spec, int(time.time() * 1000)))
+        sc.flush()
+        sc.wait_runs(succeeded=3 * len(ids), timeout_s=90)
+        time.sleep(5)
+        grown_at = int(time.time() * 1000)
+        began = time.monotonic()
+        grow = subprocess.run([sys.executable, "-m", "gnomon.cli.main", "infra", "grow", "--to", str(GROW_TO),
+                               "--timeout-s", "120"], env=sc.env, capture_output=True, text=True, timeout=240)
+        log(f"gnomon infra grow (exit {grow.returncode}, {time.monotonic() - began:.1f} s):\n{grow.stderr.strip()}")
+        assert grow.returncode == 0, grow.stderr[-2000:]
+        assert f"grown to {GROW_TO} partitions" in grow.stderr
+        for topic in (topo.runs, topo.jobs):
+            sc.tap.grow(topic, GROW_TO)
+        again = subprocess.run([sys.executable, "-m", "gnomon.cli.main", "infra", "grow", "--to", str(GROW_TO),
+                                "--timeout-s", "60"], env=sc.env, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0 and "already" in again.stderr, again.stderr[-2000:]  # idempotent
+        refused = subprocess.run([sys.executable, "-m", "gnomon.cli.main", "infra", "grow", "--to", "24"],
+                                 env=sc.env, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "--to" in refused.stderr and "multiple" in refused.stderr, refused.stderr
+        time.sleep(GROW_AFTER_S)
+        for j in ids:
+            sc.send(PauseJob(j, "chaos", int(time.time() * 1000)))
+        sc.flush()
+        time.sleep(sc.lookahead_s + sc.lease_s + 8)
+        report, runs, _ = sc.check(int(time.time() * 1000))
+        handed = sum(len(re.findall(rf"grown from 8 to {GROW_TO} partitions",
+                                    (sc.logs / f"p{h}.log").read_text(errors="replace"))) for h in (1, 2, 3))
+        moved = {j for j in ids if partition_for(j, GROW_TO) != partition_for(j, topo.partitions)}
+        lags: dict[bool, list[float]] = {True: [], False: []}
+        ran_after: dict[str, int] = {}
+        for r in {r.run_id: r for r in runs}.values():
+            if r.slot_ms >= grown_at and r.started_at_ms is not None and not r.manual:
+                lags[r.job_id in moved].append((r.started_at_ms - r.slot_ms) / 1000)
+                if r.slot_ms >= grown_at + 15_000:
+                    ran_after[r.job_id] = ran_after.get(r.job_id, 0) + 1
+        for kind, xs in (("moved", lags[True]), ("stayed", lags[False])):
+            if xs:
+                log(f"start lag from the grow, jobs that {kind}: {len(xs)} runs, p50 {statistics.median(xs):.2f} s, "
+                    f"p99 {_p99(xs):.2f} s, max {max(xs):.2f} s")
+        windows: dict[int, float] = {}  # the worst start lag per 10 s of slots, from the grow
+        for r in {r.run_id: r for r in runs}.values():
+            if r.slot_ms >= grown_at - 10_000 and r.started_at_ms is not None:
+                w = (r.slot_ms - grown_at) // 10_000 * 10
+                windows[w] = max(windows.get(w, 0.0), (r.started_at_ms - r.slot_ms) / 1000)
+        log("worst start lag per 10 s of slots from the grow: "
+            + ", ".join(f"+{w}s {lag:.1f}" for w, lag in sorted(windows.items())))
+        log(f"partitions handed over: {handed} of {topo.partitions}; jobs moved: {len(moved)} of {len(ids)}")
+        assert report.ok, report.summary()
+        assert report.slots > len(ids) * 20, report.summary()
+        assert handed == topo.partitions, handed
+        assert moved and lags[True] and lags[False]
+        assert set(ran_after) == set(ids), f"jobs that did not run after the grow: {sorted(set(ids) - set(ran_after))}"
+        # every job's state was written on the partition 16 places it on
+        on: dict[str, set[int]] = {}
+        for p, k in _keys_by_partition(sc, topo.jobs):
+            on.setdefault((k or b"").decode(), set()).add(p)
+        assert all(partition_for(j, GROW_TO) in on.get(j, set()) for j in ids), {j: on.get(j) for j in ids}
+    finally:
+        sc.stop_all()
+
+
+def _keys_by_partition(sc: Scenario, topic: str) -> list[tuple[int, bytes | None]]:
+    """(partition, key) of every record of ``topic`` from the scenario's start, in offset order."""
+    from confluent_kafka import TopicPartition
+
+    from topic_reading import read_messages
+
+    start = [TopicPartition(topic, p, 0) for p in range(GROW_TO)]
+    return [(m.partition(), m.key()) for m in read_messages(sc.settings.kafka_bootstrap, start)
+            if m.value() is not None]

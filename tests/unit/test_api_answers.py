@@ -82,3 +82,17 @@ def test_recent_jobs_answer_until_history_has_the_version_then_history_wins() ->
     assert recent.newest("job_1", same) is same
     now[0] = 61.0
     assert recent.newest("job_1", None) is None  # kept no longer
+
+
+def test_partitions_added_by_a_grow_are_read_from_their_start() -> None:
+    log = MemoryEventLog(FakeClock(0), partitions=2)
+    answers = CommandAnswers(log.reader("t"), TOPIC, 2)
+    answers.position_at_end()
+    before = answer(log, 1, 4)
+    assert answers.grown() == 0
+    log.add_partitions([TOPIC], 4)
+    new = answer(log, 3, 0, "job_9")  # written before the reader knew of partition 3
+    assert answers.grown() == 2 and answers.partitions == 4
+    assert answers.wait((1, 4), 1.0) == before
+    assert answers.wait((3, 0), 1.0) == new
+    assert answers.grown() == 0

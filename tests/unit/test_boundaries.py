@@ -145,11 +145,11 @@ def test_only_composition_roots_import_both_the_api_and_the_processor() -> None:
 
 # Modules that build confluent-kafka clients themselves: the one Kafka seam
 # (eventlog/kafka.py, every client of gnomon's processes and SDK) and infra's admin use
-# (creating topics and ACLs, checking a broker in the local-stack runner, which the
-# services never import). Everything else goes through the event-log port.
+# (creating topics and ACLs, adding partitions, checking a broker in the local-stack
+# runner, which the services never import). Everything else goes through the event-log port.
 KAFKA_CLIENT_MODULES = {
     "eventlog/kafka.py",
-    "infra/acls.py", "infra/kafka.py", "infra/topics.py",
+    "infra/acls.py", "infra/grow.py", "infra/kafka.py", "infra/topics.py",
 }
 
 

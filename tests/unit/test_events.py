@@ -213,3 +213,19 @@ def test_a_command_kafka_refused_does_not_break_later_results() -> None:
     ev.flush()
     b.answer(0)
     assert [x.job_id for x in ev.results(timeout_s=5)] == [kept]
+
+
+def test_results_from_partitions_a_grow_added_after_reading_began() -> None:
+    """The topics grew (ADR 0012) after this JobEvents began reading answers: commands
+    it sends now may land on the new partitions, and their answers are read there."""
+    b = Broker()
+    ev, _ = events(b, replies=True)
+    grown = b.topo.partitions * 2
+    b.log.add_partitions([b.topo.job_commands, b.topo.command_results], grown)
+    ids = [ev.register(JOB, job_id=f"g{i}") for i in range(12)]
+    ev.flush()
+    assert any(r.partition >= b.topo.partitions for r in b.records), "no command landed on a new partition"
+    for i in range(len(ids)):
+        b.answer(i)
+    assert [x.job_id for x in ev.results(timeout_s=5)] == ids
+    ev.close()

@@ -134,3 +134,20 @@ def test_seeded_faults_through_a_grow(seed: int) -> None:
     c.run_for(10_000)
     c.heal(14_000)
     _check(c)
+
+
+def test_history_and_alerts_are_whole_after_a_grow() -> None:
+    """The history projector and the alerter read the grown ledger: history holds every
+    committed state (the partitions records are no history), and every alert the ledger
+    raises was delivered, the handed-over runs' included."""
+    c = SimCluster(5, processors=2, workers=2, partitions=2, step_ms=100, history=True, alerts=True)
+    c.set_alerts(late_s=1)
+    for i in range(8):
+        c.register(f"h{i}", f"*/{1 + i % 3} * * * * *", fail_attempts=9 if i % 4 == 3 else 0, max_attempts=2)
+    c.run_for(5_000, faults=False)
+    c.grow(4)
+    c.run_for(8_000, faults=False)
+    c.heal(8_000)
+    _check(c)
+    assert c.history_gaps() == []
+    assert c.alert_gaps() == []

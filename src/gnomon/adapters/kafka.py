@@ -103,6 +103,9 @@ def security_config(role: str | None = None, *, credentials_dir: Path | None = N
             "sasl.username": username, "sasl.password": password, **ssl}
 
 
+METADATA_REFRESH_MS = 5_000  # clients see a topic's new partitions within this (docs/adr/0012)
+
+
 def producer_config(bootstrap: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
@@ -112,6 +115,7 @@ def producer_config(bootstrap: str, *, role: str | None = None, **extra: Any) ->
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
         **security_config(role),
     }
     conf.update(extra)
@@ -135,6 +139,8 @@ def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, An
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
         "max.poll.interval.ms": 300_000,
+        # partitions added to a topic (``gnomon infra grow``) are seen this soon (default 5 min)
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
         **security_config(role),
     }
     conf.update(extra)

@@ -149,6 +149,7 @@ class Alerter:
         self.poll_timeout_s = poll_timeout_s
         self.on_given_up = on_given_up
         self.topic = load_topology().runs
+        self.topology_partitions = load_topology().partitions  # at creation: more are born in a grow
         self.stats = AlerterStats()
         self.tracker = OffsetTracker()
         self._lock = threading.Lock()  # tracker + stats, shared with the delivery threads
@@ -346,11 +347,16 @@ class Alerter:
         """A partition this group never committed starts at the ledger's end (a new
         alerter alerts what happens from now on, not the dead letters of the past week):
         that end is committed at once, before the consumer reads its start position from
-        the group's commits, so a restart resumes from it, missing nothing."""
+        the group's commits, so a restart resumes from it, missing nothing. Except a
+        partition born in a grow (docs/adr/0012): it starts at its beginning, its first
+        records being the runs handed to it, so nothing written to it before this
+        alerter learnt of it is missed."""
         fresh: dict[TP, int] = {}
+        born = self.topology_partitions
         try:
             committed = self.consumer.committed(partitions, COMMIT_TIMEOUT_S)
-            fresh = {tp: self.log.end_offset(*tp) for tp, off in committed.items() if off is None}
+            fresh = {tp: (0 if tp[1] >= born else self.log.end_offset(*tp))
+                     for tp, off in committed.items() if off is None}
             if fresh:
                 self.consumer.commit(fresh, COMMIT_TIMEOUT_S)
         except EventLogError as exc:  # the group's reset policy applies

@@ -43,6 +43,7 @@ KEPT_S_DEFAULT = 600.0
 KEPT_MAX_DEFAULT = 100_000
 READ_BATCH_MAX = 1000
 READ_WAIT_S = 0.2
+PARTITIONS_CHECK_S = 5.0  # how often the reader asks whether a grow added partitions
 
 
 class AnswerSource(Protocol):
@@ -69,6 +70,7 @@ class CommandAnswers:
         self._kept: OrderedDict[Position, tuple[float, CommandResult]] = OrderedDict()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._started_at: dict[int, int] = {}  # partition -> where reading began (``position_at_end``)
         self._stop = threading.Event()
         self.answers_read = 0
 
@@ -82,6 +84,24 @@ class CommandAnswers:
             _, high = self._reader.watermarks((self.topic, p), timeout_s)
             positions.append((self.topic, p, high))
         self._reader.assign(positions)
+        self._started_at = {p: off for _, p, off in positions}
+
+    def grown(self, timeout_s: float = 10.0) -> int:
+        """Read the partitions a grow added (docs/adr/0012) from their start, the others
+        on from where they are; how many were added. EventLogError when the metadata or
+        the positions cannot be read."""
+        count = len(self._reader.partitions(self.topic, timeout_s))
+        if count <= self.partitions:
+            return 0
+        tps = [(self.topic, p) for p in range(self.partitions)]
+        at = self._reader.position(tps)
+        positions = [(self.topic, p, off if off >= 0 else self._started_at.get(p, 0)) for (_, p), off in at.items()]
+        positions += [(self.topic, p, 0) for p in range(self.partitions, count)]
+        self._reader.assign(positions)
+        added, self.partitions = count - self.partitions, count
+        log.info("reading %d more partitions of %s (%d in all): they were added by a grow", added, self.topic,
+                 count)
+        return added
 
     def start(self, timeout_s: float = 10.0) -> CommandAnswers:
         """``position_at_end``, then read on a daemon thread until ``close``."""
@@ -91,8 +111,12 @@ class CommandAnswers:
         return self
 
     def _run(self) -> None:
+        checked = self._monotonic()
         while not self._stop.is_set():
             try:
+                if self._monotonic() - checked >= PARTITIONS_CHECK_S:
+                    checked = self._monotonic()
+                    self.grown()
                 self.read_once(READ_WAIT_S)
             except EventLogError as exc:  # the broker away: requests time out to 202 meanwhile
                 log.warning("reading %s: %s (retrying)", self.topic, exc)

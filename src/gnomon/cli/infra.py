@@ -81,3 +81,25 @@ def status(json_: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 app.command(name="poison")(poison_cmd.poison)
+
+
+@app.command()
+@command
+def grow(to: Annotated[int, typer.Option("--to", help="the new partition count: a multiple of the current one")],
+         timeout_s: Annotated[float, typer.Option(
+             "--timeout-s", min=1.0, help="how long to wait for the processors to hand their jobs over")] = 300.0,
+         ) -> None:
+    """Give the co-partitioned topics more partitions while gnomon runs: the processors
+    hand each moving job (its schedule and its runs) to its new partition themselves
+    (docs/adr/0012-growing-partitions.md). Idempotent: run it again to finish or wait."""
+    from gnomon.core.errors import ValidationError
+    from gnomon.infra.grow import grow as grow_topics
+    from gnomon.infra.progress import say
+    from gnomon.topology import load_topology
+
+    settings = load()
+    try:
+        grow_topics(settings.kafka_bootstrap, load_topology(), to, timeout_s=timeout_s,
+                    credentials_dir=settings.credentials_dir, say=say)
+    except ValueError as exc:
+        raise ValidationError("--to", str(exc)) from None

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gnomon.core.control import is_control
 from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.core.jobs import JobState
 from gnomon.core.messages import LogLine
@@ -258,6 +259,9 @@ class HistoryProjector:
         role = self._role.get(msg.topic)
         if role is None:
             self.on_poison(msg, f"not a topic of the history projector: {msg.topic}")
+            return
+        if is_control(msg.key):  # a control record (docs/adr/0012): no history in it
+            self.stats.ignored += 1
             return
         value = msg.value
         if value is None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
-from gnomon.topology import TopicSpec, read_topology
+from gnomon.topology import CO_PARTITIONED, TopicSpec, read_topology
 
 __all__ = ["TopicChanges", "TopicSpec", "config_diff", "ensure_topics", "min_insync_for", "sync_topics", "topic_specs"]
 
@@ -122,7 +122,10 @@ def sync_topics(
 
 def _warn_partition_mismatch(specs: list[TopicSpec], existing: Mapping[str, Any]) -> None:
     for spec in specs:
-        if spec.name in existing and len(existing[spec.name].partitions) != spec.partitions:
+        have = len(existing[spec.name].partitions) if spec.name in existing else spec.partitions
+        if spec.role in CO_PARTITIONED and have > spec.partitions and have % spec.partitions == 0:
+            continue  # grown (`gnomon infra grow`, docs/adr/0012): the file keeps the count at creation
+        if have != spec.partitions:
             say(
                 f"warning: topic {spec.name} has {len(existing[spec.name].partitions)} partitions, "
                 f"topology.toml declares {spec.partitions}"

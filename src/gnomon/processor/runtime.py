@@ -49,6 +49,7 @@ from gnomon.eventlog.port import (
     TP,
     EventLog,
     GroupConsumer,
+    Reader,
     Record,
     TransactionalProducer,
     TransactionError,
@@ -87,6 +88,8 @@ CALENDARS_CLOCK_SKEW_MS = 1_000
 CALENDARS_CATCH_UP_TIMEOUT_S = 2.0
 OVERLOAD_GAP_MS = 5_000
 LOST_WORKERS_KEPT = 1_000  # workers found lost, remembered for partitions restored later
+HANDOVER_GROUP = "gnomon-restore"  # (never joined, never committed: as the restores' readers)
+HANDOVER_POLL_MS = 500  # how often a partition born in a grow asks whether its handover has come
 LOCAL_ROUNDS_MAX = 8  # dependency messages for owned partitions applied in process, rounds per transaction
 
 
@@ -161,6 +164,8 @@ class Processor:
         self._read_ts: dict[int, int] = {}  # run-events partition -> timestamp of the last record read
         self.poisoned = 0
         self.forwarded = 0  # records for jobs handed over in a grow, written to their new partition
+        self._handover_checked_ms: dict[int, int] = {}  # partition born in a grow -> when last asked
+        self._handover_reader: Reader | None = None  # asks the jobs changelog's end for them (made on need)
         # a record the last processes died in is tried at most record_attempts_max times
         self.attempts = RecordAttempts(self.stores.marker(), cfg.record_attempts_max)
         if self.attempts.carried is not None:
@@ -307,6 +312,8 @@ class Processor:
             self.history.close()
         if self.tenant_feed is not None:
             self.tenant_feed.close()
+        if self._handover_reader is not None:
+            self._handover_reader.close()
 
     # ---- rebalance -----------------------------------------------------------------------
 
@@ -760,11 +767,15 @@ class Processor:
     def _handovers_come(self) -> None:
         """A partition born in a grow waits for its handover (its jobs changelog is empty
         until the handover's transaction commits): once something is there, restore it."""
+        now = self.clock.now_ms()
         for p, task in sorted(self.tasks.items()):
-            if not task.awaiting:
+            if not task.awaiting or now - self._handover_checked_ms.get(p, -HANDOVER_POLL_MS) < HANDOVER_POLL_MS:
                 continue
+            self._handover_checked_ms[p] = now
             try:
-                if self.log.end_offset(self.topo.jobs, p) <= 0:
+                if self._handover_reader is None:  # one client for the asking (a new one each time costs a TLS handshake)
+                    self._handover_reader = self.log.reader(HANDOVER_GROUP, client_id=f"proc-{self.cfg.instance_id}-handover")
+                if self._handover_reader.watermarks((self.topo.jobs, p), self.cfg.recover_timeout_s)[1] <= 0:
                     continue
                 task.kv.close()
                 self.tasks[p] = self._restore(p, trust_checkpoint=False)
