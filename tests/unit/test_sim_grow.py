@@ -151,3 +151,25 @@ def test_history_and_alerts_are_whole_after_a_grow() -> None:
     _check(c)
     assert c.history_gaps() == []
     assert c.alert_gaps() == []
+
+
+def test_a_grown_partition_reopened_from_its_checkpoint_still_places_by_the_new_count() -> None:
+    """Processors stopped cleanly after a grow reopen their stores from checkpoints, whose
+    changelog tail no longer holds the partitions record: the count is kept in the store,
+    so a command placed by the old count is still forwarded, not refused as unknown."""
+    c = SimCluster(4, processors=2, workers=2, partitions=2, step_ms=100, standbys=False)
+    _jobs(c)
+    c.run_for(3_000, faults=False)
+    c.grow(4)
+    c.run_for(4_000, faults=False)
+    for slot in c.procs:
+        c.stop(slot.name, down_ms=1_000)
+    c.run_for(5_000, faults=False)
+    moved = next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", 4) != partition_for(f"g{i}", 2))
+    key, value = moved.encode(), codec.encode(J.PauseJob(moved, TENANT, c.clock.now_ms()))
+    c.log.append(c.topo.job_commands, key, value, partition_for(moved, 2),
+                 headers=c.keys.sign(TENANT, c.topo.job_commands, key, value))
+    c.run_for(3_000, faults=False)
+    assert c.jobs()[moved].status is J.JobStatus.PAUSED
+    c.heal(6_000)
+    _check(c)

@@ -80,6 +80,7 @@ class CommandAnswers:
         """Read every partition from its current end: answers to commands written from
         now on come after it. EventLogError when an end cannot be read."""
         positions = []
+        self.partitions = max(self.partitions, len(self._reader.partitions(self.topic, timeout_s)))  # grown: ADR 0012
         for p in range(self.partitions):
             _, high = self._reader.watermarks((self.topic, p), timeout_s)
             positions.append((self.topic, p, high))

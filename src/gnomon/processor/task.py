@@ -188,6 +188,7 @@ def _purge_key(ms: int, run_id: str) -> bytes:
     return b"rp/%013d/" % ms + run_id.encode()
 
 
+_PARTITIONS = b"\0partitions"  # the count this partition places jobs by, once grown (gnomon.processor.growth)
 _IN_FLIGHT = b"rf/"  # rf/<run_id>: a scheduled normal/low run triggered and not started (``_in_flight``)
 _COUNTED = frozenset(f.value.encode() for f in Q.Family)
 COUNTED_ENTRIES_MAX = 100_000_000  # a partition's counting entries read when it is opened
@@ -327,9 +328,14 @@ class PartitionTask:
         # until a grow reaches it (``gnomon.processor.growth``), then the grown count
         # (its jobs changelog's partitions record). A partition born in a grow waits
         # (``awaiting``) until its handover has come: nothing is decided on it before.
+        # (kept in the store too: a store reopened from its checkpoint or a standby's
+        # copy may have read the partitions record before the tail it replays)
         self.partitions = topology.partitions
         self.grown = False
         self.awaiting = partition >= topology.partitions
+        stored = kv.get(_PARTITIONS)
+        if stored is not None:
+            self.partitions, self.grown, self.awaiting = int(stored), True, False
 
     # ---- state access ------------------------------------------------------------------
 
@@ -576,6 +582,7 @@ class PartitionTask:
         self.partitions = count
         self.grown = True
         self.awaiting = False
+        self.kv.put(_PARTITIONS, str(count).encode())
         jobs: list[tuple[str, bytes]] = []
         runs: list[tuple[str, bytes]] = []
         for key, raw in list(self.kv.scan(b"j/", _prefix_end(b"j/"), COUNTED_ENTRIES_MAX)):
