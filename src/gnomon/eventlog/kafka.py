@@ -339,6 +339,18 @@ class KafkaTransactionalProducer:
         except KafkaException as exc:
             raise _txn_error(exc, f"produce to {topic}") from exc
 
+    def partitions(self, topic: str, timeout_s: float) -> int:
+        # a metadata request of this producer's own: librdkafka updates the topic's cached
+        # metadata from its answer, so a produce to a partition added since then works
+        try:
+            md = self._p.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read the metadata of {topic}: {exc}") from exc
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise EventLogError(f"cannot read the metadata of {topic}: {None if t is None else t.error}")
+        return len(t.partitions)
+
     def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any, timeout_s: float) -> None:
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         self._bounded("send_offsets_to_transaction",

@@ -539,6 +539,9 @@ class MemoryTransactionalProducer:
                 headers: Headers = ()) -> None:
         self.log.append(topic, key, value, partition, self._current(), headers)
 
+    def partitions(self, topic: str, timeout_s: float) -> int:
+        return self.log.partitions_of(topic)
+
     def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any, timeout_s: float) -> None:
         txn = self._current()
         why = self.log.check_metadata(group_metadata)

@@ -166,6 +166,7 @@ class Processor:
         self.forwarded = 0  # records for jobs handed over in a grow, written to their new partition
         self._handover_checked_ms: dict[int, int] = {}  # partition born in a grow -> when last asked
         self._handover_reader: Reader | None = None  # asks the jobs changelog's end for them (made on need)
+        self._producer_knows = self.topo.partitions  # partitions the producer was asked to know (``_know_partitions``)
         # a record the last processes died in is tried at most record_attempts_max times
         self.attempts = RecordAttempts(self.stores.marker(), cfg.record_attempts_max)
         if self.attempts.carried is not None:
@@ -496,7 +497,24 @@ class Processor:
         log.info("partition %d restored: %d records in %.2fs (%s); %d tenant counting entries", partition, n,
                  time.monotonic() - started, source, counted)
         self._restored.add(partition)
+        self._know_partitions(task.partitions)
         return task
+
+    def _know_partitions(self, count: int) -> None:
+        """A restored partition places jobs by ``count``: this processor's producer must
+        know that many partitions of the co-partitioned topics it writes (forwarded records,
+        dependency messages, a handover's records), or a produce there fails the
+        transaction until its metadata refreshes. Asked once per count."""
+        if count <= self._producer_knows:
+            return
+        try:
+            for topic in (self.topo.job_commands, self.topo.run_events, self.topo.dependencies, self.topo.jobs,
+                          self.topo.runs):
+                self.producer.partitions(topic, self.cfg.recover_timeout_s)
+        except EventLogError as exc:  # its periodic refresh catches up; a produce meanwhile is retried
+            log.warning("the producer's metadata not refreshed for %d partitions (%s)", count, exc)
+            return
+        self._producer_knows = count
 
     def _staged_on_lost_workers(self, now: int) -> list[Output]:
         """A partition restored since the last tick (taken over, or rewound) may hold
@@ -740,13 +758,14 @@ class Processor:
                                          f"not know on {msg.topic}")
         count = growth.decode_count(msg.value, f"grow marker {msg.topic}[{msg.partition}]@{msg.offset}")
         if count > task.partitions:
-            for topic in (self.topo.jobs, self.topo.runs):  # the heirs' changelogs must exist
-                try:
-                    self.log.end_offset(topic, count - 1)
-                except EventLogError as exc:
-                    raise ValidationError("value", f"a grow to {count} partitions, but {topic} has no partition "
-                                                   f"{count - 1} ({exc}): `gnomon partitions grow` adds "
-                                                   "them first") from exc
+            # the heirs' changelogs must exist, and this producer must know them (its
+            # metadata is refreshed every few seconds; a produce to a partition it does not
+            # know yet would fail the transaction): asked now, which refreshes it
+            for topic in (self.topo.jobs, self.topo.runs):
+                have = self.producer.partitions(topic, self.cfg.recover_timeout_s)  # EventLogError: recovery
+                if have < count:
+                    raise ValidationError("value", f"a grow to {count} partitions, but {topic} has {have}: "
+                                                   "`gnomon infra grow` adds them before it writes its markers")
         return task.grow(count)
 
     def _forwarded(self, task: PartitionTask, msg: Record) -> Output:
@@ -777,13 +796,14 @@ class Processor:
                     self._handover_reader = self.log.reader(HANDOVER_GROUP, client_id=f"proc-{self.cfg.instance_id}-handover")
                 if self._handover_reader.watermarks((self.topo.jobs, p), self.cfg.recover_timeout_s)[1] <= 0:
                     continue
+                del self.tasks[p]  # (a failed restore leaves it to the rewind, which restores what is assigned)
                 task.kv.close()
                 self.tasks[p] = self._restore(p, trust_checkpoint=False)
             except EventLogError as exc:
                 log.warning("partition %d: its handover not read (%s); recovering", p, exc)
                 self._need_rewind = True
                 return
-            if self.tasks[p].awaiting:
+            if self.tasks[p].awaiting:  # (something other than a handover there)
                 log.warning("partition %d: its changelog has records but no partitions record; still waiting", p)
             else:
                 log.info("partition %d: handover restored (placing jobs by %d partitions)", p,
