@@ -173,3 +173,32 @@ def test_a_grown_partition_reopened_from_its_checkpoint_still_places_by_the_new_
     assert c.jobs()[moved].status is J.JobStatus.PAUSED
     c.heal(6_000)
     _check(c)
+
+
+def test_a_handover_that_breaks_half_way_leaves_the_partition_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the middle of a handover (after some jobs left the store) is contained:
+    the marker is poisoned, the partition keeps every job and its count, nothing runs twice
+    or is missed."""
+    from gnomon.processor.task import PartitionTask
+
+    original = PartitionTask.set_partitions
+
+    def breaks(self: PartitionTask, count: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+        original(self, count)
+        raise RuntimeError("a bug half-way through the handover")
+
+    c = SimCluster(6, processors=2, workers=2, partitions=2, step_ms=100)
+    _jobs(c)
+    c.run_for(3_000, faults=False)
+    monkeypatch.setattr(PartitionTask, "set_partitions", breaks)
+    for p in range(2):  # markers without new partitions' consumers yet: the handover itself breaks
+        c.log.add_partitions([getattr(c.topo, role) for role in ("jobs", "runs")], 4)
+        c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(4), p)
+    c.run_for(3_000, faults=False)
+    reasons = [codec.decode(r.value).reason for r in c.log.records(c.topo.poison) if r.value is not None]
+    assert sum("half-way" in r for r in reasons) == 2, reasons
+    assert all(not t.grown and t.partitions == 2 for proc in c.live_processors() for t in proc.tasks.values())
+    c.heal(8_000)
+    _check(c)
+    ran = _ran_after(c, c.clock.now_ms() - 8_000)
+    assert all(ran.get(f"g{i}", 0) > 0 for i in range(JOBS)), ran

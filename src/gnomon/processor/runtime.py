@@ -90,6 +90,7 @@ OVERLOAD_GAP_MS = 5_000
 LOST_WORKERS_KEPT = 1_000  # workers found lost, remembered for partitions restored later
 HANDOVER_GROUP = "gnomon-restore"  # (never joined, never committed: as the restores' readers)
 HANDOVER_POLL_MS = 500  # how often a partition born in a grow asks whether its handover has come
+HANDOVER_WARN_MS = 60_000  # a partition waiting longer than this for its handover is logged (once)
 LOCAL_ROUNDS_MAX = 8  # dependency messages for owned partitions applied in process, rounds per transaction
 
 
@@ -166,6 +167,8 @@ class Processor:
         self.forwarded = 0  # records for jobs handed over in a grow, written to their new partition
         self._handover_checked_ms: dict[int, int] = {}  # partition born in a grow -> when last asked
         self._handover_reader: Reader | None = None  # asks the jobs changelog's end for them (made on need)
+        self._awaiting_since_ms: dict[int, int] = {}  # partition born in a grow -> when first seen waiting
+        self._awaiting_warned: set[int] = set()
         self._producer_knows = self.topo.partitions  # partitions the producer was asked to know (``_know_partitions``)
         # a record the last processes died in is tried at most record_attempts_max times
         self.attempts = RecordAttempts(self.stores.marker(), cfg.record_attempts_max)
@@ -766,7 +769,7 @@ class Processor:
                 if have < count:
                     raise ValidationError("value", f"a grow to {count} partitions, but {topic} has {have}: "
                                                    "`gnomon infra grow` adds them before it writes its markers")
-        return task.grow(count)
+        return task.savepoint(lambda: task.grow(count))  # a failure leaves the partition as it was
 
     def _forwarded(self, task: PartitionTask, msg: Record) -> Output:
         """A record for a job handed to another partition in a grow (its producer placed
@@ -791,6 +794,13 @@ class Processor:
             if not task.awaiting or now - self._handover_checked_ms.get(p, -HANDOVER_POLL_MS) < HANDOVER_POLL_MS:
                 continue
             self._handover_checked_ms[p] = now
+            since = self._awaiting_since_ms.setdefault(p, now)
+            if now - since >= HANDOVER_WARN_MS and p not in self._awaiting_warned:
+                self._awaiting_warned.add(p)
+                log.warning("partition %d has waited %d s for its handover (a grow's: docs/adr/0012); none comes "
+                            "unless `gnomon infra grow` made this partition and its source partition's processor "
+                            "runs; streams/topology.toml must keep the count the topics were created with (%d)",
+                            p, (now - since) // 1000, self.topo.partitions)
             try:
                 if self._handover_reader is None:  # one client for the asking (a new one each time costs a TLS handshake)
                     self._handover_reader = self.log.reader(HANDOVER_GROUP, client_id=f"proc-{self.cfg.instance_id}-handover")

@@ -612,7 +612,12 @@ class PartitionTask:
             heirs = growth.heirs(self.partition, old, count)
         except ValueError as exc:
             raise ValidationError("value", str(exc)) from None
-        jobs, runs = self.set_partitions(count)
+        before = (self.partitions, self.grown, self.awaiting)
+        try:  # (the store's writes are undone by the savepoint the runtime runs this under)
+            jobs, runs = self.set_partitions(count)
+        except BaseException:
+            self.partitions, self.grown, self.awaiting = before
+            raise
         out: list[Output] = []
         for job_id, raw in jobs:
             out.append(Output(self.topo.jobs, job_id, None, growth.owner(job_id, count), raw))
