@@ -3,8 +3,10 @@ here from the real-stack e2e suite, which keeps what needs a real process: a tim
 kills it, a cancel that stops it): retries with backoff, the dead letter and its replay
 with a fresh budget, and cancelling a run staged ahead of its slot. Processors are killed,
 stalled and fenced, records duplicated and reordered, the projector crashes and the
-history store goes down; workers do not crash here (a lost attempt would end without the
-handler's exit code, which these tests check).
+history store goes down; workers do not crash here, and commit markers are not delayed
+(either can end an attempt by its lease, without the handler's exit code, which these
+tests check: a late grant starts the attempt after the processor gave it up). The job ids
+come from the API (random), so a seed replays its faults, not always the same partition.
 A failing seed replays: ``pytest tests/unit/test_sim_failures.py -k 'replay and seed-3'``."""
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Scenario:
     """A SimCluster with the REST API in front: faults for ``FAULTS_MS``, then quiet."""
 
     def __init__(self, seed: int, faults_ms: int = FAULTS_MS) -> None:
-        self.sim = SimCluster(seed, faults=replace(SimFaults.mixed(), worker_crash=0.0), history=True,
+        self.sim = SimCluster(seed, faults=replace(SimFaults.mixed(), worker_crash=0.0, slow_markers=0.0), history=True,
                               step_ms=200, duration_ms=(100, 500))
         self.client = TestClient(self.sim.api({"sim-token": "sim", "other-token": "other"}), headers=AUTH)
         self.faults_until_ms = self.sim.clock.now_ms() + faults_ms

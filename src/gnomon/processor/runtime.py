@@ -88,6 +88,7 @@ CALENDARS_CLOCK_SKEW_MS = 1_000
 CALENDARS_CATCH_UP_TIMEOUT_S = 2.0
 OVERLOAD_GAP_MS = 5_000
 LOST_WORKERS_KEPT = 1_000  # workers found lost, remembered for partitions restored later
+_GROW_KEY = growth.GROW_KEY.encode()
 HANDOVER_GROUP = "gnomon-restore"  # (never joined, never committed: as the restores' readers)
 HANDOVER_POLL_MS = 500  # how often a partition born in a grow asks whether its handover has come
 HANDOVER_WARN_MS = 60_000  # a partition waiting longer than this for its handover is logged (once)
@@ -726,9 +727,10 @@ class Processor:
 
     def _applied(self, task: PartitionTask, msg: Record, now: int) -> list[Output]:
         try:
-            if growth.is_control(msg.key):
-                return self._control(task, msg)
-            if task.grown and msg.key is not None and not task.owns(msg.key.decode("utf-8", "replace")):
+            if msg.topic == self.topo.job_commands and msg.key == _GROW_KEY:
+                return self._grow(task, msg)
+            if (task.grown and msg.key is not None and not growth.is_control(msg.key)
+                    and not task.owns(msg.key.decode("utf-8", "replace"))):
                 return [self._forwarded(task, msg)]
             cmd = codec.decode(msg.value or b"")
             signed = None if self.keyring is None or msg.topic != self.topo.job_commands else self._signed(msg)
@@ -753,12 +755,10 @@ class Processor:
 
     # ---- a grow (gnomon.processor.growth) ----------------------------------------------------
 
-    def _control(self, task: PartitionTask, msg: Record) -> list[Output]:
-        """A control record (NUL key) on an input topic: a grow marker on the job commands;
-        anything else is refused (poisoned)."""
-        if msg.topic != self.topo.job_commands or msg.key != growth.GROW_KEY.encode():
-            raise ValidationError("key", f"{(msg.key or b'')[:40]!r} is a control key (NUL first) this processor does "
-                                         f"not know on {msg.topic}")
+    def _grow(self, task: PartitionTask, msg: Record) -> list[Output]:
+        """A grow marker on the job commands (``gnomon infra grow``); one whose value is
+        not a count is poisoned. (Any other key starting with NUL is read as a command,
+        refused and answered as one: job ids cannot contain NUL.)"""
         count = growth.decode_count(msg.value, f"grow marker {msg.topic}[{msg.partition}]@{msg.offset}")
         if count > task.partitions:
             # the heirs' changelogs must exist, and this producer must know them (its
