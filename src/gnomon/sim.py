@@ -637,7 +637,7 @@ class SimCluster:
     # ---- time -----------------------------------------------------------------------------
 
     def grow(self, count: int) -> None:
-        """``gnomon partitions grow --to count``: the co-partitioned topics get ``count``
+        """``gnomon infra grow --to count``: the co-partitioned topics get ``count``
         partitions (producers place keys by it at once), then each old partition of the
         job-commands topic gets its grow marker (``gnomon.processor.growth``)."""
         old = self.log.partitions_of(self.topo.job_commands)

@@ -1,9 +1,12 @@
 """Control records: keys starting with NUL on gnomon's topics (docs/adr/0012).
 
 Job and run ids cannot contain NUL (refused at validation), so no control key collides
-with one. Every reader of a topic that may carry them skips what it does not know:
-today the grow marker on the job-commands topic and the partitions record on the jobs
-changelog (``gnomon.processor.growth``).
+with one. Two exist: the grow marker on the job-commands topic and the partitions record
+on the jobs changelog (``gnomon.processor.growth``). The processors take only the grow
+key as a marker; any other record keyed with NUL on an input topic is read as what its
+value says, and a command is refused and answered as one (its job id is invalid). The
+jobs changelog's readers (the processors' restores, the history projector) skip
+control keys.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from gnomon.core.errors import ValidationError
 CONTROL_PREFIX = "\0"
 # on the jobs changelog: this partition's count of partitions since a grow (ASCII int)
 PARTITIONS_KEY = "\0partitions"
-# on the job-commands topic: "grow to M" (value: M as ASCII), written by ``gnomon partitions grow``
+# on the job-commands topic: "grow to M" (value: M as ASCII), written by ``gnomon infra grow``
 GROW_KEY = "\0grow"
 # a forwarded record's position where it was first read: b"<partition>:<offset>"
 ORIGIN_HEADER = "gnomon-origin"

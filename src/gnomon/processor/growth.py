@@ -1,8 +1,8 @@
 """Growing the partition count of a live system (docs/adr/0012-growing-partitions.md).
 
-The co-partitioned topics go from N partitions to M, a multiple of N (``gnomon
-partitions grow --to M``: Kafka's CreatePartitions, then one *grow marker* on each old
-partition of the job-commands topic). A job's partition under M is ``h % M``, under N
+The co-partitioned topics go from N partitions to M, a multiple of N (``gnomon infra
+grow --to M``: Kafka's CreatePartitions, then a *grow marker* on every partition of the
+job-commands topic). A job's partition under M is ``h % M``, under N
 ``h % N``: every job of new partition q came from old partition ``q % N``, and old
 partition p keeps the jobs with ``h % M == p``. So each old partition hands its leaving
 jobs to their new partitions itself, at its marker, in one transaction:
@@ -21,8 +21,8 @@ A new partition's processor holds its input records (reads them again later) unt
 partitions record appears in its jobs changelog, then restores the handed-over state
 and goes on: nothing is decided on it before its jobs are there.
 
-Keys starting with NUL are control keys: job and run ids cannot contain NUL (refused
-at validation), so none collides with one.
+Keys starting with NUL are control keys (``gnomon.core.control``): job and run ids
+cannot contain NUL (refused at validation), so none collides with one.
 """
 
 from __future__ import annotations
