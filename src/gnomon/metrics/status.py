@@ -124,8 +124,8 @@ def summarize(scrapes: Sequence[Scrape]) -> Status:
             view.overload_deferred = int(sum(x.value for x in _named(s, "gnomon_overload_deferred_jobs")))
             view.overload_lag_s = sum(x.value for x in _named(s, "gnomon_overload_signal_lag_seconds"))
             st.processors.append(view)
-            for x in _named(s, "gnomon_topology_partitions"):
-                st.partitions_total = int(x.value)
+            for x in _named(s, "gnomon_topology_partitions"):  # (after a grow, the largest count any knows)
+                st.partitions_total = max(st.partitions_total or 0, int(x.value))
             for x in _named(s, "gnomon_workers_live"):  # every processor sees every worker: the most any saw
                 live_seen[x.labels["pool"]] = max(live_seen.get(x.labels["pool"], 0), x.value)
             for metric, key in (("gnomon_worker_slots_free", "free"), ("gnomon_attempts_staged", "staged"),

@@ -587,7 +587,9 @@ class Processor:
         if due_tick:
             self._last_tick_ms = now
             self._handovers_come()
-            self.quota.partitions_total = self._partitions_known()  # tenant limits' units, homed across them
+            known = self._partitions_known()
+            self.quota.partitions_total = known  # tenant limits' units, homed across them
+            self.metrics.partitions.set(known)
             for worker in self.directory.lost(now):
                 log.warning("worker %s lost (no advert); moving its staged runs", worker)
                 self._lost_workers.pop(worker, None)  # (latest loss last: the oldest are forgotten first)
