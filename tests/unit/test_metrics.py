@@ -120,6 +120,12 @@ def test_status_screen_from_scraped_samples() -> None:
     assert f"unowned: {','.join(map(str, range(5, topo.partitions)))}" in screen
     assert "default/high" in screen and "p99" in screen and "gnomon-processor" in screen
     assert "unreachable: http://down:1/metrics (refused)" in screen
+    # after a grow, one processor places jobs by 16: the count is the largest any knows
+    procs[1].partitions.set(2 * topo.partitions)
+    grown = summarize([Scrape(f"http://h:{i}/metrics", parse(generate_latest(m.registry).decode()))
+                       for i, m in enumerate(procs)])
+    assert grown.partitions_total == 2 * topo.partitions
+    assert grown.unowned == list(range(5, 2 * topo.partitions))
     clock.advance(61_000)  # a minute later nothing started: the window is empty
     st = summarize([Scrape("w", parse(generate_latest(w.registry).decode()))])
     assert st.start_lag["default/high"]["count"] == 0 and st.start_lag["default/high"]["p99"] is None
