@@ -13,6 +13,7 @@ from gnomon.adapters.kafka import partition_for
 from gnomon.core import jobs as J
 from gnomon.processor import growth
 from gnomon.sim import TENANT, SimCluster, SimFaults
+from gnomon.topology import CO_PARTITIONED
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
@@ -117,7 +118,7 @@ def test_a_grow_marker_for_fewer_or_missing_partitions_is_poisoned_and_the_parti
     c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), b"three", 1)
     c.run_for(3_000, faults=False)
     reasons = [codec.decode(r.value).reason for r in c.log.records(c.topo.poison) if r.value is not None]
-    assert any("a grow to 8 partitions, but gnomon.jobs has 2" in r for r in reasons), reasons
+    assert any("a grow to 8 partitions, but gnomon.job-commands has 2" in r for r in reasons), reasons
     assert any("not a partition count" in r for r in reasons), reasons
     c.heal(6_000)
     _check(c)
@@ -179,6 +180,7 @@ def test_a_handover_that_breaks_half_way_leaves_the_partition_as_it_was(monkeypa
     """A bug in the middle of a handover (after some jobs left the store) is contained:
     the marker is poisoned, the partition keeps every job and its count, nothing runs twice
     or is missed."""
+    from gnomon.processor.runtime import Processor
     from gnomon.processor.task import PartitionTask
 
     original = PartitionTask.set_partitions
@@ -191,6 +193,8 @@ def test_a_handover_that_breaks_half_way_leaves_the_partition_as_it_was(monkeypa
     _jobs(c)
     c.run_for(3_000, faults=False)
     monkeypatch.setattr(PartitionTask, "set_partitions", breaks)
+    # (the changelogs alone grown: producers keep placing by 2, so only the handover is at stake)
+    monkeypatch.setattr(Processor, "_co_partitioned", lambda self: [self.topo.jobs, self.topo.runs])
     for p in range(2):  # markers without new partitions' consumers yet: the handover itself breaks
         c.log.add_partitions([getattr(c.topo, role) for role in ("jobs", "runs")], 4)
         c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(4), p)
@@ -202,3 +206,50 @@ def test_a_handover_that_breaks_half_way_leaves_the_partition_as_it_was(monkeypa
     _check(c)
     ran = _ran_after(c, c.clock.now_ms() - 8_000)
     assert all(ran.get(f"g{i}", 0) > 0 for i in range(JOBS)), ran
+
+
+def _pick(n: int, pred: object) -> str:
+    return next(f"d{i}" for i in range(10_000) if pred(f"d{i}"))  # type: ignore[operator]
+
+
+def test_a_dependency_message_placed_by_the_old_count_reaches_the_moved_downstream() -> None:
+    """The upstream's partition has not read its marker, the downstream's old partition
+    has: the upstream's end is placed by the old count on a partition of this same
+    processor that no longer owns the downstream, and must go on to its new one (not be
+    refused as another job's)."""
+    c = SimCluster(8, processors=1, workers=2, partitions=2, step_ms=100)
+    down = _pick(0, lambda j: partition_for(j, 2) == 0 and partition_for(j, 4) == 2)
+    up = _pick(0, lambda j: partition_for(j, 2) == 1 and partition_for(j, 4) == 1)
+    c.register(up, "*/2 * * * * *")
+    c.register(down, "", after=(up,))
+    c.run_for(5_000, faults=False)
+    c.log.add_partitions([getattr(c.topo, role) for role in CO_PARTITIONED], 4)
+    c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(4), 0)  # the downstream's only
+    since = c.clock.now_ms()
+    c.run_for(8_000, faults=False)
+    reasons = [codec.decode(r.value).reason for r in c.log.records(c.topo.poison) if r.value is not None]
+    assert reasons == [], reasons
+    ran = _ran_after(c, since + 1_000)
+    assert ran.get(down, 0) >= 2, ran
+    c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(4), 1)
+    c.heal(6_000)
+    _check(c)
+
+
+def test_a_forged_origin_header_is_ignored() -> None:
+    """Headers are not signed: a command whose ``gnomon-origin`` names a partition its job
+    was never placed on is answered at its own position."""
+    c = SimCluster(9, processors=2, workers=2, partitions=2, step_ms=100)
+    _jobs(c)
+    c.run_for(3_000, faults=False)
+    c.grow(4)
+    c.run_for(3_000, faults=False)
+    job = next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", 4) >= 2)
+    wrong = 1 - partition_for(job, 2)  # not where the old count placed it
+    key, value = job.encode(), codec.encode(J.PauseJob(job, TENANT, c.clock.now_ms()))
+    headers = (*c.keys.sign(TENANT, c.topo.job_commands, key, value), growth.origin_header(wrong, 0))
+    at = c.log.append(c.topo.job_commands, key, value, partition_for(job, 4), headers=headers)
+    c.run_for(3_000, faults=False)
+    answers = [codec.decode(r.value) for r in c.log.records(c.topo.command_results) if r.value is not None]
+    mine = [a for a in answers if a.command == "PauseJob" and a.job_id == job]
+    assert [(a.source_partition, a.source_offset) for a in mine] == [(partition_for(job, 4), at)], mine

@@ -8,7 +8,8 @@
    partitions when it reads it (``gnomon.processor.growth``); a partition that already
    places jobs by M ignores it. So the command is idempotent.
 3. It waits (progress on stderr) until the processors' group has committed past every
-   marker: from then on each partition's jobs are where M places them.
+   marker and every partition born in a grow has its handover in its jobs changelog:
+   from then on each partition's jobs are where M places them.
 
 The topology file keeps the count the topics were created with: the partitions born in
 a grow know from it that they must wait for their handover.
@@ -118,8 +119,10 @@ def _quiet(*_: Any) -> None:
 
 
 def wait_read(bootstrap: str, topic: str, markers: dict[int, int], timeout_s: float,
-              progress: Callable[[int, int], None]) -> float:
-    """Wait until the processors' group has committed past every marker; seconds waited."""
+              progress: Callable[[int, int], None], *, jobs_topic: str | None = None, born: int = 0) -> float:
+    """Wait until the processors' group has committed past every marker and, with
+    ``jobs_topic``, every partition from ``born`` on has its handover there (a marker the
+    processors poisoned is read past with nothing handed over); seconds waited."""
     from gnomon.eventlog.kafka import KafkaEventLog
 
     reader = KafkaEventLog(bootstrap, role="admin").reader(PROCESSOR_GROUP, client_id="gnomon-grow")
@@ -128,7 +131,8 @@ def wait_read(bootstrap: str, topic: str, markers: dict[int, int], timeout_s: fl
         last = -1
         while True:
             committed = reader.committed([(topic, p) for p in markers], 10.0)
-            done = sorted(p for p, off in markers.items() if (committed.get((topic, p)) or 0) > off)
+            done = sorted(p for p, off in markers.items() if (committed.get((topic, p)) or 0) > off
+                          and (jobs_topic is None or p < born or reader.watermarks((jobs_topic, p), 10.0)[1] > 0))
             if len(done) != last:
                 progress(len(done), len(markers))
                 last = len(done)
@@ -137,9 +141,10 @@ def wait_read(bootstrap: str, topic: str, markers: dict[int, int], timeout_s: fl
             if time.monotonic() - began > timeout_s:
                 waiting = sorted(set(markers) - set(done))
                 raise InfraError(
-                    f"partitions {waiting} of {topic} have not read their grow marker in {timeout_s:.0f} s: is a "
-                    "processor running (`gnomon status`)? Nothing is lost: the grow completes when they read it; "
-                    "run this command again to wait for it")
+                    f"partitions {waiting} of {topic} have not read their grow marker, or have no handover, in "
+                    f"{timeout_s:.0f} s: is a processor running (`gnomon status`)? `gnomon infra poison` shows a "
+                    "marker the processors refused. Nothing is lost: the grow completes when they read it; run this "
+                    "command again (it writes the markers again) to wait for it")
             time.sleep(POLL_S)
     finally:
         reader.close()
@@ -165,7 +170,8 @@ def grow(bootstrap: str, topo: Topology, to: int, *, timeout_s: float = 300.0,
     markers = _write_markers(bootstrap, topo.job_commands, to, credentials_dir, MARKER_TIMEOUT_S)
     say(f"grow markers written to the {to} partitions of {topo.job_commands}; waiting for the processors")
     waited = wait_read(bootstrap, topo.job_commands, markers, timeout_s,
-                       lambda done, total: say(f"  handed over: {done}/{total} partitions"))
+                       lambda done, total: say(f"  handed over: {done}/{total} partitions"),
+                       jobs_topic=topo.jobs, born=topo.partitions)
     say(f"grown to {to} partitions in {waited:.1f} s (the topology file keeps {topo.partitions}: the count the "
         "topics were created with)")
     return GrowReport(before, to, markers, waited)

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -67,7 +67,7 @@ from gnomon.processor.stores import RocksStores, StateStores
 from gnomon.processor.task import PartitionTask, RecordFailed, TickPhase, tick_near
 from gnomon.processor.usage import UsagePublisher
 from gnomon.processor.waiting import assign_waiting
-from gnomon.topology import Topology, load_topology
+from gnomon.topology import CO_PARTITIONED, Topology, load_topology
 
 log = logging.getLogger("gnomon.processor")
 
@@ -504,6 +504,9 @@ class Processor:
         self._know_partitions(task.partitions)
         return task
 
+    def _co_partitioned(self) -> list[str]:
+        return [str(getattr(self.topo, role)) for role in CO_PARTITIONED]
+
     def _know_partitions(self, count: int) -> None:
         """A restored partition places jobs by ``count``: this processor's producer must
         know that many partitions of the co-partitioned topics it writes (forwarded records,
@@ -512,8 +515,7 @@ class Processor:
         if count <= self._producer_knows:
             return
         try:
-            for topic in (self.topo.job_commands, self.topo.run_events, self.topo.dependencies, self.topo.jobs,
-                          self.topo.runs):
+            for topic in self._co_partitioned():
                 self.producer.partitions(topic, self.cfg.recover_timeout_s)
         except EventLogError as exc:  # its periodic refresh catches up; a produce meanwhile is retried
             log.warning("the producer's metadata not refreshed for %d partitions (%s)", count, exc)
@@ -651,6 +653,7 @@ class Processor:
         is delivered too (at most ``LOCAL_ROUNDS_MAX`` rounds, then the rest is produced)."""
         topic = self.topo.dependencies
         for _ in range(LOCAL_ROUNDS_MAX):
+            outputs = [self._rerouted(o) if o.topic == topic else o for o in outputs]
             mine = {p for p, t in self.tasks.items() if not t.awaiting}
             local = [o for o in outputs if o.topic == topic and o.partition in mine]
             if not local:
@@ -671,6 +674,15 @@ class Processor:
                         topic, o.partition, -1, f"{type(why).__name__}: {str(why)[:1000]}", o.key.encode(),
                         codec.encode(o.value, topic), now)))
         return outputs
+
+    def _rerouted(self, o: Output) -> Output:
+        """A dependency message placed by an older count (its sender's partition had not
+        read its grow marker) for a partition of ours that has: to the job's partition now,
+        as a forward through Kafka would take it (``_forwarded``)."""
+        task = self.tasks.get(o.partition) if o.partition is not None else None
+        if task is None or not task.grown or task.owns(o.key):
+            return o
+        return replace(o, partition=growth.owner(o.key, task.partitions))
 
     def _tick_budget(self, now: int) -> TickBudget:
         """This tick's budget for normal and low triggers (core.overload), after feeding the
@@ -736,8 +748,7 @@ class Processor:
                 return [self._forwarded(task, msg)]
             cmd = codec.decode(msg.value or b"")
             signed = None if self.keyring is None or msg.topic != self.topo.job_commands else self._signed(msg)
-            return task.apply_record(cmd, now, msg.topic, msg.offset, signed=signed,
-                                     origin=growth.origin_of(msg.headers))
+            return task.apply_record(cmd, now, msg.topic, msg.offset, signed=signed, origin=self._origin(task, msg))
         except InfraError:
             # the state store (or the log) failed, not the record: poisoning it would lose
             # it. The processor stops; its restart resumes from the last commit.
@@ -763,14 +774,16 @@ class Processor:
         refused and answered as one: job ids cannot contain NUL.)"""
         count = growth.decode_count(msg.value, f"grow marker {msg.topic}[{msg.partition}]@{msg.offset}")
         if count > task.partitions:
-            # the heirs' changelogs must exist, and this producer must know them (its
+            # the heirs' partitions must exist, and this producer must know them (its
             # metadata is refreshed every few seconds; a produce to a partition it does not
             # know yet would fail the transaction): asked now, which refreshes it
-            for topic in (self.topo.jobs, self.topo.runs):
+            for topic in self._co_partitioned():
                 have = self.producer.partitions(topic, self.cfg.recover_timeout_s)  # EventLogError: recovery
                 if have < count:
                     raise ValidationError("value", f"a grow to {count} partitions, but {topic} has {have}: "
-                                                   "`gnomon infra grow` adds them before it writes its markers")
+                                                   "`gnomon infra grow` adds them before it writes its markers "
+                                                   "(run it again: it writes them again)")
+            self._producer_knows = max(self._producer_knows, count)
         return task.savepoint(lambda: task.grow(count))  # a failure leaves the partition as it was
 
     def _forwarded(self, task: PartitionTask, msg: Record) -> Output:
@@ -782,6 +795,19 @@ class Processor:
             headers = (*headers, growth.origin_header(msg.partition, msg.offset))
         self.forwarded += 1
         return Output(msg.topic, key, None, growth.owner(key, task.partitions), msg.value, headers=headers)
+
+    def _origin(self, task: PartitionTask, msg: Record) -> tuple[int, int] | None:
+        """Where a forwarded command was first written, if its ``gnomon-origin`` header can
+        be a forward's: headers are not signed, so one naming a partition the record's key
+        was never placed on by an older count (or a later partition) is ignored, and the
+        command is answered at its own position."""
+        origin = growth.origin_of(msg.headers) if msg.topic == self.topo.job_commands else None
+        if origin is None or msg.key is None or origin[1] < 0 or not 0 <= origin[0] < msg.partition:
+            return None
+        key = msg.key.decode("utf-8", "replace")
+        birth = self.topo.partitions
+        counts = [c for c in range(birth, task.partitions, birth) if task.partitions % c == 0]
+        return origin if any(growth.owner(key, c) == origin[0] for c in counts) else None
 
     def _partitions_known(self) -> int:
         """The count of partitions as far as this processor knows: the topology's, or a
