@@ -87,7 +87,7 @@ from gnomon.history.projector import HistoryProjector
 from gnomon.processor import growth
 from gnomon.processor.runtime import Processor, ProcessorConfig
 from gnomon.processor.stores import MemoryStores
-from gnomon.topology import CO_PARTITIONED, Topology, load_topology
+from gnomon.topology import Topology, load_topology
 from gnomon.worker.attempt import AttemptContext, AttemptResult, encode_output
 from gnomon.worker.executors import Handler
 from gnomon.worker.worker import Worker
@@ -642,7 +642,7 @@ class SimCluster:
         job-commands topic gets its grow marker (``gnomon.processor.growth``)."""
         old = self.log.partitions_of(self.topo.job_commands)
         growth.check_grow(old, count)
-        self.log.add_partitions([getattr(self.topo, role) for role in CO_PARTITIONED], count)
+        self.log.add_partitions(self.topo.co_partitioned(), count)
         for p in range(old):
             self.log.append(self.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(count), p)
         self._event(f"partitions grown from {old} to {count}")

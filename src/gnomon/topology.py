@@ -118,6 +118,10 @@ class Topology:
         """The priority tiers, highest first (the :class:`~gnomon.core.model.Priority` values)."""
         return tuple(p.value for p in Priority)
 
+    def co_partitioned(self) -> list[str]:
+        """The names of the topics keyed by job id, with one partition count (``CO_PARTITIONED``)."""
+        return [str(getattr(self, role)) for role in CO_PARTITIONED]
+
     def roles(self) -> dict[str, str]:
         """Role (attribute) -> topic name, for every role of :data:`ROLES`."""
         return {role: str(getattr(self, role)) for role in ROLES}

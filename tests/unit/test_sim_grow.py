@@ -13,7 +13,6 @@ from gnomon.adapters.kafka import partition_for
 from gnomon.core import jobs as J
 from gnomon.processor import growth
 from gnomon.sim import TENANT, SimCluster, SimFaults
-from gnomon.topology import CO_PARTITIONED
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
@@ -32,6 +31,18 @@ def _ran_after(c: SimCluster, since_ms: int) -> dict[str, int]:
         if state.created_at_ms >= since_ms:
             out[state.job_id] = out.get(state.job_id, 0) + 1
     return out
+
+
+def _moved(old: int, new: int) -> str:
+    """A job of ``_jobs`` that changes partition when ``old`` partitions grow to ``new``."""
+    return next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", new) != partition_for(f"g{i}", old))
+
+
+def _write_signed(c: SimCluster, cmd: J.JobCommand, partition: int, extra: tuple[tuple[str, bytes], ...] = ()) -> int:
+    """``cmd`` written to ``partition`` as a producer that places it itself would; its offset."""
+    key, value = cmd.job_id.encode(), codec.encode(cmd)
+    return c.log.append(c.topo.job_commands, key, value, partition,
+                        headers=(*c.keys.sign(cmd.tenant, c.topo.job_commands, key, value), *extra))
 
 
 def _check(c: SimCluster) -> None:
@@ -82,7 +93,7 @@ def test_commands_after_a_grow_reach_the_jobs_new_partition() -> None:
     c.run_for(3_000, faults=False)
     c.grow(4)
     c.run_for(3_000, faults=False)
-    moved = next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", 4) != partition_for(f"g{i}", 2))
+    moved = _moved(2, 4)
     c.submit(J.PauseJob(moved, TENANT, c.clock.now_ms()))
     c.run_for(3_000, faults=False)
     assert c.jobs()[moved].status is J.JobStatus.PAUSED
@@ -97,11 +108,9 @@ def test_a_stale_producers_command_is_forwarded_and_answered_where_it_was_writte
     c.run_for(4_000, faults=False)
     c.grow(8)
     c.run_for(3_000, faults=False)
-    moved = next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", 8) != partition_for(f"g{i}", 4))
+    moved = _moved(4, 8)
     old = partition_for(moved, 4)
-    key, value = moved.encode(), codec.encode(J.PauseJob(moved, TENANT, c.clock.now_ms()))
-    offset = c.log.append(c.topo.job_commands, key, value, old,
-                          headers=c.keys.sign(TENANT, c.topo.job_commands, key, value))
+    offset = _write_signed(c, J.PauseJob(moved, TENANT, c.clock.now_ms()), old)
     c.run_for(3_000, faults=False)
     assert c.jobs()[moved].status is J.JobStatus.PAUSED
     assert sum(p.forwarded for p in c.live_processors()) >= 1
@@ -166,10 +175,8 @@ def test_a_grown_partition_reopened_from_its_checkpoint_still_places_by_the_new_
     for slot in c.procs:
         c.stop(slot.name, down_ms=1_000)
     c.run_for(5_000, faults=False)
-    moved = next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", 4) != partition_for(f"g{i}", 2))
-    key, value = moved.encode(), codec.encode(J.PauseJob(moved, TENANT, c.clock.now_ms()))
-    c.log.append(c.topo.job_commands, key, value, partition_for(moved, 2),
-                 headers=c.keys.sign(TENANT, c.topo.job_commands, key, value))
+    moved = _moved(2, 4)
+    _write_signed(c, J.PauseJob(moved, TENANT, c.clock.now_ms()), partition_for(moved, 2))
     c.run_for(3_000, faults=False)
     assert c.jobs()[moved].status is J.JobStatus.PAUSED
     c.heal(6_000)
@@ -194,7 +201,8 @@ def test_a_handover_that_breaks_half_way_leaves_the_partition_as_it_was(monkeypa
     c.run_for(3_000, faults=False)
     monkeypatch.setattr(PartitionTask, "set_partitions", breaks)
     # (the changelogs alone grown: producers keep placing by 2, so only the handover is at stake)
-    monkeypatch.setattr(Processor, "_co_partitioned", lambda self: [self.topo.jobs, self.topo.runs])
+    monkeypatch.setattr(Processor, "_ask_partitions", lambda self: {
+        t: self.producer.partitions(t, 5.0) for t in (self.topo.jobs, self.topo.runs)})
     for p in range(2):  # markers without new partitions' consumers yet: the handover itself breaks
         c.log.add_partitions([getattr(c.topo, role) for role in ("jobs", "runs")], 4)
         c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(4), p)
@@ -223,7 +231,7 @@ def test_a_dependency_message_placed_by_the_old_count_reaches_the_moved_downstre
     c.register(up, "*/2 * * * * *")
     c.register(down, "", after=(up,))
     c.run_for(5_000, faults=False)
-    c.log.add_partitions([getattr(c.topo, role) for role in CO_PARTITIONED], 4)
+    c.log.add_partitions(c.topo.co_partitioned(), 4)
     c.log.append(c.topo.job_commands, growth.GROW_KEY.encode(), growth.encode_count(4), 0)  # the downstream's only
     since = c.clock.now_ms()
     c.run_for(8_000, faults=False)
@@ -246,9 +254,8 @@ def test_a_forged_origin_header_is_ignored() -> None:
     c.run_for(3_000, faults=False)
     job = next(f"g{i}" for i in range(JOBS) if partition_for(f"g{i}", 4) >= 2)
     wrong = 1 - partition_for(job, 2)  # not where the old count placed it
-    key, value = job.encode(), codec.encode(J.PauseJob(job, TENANT, c.clock.now_ms()))
-    headers = (*c.keys.sign(TENANT, c.topo.job_commands, key, value), growth.origin_header(wrong, 0))
-    at = c.log.append(c.topo.job_commands, key, value, partition_for(job, 4), headers=headers)
+    at = _write_signed(c, J.PauseJob(job, TENANT, c.clock.now_ms()), partition_for(job, 4),
+                       (growth.origin_header(wrong, 0),))
     c.run_for(3_000, faults=False)
     answers = [codec.decode(r.value) for r in c.log.records(c.topo.command_results) if r.value is not None]
     mine = [a for a in answers if a.command == "PauseJob" and a.job_id == job]

@@ -108,6 +108,19 @@ def produce_waiting(producer: _KProducer, topic: str, **kwargs: Any) -> None:
             producer.poll(0.05)
 
 
+def _topic_metadata(client: Any, topic: str, timeout_s: float) -> Any:
+    """``topic``'s metadata, asked through ``client`` (a consumer or a producer: either
+    refreshes its cache from the answer). EventLogError when it cannot be read."""
+    try:
+        md = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise EventLogError(f"cannot read the metadata of {topic}: {exc}") from exc
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise EventLogError(f"topic {topic}: {t.error if t is not None else 'missing'}; run `gnomon infra up`")
+    return t
+
+
 class KafkaReader:
     def __init__(self, conf: dict[str, Any]) -> None:
         self._c = Consumer(conf)
@@ -145,14 +158,7 @@ class KafkaReader:
         return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in got}
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> list[int]:
-        try:
-            md = self._c.list_topics(topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise EventLogError(f"cannot read the metadata of {topic}: {exc}") from exc
-        t = md.topics.get(topic)
-        if t is None or t.error is not None:
-            raise EventLogError(f"topic {topic}: {t.error if t is not None else 'missing'}; run `gnomon infra up`")
-        return sorted(t.partitions)
+        return sorted(_topic_metadata(self._c, topic, timeout_s).partitions)
 
     def offsets_for_time(self, topic: str, partitions: Sequence[int], ts_ms: int,
                          timeout_s: float = 10.0) -> dict[int, int]:
@@ -342,14 +348,7 @@ class KafkaTransactionalProducer:
     def partitions(self, topic: str, timeout_s: float) -> int:
         # a metadata request of this producer's own: librdkafka updates the topic's cached
         # metadata from its answer, so a produce to a partition added since then works
-        try:
-            md = self._p.list_topics(topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise EventLogError(f"cannot read the metadata of {topic}: {exc}") from exc
-        t = md.topics.get(topic)
-        if t is None or t.error is not None:
-            raise EventLogError(f"cannot read the metadata of {topic}: {None if t is None else t.error}")
-        return len(t.partitions)
+        return len(_topic_metadata(self._p, topic, timeout_s).partitions)
 
     def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any, timeout_s: float) -> None:
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]

@@ -25,7 +25,7 @@ from typing import Any
 
 from gnomon.core import control
 from gnomon.infra.errors import InfraError
-from gnomon.topology import CO_PARTITIONED, Topology
+from gnomon.topology import Topology
 
 MARKER_TIMEOUT_S = 30.0
 POLL_S = 0.5
@@ -38,10 +38,6 @@ class GrowReport:
     after: int
     markers: dict[int, int]  # job-commands partition -> the marker's offset
     waited_s: float
-
-
-def co_partitioned(topo: Topology) -> list[str]:
-    return [str(getattr(topo, role)) for role in CO_PARTITIONED]
 
 
 def counts(client: Any, topics: list[str], timeout_s: float) -> dict[str, int]:
@@ -157,7 +153,7 @@ def grow(bootstrap: str, topo: Topology, to: int, *, timeout_s: float = 300.0,
     from gnomon.infra.kafka import admin
     from gnomon.infra.topics import _wait_until_led
 
-    topics = co_partitioned(topo)
+    topics = topo.co_partitioned()
     client = admin(bootstrap, credentials_dir=credentials_dir)
     before = counts(client, topics, 30.0)
     todo = plan(before, to)

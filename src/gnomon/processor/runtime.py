@@ -67,7 +67,7 @@ from gnomon.processor.stores import RocksStores, StateStores
 from gnomon.processor.task import PartitionTask, RecordFailed, TickPhase, tick_near
 from gnomon.processor.usage import UsagePublisher
 from gnomon.processor.waiting import assign_waiting
-from gnomon.topology import CO_PARTITIONED, Topology, load_topology
+from gnomon.topology import Topology, load_topology
 
 log = logging.getLogger("gnomon.processor")
 
@@ -504,8 +504,11 @@ class Processor:
         self._know_partitions(task.partitions)
         return task
 
-    def _co_partitioned(self) -> list[str]:
-        return [str(getattr(self.topo, role)) for role in CO_PARTITIONED]
+    def _ask_partitions(self) -> dict[str, int]:
+        """Each co-partitioned topic's partition count, asked through this processor's
+        producer, which refreshes its metadata (it can write to all of them afterwards)."""
+        return {topic: self.producer.partitions(topic, self.cfg.recover_timeout_s)
+                for topic in self.topo.co_partitioned()}
 
     def _know_partitions(self, count: int) -> None:
         """A restored partition places jobs by ``count``: this processor's producer must
@@ -515,8 +518,7 @@ class Processor:
         if count <= self._producer_knows:
             return
         try:
-            for topic in self._co_partitioned():
-                self.producer.partitions(topic, self.cfg.recover_timeout_s)
+            self._ask_partitions()
         except EventLogError as exc:  # its periodic refresh catches up; a produce meanwhile is retried
             log.warning("the producer's metadata not refreshed for %d partitions (%s)", count, exc)
             return
@@ -777,8 +779,7 @@ class Processor:
             # the heirs' partitions must exist, and this producer must know them (its
             # metadata is refreshed every few seconds; a produce to a partition it does not
             # know yet would fail the transaction): asked now, which refreshes it
-            for topic in self._co_partitioned():
-                have = self.producer.partitions(topic, self.cfg.recover_timeout_s)  # EventLogError: recovery
+            for topic, have in self._ask_partitions().items():  # EventLogError: recovery
                 if have < count:
                     raise ValidationError("value", f"a grow to {count} partitions, but {topic} has {have}: "
                                                    "`gnomon infra grow` adds them before it writes its markers "
