@@ -31,6 +31,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
+from gnomon import region
 from gnomon.adapters.kafka import consumer_config
 from gnomon.command_keys import operator_key
 from gnomon.config import load
@@ -55,7 +56,7 @@ def cpu_s(pid: int) -> float:
 
 def offsets(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
     """(sum of end offsets, sum of the processor group's committed offsets) of ``topic``."""
-    c = Consumer(consumer_config(bootstrap, GROUP_ID, role="processor"))
+    c = Consumer(consumer_config(bootstrap, region.group_id(GROUP_ID, load_topology().region), role="processor"))
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         ends = sum(c.get_watermark_offsets(tp, 10)[1] for tp in tps)

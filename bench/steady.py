@@ -48,7 +48,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from spike import gnomon_records  # bench/ is on sys.path: the script's own directory
 
-from gnomon import codec
+from gnomon import codec, region
 from gnomon.adapters.kafka import consumer_config, producer_config
 from gnomon.command_keys import operator_headers
 from gnomon.config import load
@@ -67,7 +67,7 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def history_lag(bootstrap: str, topic: str) -> int:
-    c = Consumer(consumer_config(bootstrap, HISTORY_GROUP))
+    c = Consumer(consumer_config(bootstrap, region.group_id(HISTORY_GROUP, load_topology().region)))
     try:
         md = c.list_topics(topic, timeout=10)
         tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]

@@ -14,6 +14,10 @@ topic names are written.
 * ``[defaults]``: ``partitions`` (1 if not given), ``replication_factor`` and
   ``min_insync_replicas`` (1).
 
+A region's namespace (:mod:`gnomon.region`) is the same topology with every topic
+renamed (:func:`regional`); :func:`load_topology` gives the namespace of
+``$GNOMON_REGION`` unless told which.
+
 Other modules take names from a ``Topology`` (``load_topology()``), never spell them;
 ``tests/unit/test_topology_names.py`` checks that.
 """
@@ -21,12 +25,14 @@ Other modules take names from a ``Topology`` (``load_topology()``), never spell 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from gnomon import region as regions
 from gnomon.config import load
 from gnomon.core.model import Priority
 
@@ -34,8 +40,10 @@ from gnomon.core.model import Priority
 ROLES: tuple[str, ...] = (
     "job_commands", "command_results", "run_events", "jobs", "runs", "run_exports", "worker_inbox",
     "run_logs", "dead_letters", "poison", "workers", "tenants", "tenant_usage", "schemas", "alert_configs",
-    "calendars", "dependencies",
+    "calendars", "dependencies", "regions",
 )
+# Roles every region shares: a region's namespace (``regional``) keeps their names.
+SHARED_ROLES: tuple[str, ...] = ("regions",)
 # Keyed by job_id: one processor instance owns a job's schedule and its runs together.
 CO_PARTITIONED: tuple[str, ...] = ("job_commands", "command_results", "run_events", "jobs", "runs", "dependencies")
 _TOPIC_KEYS = frozenset({"role", "key", "partitions", "cleanup_policy", "retention_ms", "config"})
@@ -82,9 +90,9 @@ class ProcessorSpec:
 
 
 def _packaged(role: str) -> Callable[[], str]:
-    """The default of a name field: that role's name in the packaged topology (for a
-    ``Topology(...)`` built by hand with other sizes, e.g. in tests)."""
-    return lambda: str(getattr(load_topology(), role))
+    """The default of a name field: that role's name in the packaged topology, default
+    namespace (for a ``Topology(...)`` built by hand with other sizes, e.g. in tests)."""
+    return lambda: str(getattr(load_topology(region=None), role))
 
 
 @dataclass(frozen=True)
@@ -108,10 +116,12 @@ class Topology:
     alert_configs: str = field(default_factory=_packaged("alert_configs"))  # alert webhooks (core.alerts), key tenant
     calendars: str = field(default_factory=_packaged("calendars"))  # exclusion calendars, key "<tenant>/<name>"
     dependencies: str = field(default_factory=_packaged("dependencies"))  # core.dependencies, key job_id
+    regions: str = field(default_factory=_packaged("regions"))  # who runs each region (core.regions): shared
     topics: tuple[TopicSpec, ...] = ()  # every topic ((): not from a file)
     processors: tuple[ProcessorSpec, ...] = ()
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    region: str | None = None  # the namespace (gnomon.region) these names are of; None: the default one
 
     @property
     def priorities(self) -> tuple[str, ...]:
@@ -219,8 +229,63 @@ def read_topology(path: Path) -> Topology:
     return parse_topology(tomllib.loads(path.read_text()), source=str(path))
 
 
-@lru_cache(maxsize=4)
-def load_topology(path: Path | None = None) -> Topology:
+def regional(topo: Topology, region: str | None) -> Topology:
+    """``topo`` as ``region``'s namespace (pure): every topic name (each role, each
+    ``TopicSpec``, what each processor consumes and produces) renamed by
+    :func:`gnomon.region.topic_name`, and ``region`` set. None: ``topo`` itself.
+    ValueError for a bad name, or a ``topo`` already of another region."""
+    if region is None or topo.region == region:
+        return topo
+    regions.validate(region)
+    if topo.region is not None:
+        raise ValueError(f"the topology is region {topo.region}'s already, not the default namespace's")
+
+    shared = {str(getattr(topo, role)) for role in SHARED_ROLES}
+
+    def name(n: str) -> str:
+        return n if n in shared else regions.topic_name(n, region)
+
+    def names(ns: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name(n) for n in ns)
+
+    renamed: dict[str, Any] = {role: name(str(getattr(topo, role))) for role in ROLES}
+    return replace(
+        topo,
+        **renamed,
+        topics=tuple(replace(s, name=name(s.name)) for s in topo.topics),
+        processors=tuple(
+            replace(p, consumes=names(p.consumes), changelog=None if p.changelog is None else name(p.changelog),
+                    consumes_also=names(p.consumes_also), produces=names(p.produces))
+            for p in topo.processors
+        ),
+        region=region,
+    )
+
+
+class _Current(Enum):
+    REGION = "$GNOMON_REGION"
+
+
+CURRENT: Final = _Current.REGION  # load_topology's default: the namespace of gnomon.region.current()
+
+
+def load_topology(path: Path | None = None, region: str | _Current | None = CURRENT) -> Topology:
     """The topology of the file at ``path`` (default: the settings' ``topology_path``,
-    the packaged ``streams/topology.toml`` or ``$GNOMON_TOPOLOGY``), read once per path."""
+    the packaged ``streams/topology.toml`` or ``$GNOMON_TOPOLOGY``) as ``region``'s
+    namespace (default: ``$GNOMON_REGION``'s, :func:`gnomon.region.current`; None: the
+    default namespace), read once per path and region."""
+    return _load_topology(path, regions.current() if region is CURRENT else region)
+
+
+@lru_cache(maxsize=16)
+def _load_topology(path: Path | None, region: str | None) -> Topology:
+    if region is not None:
+        return regional(_load_topology(path, None), region)
     return read_topology(path or load().topology_path)
+
+
+def namespaces(path: Path | None = None, layout: Sequence[str] = ()) -> tuple[Topology, ...]:
+    """The default namespace's topology, then every configured region's
+    (``$GNOMON_REGIONS``, :func:`gnomon.region.configured`, and ``layout``'s): what infra creates."""
+    names = dict.fromkeys((*regions.configured(), *layout))
+    return (load_topology(path, region=None), *(load_topology(path, region=r) for r in names))

@@ -55,7 +55,7 @@ def make(concurrency: int = 2) -> tuple[Worker, FakeClock, RecordingProducer, Di
         ran.append(ctx.run_id)
         gate.wait(5)
 
-    w.gate = gate  # type: ignore[attr-defined]
+    w.release = gate  # type: ignore[attr-defined]
     prod = RecordingProducer()
     w._producer = prod  # type: ignore[assignment]
     return w, clock, prod, Dispatcher(w.handlers), ran
@@ -88,7 +88,7 @@ def test_a_staged_grant_starts_at_its_slot_never_before() -> None:
     w._report_started()  # ...and the loop reports the start while it runs
     (started,) = prod.of(AttemptStarted)
     assert started.started_at_ms == slot and started.token == 1
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
     wait_for(lambda: not w._done.empty())
     w._finish_done()
     (done,) = prod.of(CompleteAttempt)
@@ -97,7 +97,7 @@ def test_a_staged_grant_starts_at_its_slot_never_before() -> None:
 
 def test_an_attempt_that_ends_before_its_start_report_is_one_record() -> None:
     w, clock, prod, ex, ran = make()
-    w.gate.set()  # type: ignore[attr-defined]  # the handler returns at once
+    w.release.set()  # type: ignore[attr-defined]  # the handler returns at once
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
@@ -119,7 +119,7 @@ def test_a_stop_drops_a_staged_grant_and_a_newer_grant_replaces_it() -> None:
     clock.set(slot)
     w._fire_due(ex)
     assert list(w._running) == ["j@2"] and w._running["j@2"].grant.token == 2
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
 
 
 def test_a_full_worker_hands_back_what_it_cannot_start() -> None:
@@ -137,7 +137,7 @@ def test_a_full_worker_hands_back_what_it_cannot_start() -> None:
     w._fire_due(ex)
     (back,) = prod.of(ReturnGrant)
     assert back.run_id == "j@2" and back.token == 1 and not w._staged and w.returned == 1
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
 
 
 def test_a_grant_whose_lease_lapsed_before_its_start_is_dropped() -> None:
@@ -159,7 +159,7 @@ def test_adverts_count_staged_and_running_apart() -> None:
     w._advertise(force=True)
     (ad,) = prod.of(WorkerAdvert)
     assert (ad.slots, ad.running, ad.staged, ad.pool, ad.leaving) == (4, 1, 2, "default", False)
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
 
 
 def test_attempt_pool_reuses_at_most_threads_max_threads() -> None:
@@ -191,7 +191,7 @@ def test_a_newer_grant_is_staged_while_an_older_attempt_still_runs() -> None:
     assert w._staged["j@1"].grant.token == 2
     w._on_inbox(grant("j@1", slot, token=1), ex)  # a repeat of the old one changes nothing
     assert w._staged["j@1"].grant.token == 2
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
 
 
 def test_a_result_whose_delivery_failed_is_sent_again() -> None:
@@ -200,7 +200,7 @@ def test_a_result_whose_delivery_failed_is_sent_again() -> None:
     w._on_inbox(grant("j@9", slot), ex)
     clock.set(slot)
     w._fire_due(ex)
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
     wait_for(lambda: not w._done.empty())
     w._finish_done()
     completes = prod.of(CompleteAttempt)
@@ -253,7 +253,7 @@ def test_a_pool_the_os_refuses_threads_stops_growing_instead_of_failing(monkeypa
     killed the worker's loop; now the pool keeps the threads it has and the worker
     advertises that many slots."""
     w, _, _, _, ran = make(concurrency=50)
-    w.gate.set()  # type: ignore[attr-defined]
+    w.release.set()  # type: ignore[attr-defined]
     real_start = threading.Thread.start
     started = [0]
 

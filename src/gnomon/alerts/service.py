@@ -30,6 +30,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gnomon import region
 from gnomon.alerts.sender import AlertDeliveryError, AlertSender
 from gnomon.core.alerts import Alert, AlertBook, AlertMemory, DeliveryPolicy
 from gnomon.core.clock import Clock, SystemClock
@@ -137,19 +138,22 @@ class Alerter:
         that fills ``book`` (an ``AlertFeed``). ``executor`` runs the deliveries (default:
         a pool of ``in_flight_max`` threads) and ``retry_sleep`` is the wait between a
         delivery's calls (default: until the stop); the simulation passes its own, so
-        deliveries run when it steps them and nothing sleeps."""
+        deliveries run when it steps them and nothing sleeps. ``group_id``: the group as
+        named in the default namespace (``gnomon-alerter`` or ``gnomon-alerter-<name>``),
+        joined as ``$GNOMON_REGION``'s id of it (gnomon.region.group_id)."""
         self.book = book
         self.sender = sender
         self.policy = policy or DeliveryPolicy()
         self.feed = feed
         self.memory = memory or AlertMemory()
         self.clock = clock or SystemClock()
-        self.group_id = group_id
+        topo = load_topology()
+        self.group_id = group_id = region.group_id(group_id, topo.region)  # the namespace's id of it
         self.batch_max = batch_max
         self.poll_timeout_s = poll_timeout_s
         self.on_given_up = on_given_up
-        self.topic = load_topology().runs
-        self.topology_partitions = load_topology().partitions  # at creation: more are born in a grow
+        self.topic = topo.runs
+        self.topology_partitions = topo.partitions  # at creation: more are born in a grow
         self.stats = AlerterStats()
         self.tracker = OffsetTracker()
         self._lock = threading.Lock()  # tracker + stats, shared with the delivery threads

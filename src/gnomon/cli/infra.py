@@ -38,7 +38,13 @@ def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft
        hosts: Annotated[int, typer.Option(
            "--hosts", help="3: three hosts on this machine, 127.0.0.1-3, each with a Kafka node and a Cassandra "
                            "node (one cluster, replication 3); clients then use "
-                           "GNOMON_CASSANDRA_HOSTS=127.0.0.1,127.0.0.2,127.0.0.3")] = 1) -> None:
+                           "GNOMON_CASSANDRA_HOSTS=127.0.0.1,127.0.0.2,127.0.0.3")] = 1,
+       regions: Annotated[str | None, typer.Option(
+           "--regions", help="with --hosts 3: two regions, e.g. a,b: host 1 is the first, host 2 the second, "
+                             "host 3 a witness site; links between sites are delayed by --region-latency-ms "
+                             "(docs/adr/0013-regions.md); 'none' goes back to plain hosts; default: as last time")] = None,
+       region_latency_ms: Annotated[float, typer.Option(
+           "--region-latency-ms", min=0, max=1000, help="delay each way between sites, with --regions")] = 30.0) -> None:
     """Fetch (first time), start and wait until Kafka, Cassandra and the schema registry
     serve (or only the --only component); create topics."""
     from gnomon.core.errors import ValidationError
@@ -52,8 +58,29 @@ def up(kafka_nodes: Annotated[int, typer.Option(min=1, max=3, help="1 or 3 KRaft
         raise ValidationError("--hosts", "must be 1 or 3")
     if hosts == 3:
         kafka_nodes = 3
+    if regions is not None:
+        _set_regions(regions, region_latency_ms, hosts)
     manager.up(load(), kafka_nodes=kafka_nodes, components=(one,) if one else manager.COMPONENTS, tls=tls,
                cassandra_nodes=hosts)
+
+
+def _set_regions(text: str, latency_ms: float, hosts: int) -> None:
+    """Remember the regions layout (gnomon.infra.sites) before anything starts."""
+    from gnomon.core.errors import ValidationError
+    from gnomon.infra import cassandra, kafka, sites
+
+    settings = load()
+    wanted = None
+    if text != "none":
+        if hosts != 3:
+            raise ValidationError("--regions", "needs --hosts 3 (region a on host 1, b on host 2, a witness on 3)")
+        try:
+            wanted = sites.Regions.parse(text, latency_ms)
+        except ValueError as exc:
+            raise ValidationError("--regions", str(exc)) from exc
+    if wanted != sites.load(settings.state_dir) and (kafka.running_names(settings) or cassandra.running_names(settings)):
+        raise ValidationError("--regions", "the stack runs with another layout; run `gnomon infra down` first")
+    sites.save(settings.state_dir, wanted)
 
 
 @app.command()

@@ -6,7 +6,18 @@ import os
 
 import typer
 
-from gnomon.cli import alerts, calendars, cron, infra, jobs, schedule, services, status, tenants
+from gnomon.cli import (
+    alerts,
+    calendars,
+    cron,
+    infra,
+    jobs,
+    regions,
+    schedule,
+    services,
+    status,
+    tenants,
+)
 from gnomon.infra.perms import PRIVATE_UMASK
 
 app = typer.Typer(
@@ -26,6 +37,7 @@ app.add_typer(schedule.app, name="schedule")
 app.add_typer(calendars.app, name="calendars")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(alerts.app, name="alerts")
+app.add_typer(regions.app, name="regions")
 app.command()(services.processor)
 app.command()(services.worker)
 app.command()(services.projector)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -145,6 +145,10 @@ def processor(
     accept_unsigned_commands: Annotated[bool, typer.Option(
         help="apply job commands without a valid signature of their tenant's command key (ADR 0006): "
              "any holder of the api Kafka credential can then act for every tenant; for a migration only")] = False,
+    takeover_s: Annotated[float, typer.Option(
+        min=0, max=3600, help="with $GNOMON_REGION: a standby in another region ($GNOMON_RUNS_IN) takes the "
+                              "namespace over after its owner's processors were silent this long; 0: only "
+                              "`gnomon regions takeover` does (docs/adr/0013-regions.md)")] = 20.0,
     metrics_port: MetricsPort = None,
     stall_limit_s: StallLimit = 60.0,
     verbose: bool = False,
@@ -179,12 +183,15 @@ def processor(
             "--accept-unsigned-commands: job commands are applied without proof of their tenant; any holder of "
             "the api Kafka credential may act for every tenant")
     proc = Processor(cfg, keyring=None if accept_unsigned_commands else DirKeyring(keys_dir(s)))
+    proc.gate = _gate(lambda: proc.log, proc.topo.regions, proc.clock, cfg.instance_id, takeover_s=takeover_s or None)
     dog = _watchdog("processor", proc.metrics.registry, lambda: proc.progress_at_s, proc.stop, stall_limit_s,
                     role="processor")
     _serve_metrics(proc.metrics.registry, "processor", metrics_port, health=dog.health if dog else None)
     _stop_on_signals(proc)
     proc.run()
     _exit_if_stalled(dog)
+    if proc.fenced:  # another region runs the namespace now: the supervisor starts it again, as a standby
+        fail(f"stopped: {proc.gate.stop_reason if proc.gate else 'another region runs this namespace'}", 3)
 
 
 @command
@@ -259,8 +266,33 @@ def worker(
     w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host,
                     health=dog.health if dog else None)
     _stop_on_signals(w)
+    w.gate = _gate(lambda: _worker_log(w.bootstrap), w.topo.regions, w.clock, w.worker_id, beats=False)
     w.run()
     _exit_if_stalled(dog)
+    if w.fenced:
+        fail(f"stopped: {w.gate.stop_reason if w.gate else 'another region runs this namespace'}", 3)
+
+
+def _worker_log(bootstrap: str) -> Any:
+    from gnomon.eventlog.kafka import KafkaEventLog
+
+    return KafkaEventLog(bootstrap, role="worker")
+
+
+def _gate(log_: Callable[[], Any], topic: str, clock: Any, instance: str, *, takeover_s: float | None = None,
+          beats: bool = True) -> Any:
+    """The region gate of a process of ``$GNOMON_REGION``'s namespace (None without one)."""
+    from gnomon import region
+    from gnomon.gate import RegionGate
+
+    try:
+        home = region.current()
+        runs_in = region.runs_in()
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if home is None or runs_in is None:
+        return None
+    return RegionGate(log_(), topic, home, runs_in, clock, instance=instance, takeover_s=takeover_s, beats=beats)
 
 
 @command
@@ -302,8 +334,8 @@ def alerter(
     tenant_backlog_max: Annotated[int, typer.Option(
         min=0, max=1_000_000, help="a tenant's alerts waiting for a place; more are given up and counted")] = 1000,
     group_id: Annotated[str, typer.Option(
-        help="the ledger consumer group (gnomon-alerter or gnomon-alerter-<name>); a new group starts at the "
-             "ledger's end")] = "gnomon-alerter",
+        help="the ledger consumer group (gnomon-alerter or gnomon-alerter-<name>; with $GNOMON_REGION, joined "
+             "as <group>.<region>); a new group starts at the ledger's end")] = "gnomon-alerter",
     verbose: bool = False,
 ) -> None:
     """Call the tenants' alert webhooks: dead letters, skipped slots, late starts (docs/operations.md, "Alerts")."""

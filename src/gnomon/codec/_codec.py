@@ -47,6 +47,7 @@ from gnomon.core.runs import (
 from gnomon.core.tenants import TenantLimits
 from gnomon.core.usage import TenantUsage
 from gnomon.core.workers import WorkerAdvert
+from gnomon.region import topic_name
 from gnomon.topology import load_topology
 
 MAGIC = 0
@@ -109,7 +110,9 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     ("calendars", (Calendar,), None),
     ("dependencies", (DependencyDeclared, DependencyDropped, UpstreamEnded), f"{NAMESPACE}.DependencyMessage"),
 )
-_TOPOLOGY = load_topology()
+# The default namespace's names: a region's topic (gnomon.region) carries what the
+# default one of its role carries, under that one's subject (``topic_schema``).
+_TOPOLOGY = load_topology(region=None)
 # Topics no longer written, whose subjects stay registered (their ids are reserved, and
 # what an old cluster still holds decodes): docs/operations.md, "Migrations".
 RETIRED: tuple[TopicSchema, ...] = (
@@ -126,16 +129,38 @@ TOPICS: tuple[TopicSchema, ...] = (*(
 _EXTRA_TYPES: tuple[type, ...] = (JobSpec,)
 _BY_TOPIC = {t.topic: t for t in TOPICS}
 _BY_SUBJECT = {t.subject: t for t in TOPICS}
+_BY_REGIONAL_TOPIC: dict[str, TopicSchema] = {}  # a region's topic -> its default one's (found once)
+
+
+def _regional(topic: str) -> TopicSchema | None:
+    """The schema of ``topic`` if it is a region's name (``gnomon.region.topic_name``)
+    of a topic that has one: that topic's, subject included (one subject per role, for
+    every region)."""
+    head, _, rest = topic.partition(".")
+    if head == NAMESPACE:
+        region, _, tail = rest.partition(".")
+        base = f"{NAMESPACE}.{tail}"
+    else:
+        region, base = head, rest
+    t = _BY_TOPIC.get(base)
+    try:
+        if t is None or topic_name(base, region) != topic:
+            return None
+    except ValueError:  # not a region's name
+        return None
+    _BY_REGIONAL_TOPIC[topic] = t
+    return t
 
 
 def topic_schema(topic: str) -> TopicSchema:
-    """What travels on ``topic``. Raises ``KeyError`` for a topic without a value schema."""
+    """What travels on ``topic`` (on a region's topic: what travels on the default
+    namespace's topic of its role). Raises ``KeyError`` for a topic without a value schema."""
+    t = _BY_TOPIC.get(topic) or _BY_REGIONAL_TOPIC.get(topic) or _regional(topic)
+    if t is not None:
+        return t
     if topic.startswith(_RETIRED_FAMILY):
         return _BY_TOPIC[_RETIRED_FAMILY.rstrip(".")]
-    try:
-        return _BY_TOPIC[topic]
-    except KeyError:
-        raise KeyError(f"no value schema for topic {topic!r}") from None
+    raise KeyError(f"no value schema for topic {topic!r}")
 
 
 def _record_fields(schema: Any, out: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:

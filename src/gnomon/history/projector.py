@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gnomon import region
 from gnomon.core.control import is_control
 from gnomon.core.errors import EventLogError, HistoryStoreError
 from gnomon.core.jobs import JobState
@@ -133,8 +134,9 @@ class HistoryProjector:
     ) -> None:
         """``log``: the event log it reads (Kafka in production, the in-memory log in the
         simulation and unit tests); ``topics`` maps roles ``jobs``/``runs``/``logs`` to
-        topic names (default: the topology's); ``consumer_config``: adapter tuning
-        (librdkafka keys)."""
+        topic names (default: the topology's); ``group_id``: the group as named in the
+        default namespace (joined as the topology's namespace's id of it, gnomon.region);
+        ``consumer_config``: adapter tuning (librdkafka keys)."""
         if batch_max < 1 or write_attempts < 1:
             raise ValueError("batch_max and write_attempts must be >= 1")
         self.store = store
@@ -146,7 +148,7 @@ class HistoryProjector:
             raise ValueError(f"topics must map exactly {sorted(_TOPOLOGY_ROLE)}; got {sorted(topics)}")
         self.topics = dict(topics)
         self._role = {name: role for role, name in self.topics.items()}
-        self.group_id = group_id
+        self.group_id = group_id = region.group_id(group_id, topo.region)  # the namespace's id of it
         self.batch_max = batch_max
         self.poll_timeout_s = poll_timeout_s
         self.write_attempts = write_attempts

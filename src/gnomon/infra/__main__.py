@@ -5,9 +5,10 @@ default 8081); Kafka Connect only with ``--only connect`` (port ``$GNOMON_CONNEC
 default 8083), which also starts PostgreSQL (``--only postgres`` alone: port
 ``$GNOMON_POSTGRES_PORT``, default 15432). ``down`` without ``--only`` stops them all.
 
-``topics`` only creates the topics of ``streams/topology.toml`` on an already running Kafka
-(``--bootstrap``, ``--replication-factor``) and applies changed configs to existing ones,
-as ``up`` does; docker-compose.yml uses it.
+``topics`` only creates the topics of ``streams/topology.toml`` (and each ``$GNOMON_REGIONS``
+region's: gnomon.region) on an already running Kafka (``--bootstrap``,
+``--replication-factor``) and applies changed configs to existing ones, as ``up`` does;
+docker-compose.yml uses it.
 
 Exit codes: 0 ok, 1 a component failed (one line, then a log excerpt), 2 bad usage.
 """
@@ -93,15 +94,19 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "down":
             manager.down(settings, components=components)
         elif args.action == "topics":
-            from gnomon.infra.topics import sync_topics, topic_specs
+            from gnomon.infra.topics import namespace_label, namespace_specs, sync_topics
 
             bootstrap = args.bootstrap or settings.kafka_bootstrap
-            specs = topic_specs(settings.topology_path)
-            changes = sync_topics(bootstrap, specs, args.replication_factor)
-            print(
-                f"{len(specs)} topics declared, {len(changes.created)} created, "
-                f"{len(changes.reconfigured)} reconfigured on {bootstrap}"
-            )
+            try:
+                namespaces = namespace_specs(settings.topology_path)  # the default one, then each region's
+            except ValueError as exc:  # a bad $GNOMON_REGIONS
+                raise InfraError(str(exc)) from None
+            for namespace, specs in namespaces:
+                changes = sync_topics(bootstrap, specs, args.replication_factor)
+                print(
+                    f"{namespace_label(namespace)}{len(specs)} topics declared, {len(changes.created)} created, "
+                    f"{len(changes.reconfigured)} reconfigured on {bootstrap}"
+                )
         else:
             _print_status(manager.status(settings), args.json)
     except InfraError as exc:

@@ -10,16 +10,23 @@ topology (``streams/topology.toml``, read through :class:`gnomon.topology.Topolo
 * consumer groups by id (group ids used in the code: grep ``consumer_config(``);
 * transactional ids by prefix (the processor's ``gnomon-processor-<instance>``).
 
+A region's namespace (:mod:`gnomon.region`, ``Topology.region``) has its own topics and
+its own ids of the groups that join or commit (:data:`REGIONAL_GROUPS`:
+``gnomon-processor.<region>``, ...); the other groups are only assigned and keep their
+ids. :func:`grants_for` is the table of several namespaces.
+
 ``python -m gnomon.infra up`` applies them with :func:`apply` (idempotent: missing ones
-are created, grants for these principals that the table no longer lists are deleted).
+are created, grants for these principals that the table no longer lists are deleted),
+for every namespace at once: applying one never deletes another's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gnomon import region
 from gnomon.topology import Topology
 
 LITERAL, PREFIXED = "LITERAL", "PREFIXED"
@@ -27,11 +34,12 @@ TOPIC, GROUP, TRANSACTIONAL_ID = "TOPIC", "GROUP", "TRANSACTIONAL_ID"
 
 # role -> topics (Topology attribute names) it consumes / produces to.
 TOPIC_READS: Mapping[str, tuple[str, ...]] = {
-    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants", "calendars", "dependencies"),
+    "processor": ("job_commands", "run_events", "jobs", "runs", "workers", "tenants", "calendars", "dependencies",
+                  "regions"),
     # limits and usage, for admission pre-checks (feeds/tenants.py); the results of the
     # job commands it (or a service producing as it: gnomon.events) wrote
     "api": ("tenants", "tenant_usage", "command_results", "alert_configs", "calendars"),
-    "worker": ("worker_inbox",),
+    "worker": ("worker_inbox", "regions"),  # regions: the gate (gnomon.gate) says which region runs its namespace
     "projector": ("jobs", "runs", "run_logs"),
     # the run-exports sinks (JSON lines, JDBC)
     "connect": ("run_exports",),
@@ -43,7 +51,7 @@ TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # alert configs: PUT /v1/alerts (api/alerts.py)
     "api": ("job_commands", "run_events", "tenants", "alert_configs", "calendars"),
     "processor": ("run_events", "jobs", "runs", "worker_inbox", "dead_letters", "poison",
-                  "tenant_usage", "command_results", "dependencies"),
+                  "tenant_usage", "command_results", "dependencies", "regions"),  # regions: heartbeats, takeovers
     "worker": ("run_events", "run_logs", "workers"),
     "projector": ("run_exports",),  # finished runs, once stored (gnomon.history.export)
     "registry": ("schemas",),
@@ -59,11 +67,13 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
         ("gnomon-standby", LITERAL, "READ"),  # standby copies (processor/standby.py)
         ("gnomon-restore", LITERAL, "READ"),  # changelog restore (processor/runtime.py)
         ("gnomon-history", LITERAL, "DESCRIBE"),  # the projector's offsets (processor/history_mark.py)
+        ("gnomon-regions", LITERAL, "READ"),  # the region gate's reader, assigned (gnomon.gate)
     ),
     "api": (("gnomon-tenants", LITERAL, "READ"),  # tenant limits and usage, assigned (feeds/tenants.py)
             ("gnomon-alert-configs", LITERAL, "READ"),  # alert configs, assigned (alerts/feed.py)
             ("gnomon-api-answers", LITERAL, "READ")),  # the processor's answers, assigned (api/answers.py)
-    "worker": (("gnomon-worker-inbox", LITERAL, "READ"),),
+    "worker": (("gnomon-worker-inbox", LITERAL, "READ"),
+               ("gnomon-regions", LITERAL, "READ")),  # the region gate's reader, assigned (gnomon.gate)
     "projector": (("gnomon-history", LITERAL, "READ"),),
     "connect": (("connect-", PREFIXED, "READ"),),  # sink connectors' groups: connect-<name>
     "registry": (("gnomon-registry", LITERAL, "READ"),),  # its store, assigned (registry/kafka_store.py)
@@ -71,6 +81,10 @@ GROUPS: Mapping[str, tuple[tuple[str, str, str], ...]] = {
     "alerter": (("gnomon-alerter", PREFIXED, "READ"),
                 ("gnomon-alert-configs", LITERAL, "READ")),  # alert configs, assigned (alerts/feed.py)
 }
+# The groups that join or commit offsets: a region's namespace has its own ids of them
+# (gnomon.region.group_id). A PREFIXED grant already admits them (gnomon-alerter.<region>,
+# gnomon-alerter-<name>.<region>), so only LITERAL grants are renamed.
+REGIONAL_GROUPS = frozenset({"gnomon-processor", "gnomon-history", "gnomon-worker-inbox", "gnomon-alerter"})
 TRANSACTIONAL_IDS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "processor": (("gnomon-processor-", PREFIXED),),
 }
@@ -91,17 +105,33 @@ class Grant:
         return f"User:{self.role}"
 
 
+def _group(name: str, pattern: str, topo: Topology) -> str:
+    """``name`` in ``topo``'s namespace: a regional group's regional id (LITERAL only)."""
+    if pattern == LITERAL and name in REGIONAL_GROUPS:
+        return region.group_id(name, topo.region)
+    return name
+
+
 def grants(topo: Topology) -> list[Grant]:
-    """The whole ACL table for ``topo`` (sorted, no duplicates)."""
+    """The whole ACL table for ``topo`` (sorted, no duplicates): its topics, and its
+    region's group ids when ``topo.region`` is set."""
     out: set[Grant] = set()
     for role, attrs in TOPIC_READS.items():
         out.update(Grant(role, TOPIC, getattr(topo, a), LITERAL, "READ") for a in attrs)
     for role, attrs in TOPIC_WRITES.items():
         out.update(Grant(role, TOPIC, getattr(topo, a), LITERAL, "WRITE") for a in attrs)
     for role, groups in GROUPS.items():
-        out.update(Grant(role, GROUP, name, pattern, op) for name, pattern, op in groups)
+        out.update(Grant(role, GROUP, _group(name, pattern, topo), pattern, op) for name, pattern, op in groups)
     for role, ids in TRANSACTIONAL_IDS.items():
         out.update(Grant(role, TRANSACTIONAL_ID, name, pattern, "WRITE") for name, pattern in ids)
+    return sorted(out)
+
+
+def grants_for(topos: Sequence[Topology]) -> list[Grant]:
+    """The ACL table of every namespace of ``topos`` (sorted union of :func:`grants`)."""
+    out: set[Grant] = set()
+    for topo in topos:
+        out.update(grants(topo))
     return sorted(out)
 
 
@@ -141,8 +171,10 @@ def _grant_of(binding: Any) -> Grant:
     )
 
 
-def apply(client: Any, topo: Topology, roles: tuple[str, ...], timeout_s: float = 30.0) -> tuple[int, int]:
-    """Make the ACLs of ``roles`` exactly :func:`grants` (``client``: an admin AdminClient).
+def apply(client: Any, topos: Topology | Sequence[Topology], roles: tuple[str, ...],
+          timeout_s: float = 30.0) -> tuple[int, int]:
+    """Make the ACLs of ``roles`` exactly :func:`grants_for` ``topos`` (every namespace:
+    a grant of one left out is deleted; ``client``: an admin AdminClient).
 
     Returns (created, deleted). Creating an existing ACL is a no-op in Kafka, so only the
     missing ones are sent; ACLs of other principals are never touched.
@@ -155,7 +187,7 @@ def apply(client: Any, topo: Topology, roles: tuple[str, ...], timeout_s: float 
         ResourceType,
     )
 
-    wanted = set(grants(topo))
+    wanted = set(grants_for([topos] if isinstance(topos, Topology) else topos))
     principals = {f"User:{r}" for r in roles}
     anything: Any = None  # a filter's None matches any name/principal/host (the stubs say str)
     any_filter = AclBindingFilter(

@@ -26,7 +26,7 @@ from typing import Any
 
 from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, placement, procs, tls
+from gnomon.infra import fetch, jvm, placement, procs, sites, tls
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say
@@ -75,8 +75,27 @@ def nodes(settings: Settings, count: int = 1) -> list[Node]:
         return [Node(1, HOST, NAME, settings.state_dir / "cassandra", settings.state_dir / "logs" / "cassandra")]
     if count != 3:
         raise InfraError(f"cassandra nodes must be 1 or 3, not {count}")
-    return [Node(i, f"127.0.0.{i}", f"{NAME}-{i}", settings.state_dir / "cassandra" / "3-node" / f"node-{i}",
+    # the regions layout has a datacenter per site, which a node's data may never change: data of its own
+    dirname = "3-node" if sites.load(settings.state_dir) is None else "regions"
+    return [Node(i, f"127.0.0.{i}", f"{NAME}-{i}", settings.state_dir / "cassandra" / dirname / f"node-{i}",
                  settings.state_dir / "logs" / f"cassandra-{i}") for i in range(1, 4)]
+
+
+def replication(settings: Settings) -> str:
+    """The replication of system_auth and the history keyspace on three hosts."""
+    regions = sites.load(settings.state_dir)
+    return RF3 if regions is None else sites.cassandra_replication(regions)
+
+
+def _rackdc(settings: Settings, node: Node) -> Path | None:
+    """The node's ``cassandra-rackdc.properties`` in the regions layout (None otherwise)."""
+    regions = sites.load(settings.state_dir)
+    if regions is None or node.name == NAME:
+        return None
+    path = node.home / "cassandra-rackdc.properties"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(sites.rackdc(regions, node.index))
+    return path
 
 
 def _layout_file(settings: Settings) -> Path:
@@ -116,6 +135,7 @@ def render_config(settings: Settings, node: Node | None = None, count: int = 1) 
         encryption=_encryption(settings, node) if tls.is_enabled(settings.state_dir) else "# TLS off (gnomon infra up --tls)",
         host=node.host,
         seeds=seeds,
+        snitch="SimpleSnitch" if _rackdc(settings, node) is None else "GossipingPropertyFileSnitch",
         storage_port=settings.cassandra_storage_port,
         native_port=settings.cassandra_port,
         data_dir=data / "data",
@@ -161,6 +181,7 @@ def command(settings: Settings, java: str, lib: Path, node: Node | None = None) 
         f"-Dlogback.configurationFile={CONF_DIR / 'logback.xml'}",
         *DEV_PROPERTIES,
         *(SINGLE_NODE_PROPERTIES if node.name == NAME else ()),
+        *((f"-Dcassandra-rackdc.properties=file://{rackdc}",) if (rackdc := _rackdc(settings, node)) else ()),
         "-cp",
         jvm.classpath(lib),
         "org.apache.cassandra.service.CassandraDaemon",
@@ -310,7 +331,7 @@ def _admin_session(settings: Settings, admin: credentials.Credential, timeout_s:
             cluster, session = default
             try:
                 if layout(settings) >= 3:  # (see ensure_auth: first, before the role is written)
-                    session.execute(f"ALTER KEYSPACE system_auth WITH replication = {RF3}")
+                    session.execute(f"ALTER KEYSPACE system_auth WITH replication = {replication(settings)}")
                 pw = _cql_string(admin.password)
                 session.execute(
                     f'CREATE ROLE IF NOT EXISTS "{admin.username}" '
@@ -387,8 +408,8 @@ def _ensure_auth_once(settings: Settings, timeout_s: float) -> None:
             # system_auth had one replica is on one node only, and a LOCAL_QUORUM read of
             # two then misses it ("Role gnomon doesn't exist", a refused login: seen on
             # fresh clusters)
-            session.execute(f"ALTER KEYSPACE system_auth WITH replication = {RF3}")
-            session.execute(f"CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {RF3}")
+            session.execute(f"ALTER KEYSPACE system_auth WITH replication = {replication(settings)}")
+            session.execute(f"CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {replication(settings)}")
         pw = _cql_string(app.password)
         session.execute(f'CREATE ROLE IF NOT EXISTS "{app.username}" WITH LOGIN = true AND PASSWORD = {pw}')
         probe = _login(settings, app)

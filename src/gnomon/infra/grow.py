@@ -13,6 +13,9 @@
 
 The topology file keeps the count the topics were created with: the partitions born in
 a grow know from it that they must wait for their handover.
+
+A grow acts on one namespace (gnomon.region): the topology's (the CLI's is that of
+``$GNOMON_REGION``), its topics and its processors' group.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gnomon import region
 from gnomon.core import control
 from gnomon.infra.errors import InfraError
 from gnomon.topology import Topology
@@ -115,13 +119,15 @@ def _quiet(*_: Any) -> None:
 
 
 def wait_read(bootstrap: str, topic: str, markers: dict[int, int], timeout_s: float,
-              progress: Callable[[int, int], None], *, jobs_topic: str | None = None, born: int = 0) -> float:
-    """Wait until the processors' group has committed past every marker and, with
-    ``jobs_topic``, every partition from ``born`` on has its handover there (a marker the
-    processors poisoned is read past with nothing handed over); seconds waited."""
+              progress: Callable[[int, int], None], *, jobs_topic: str | None = None, born: int = 0,
+              group: str = PROCESSOR_GROUP) -> float:
+    """Wait until the processors' group (``group``: its id in the topics' namespace) has
+    committed past every marker and, with ``jobs_topic``, every partition from ``born``
+    on has its handover there (a marker the processors poisoned is read past with
+    nothing handed over); seconds waited."""
     from gnomon.eventlog.kafka import KafkaEventLog
 
-    reader = KafkaEventLog(bootstrap, role="admin").reader(PROCESSOR_GROUP, client_id="gnomon-grow")
+    reader = KafkaEventLog(bootstrap, role="admin").reader(group, client_id="gnomon-grow")
     began = time.monotonic()
     try:
         last = -1
@@ -148,11 +154,14 @@ def wait_read(bootstrap: str, topic: str, markers: dict[int, int], timeout_s: fl
 
 def grow(bootstrap: str, topo: Topology, to: int, *, timeout_s: float = 300.0,
          credentials_dir: Path | None = None, say: Callable[[str], None] = print) -> GrowReport:
-    """The whole procedure (module doc). ValueError for a count that cannot be grown to,
-    InfraError when Kafka refuses or the processors do not read their markers in time."""
+    """The whole procedure (module doc), on ``topo``'s namespace. ValueError for a count
+    that cannot be grown to, InfraError when Kafka refuses or the processors do not read
+    their markers in time."""
     from gnomon.infra.kafka import admin
     from gnomon.infra.topics import _wait_until_led
 
+    if topo.region is not None:
+        say(f"growing region {topo.region}'s namespace")
     topics = topo.co_partitioned()
     client = admin(bootstrap, credentials_dir=credentials_dir)
     before = counts(client, topics, 30.0)
@@ -167,7 +176,8 @@ def grow(bootstrap: str, topo: Topology, to: int, *, timeout_s: float = 300.0,
     say(f"grow markers written to the {to} partitions of {topo.job_commands}; waiting for the processors")
     waited = wait_read(bootstrap, topo.job_commands, markers, timeout_s,
                        lambda done, total: say(f"  handed over: {done}/{total} partitions"),
-                       jobs_topic=topo.jobs, born=topo.partitions)
+                       jobs_topic=topo.jobs, born=topo.partitions,
+                       group=region.group_id(PROCESSOR_GROUP, topo.region))
     say(f"grown to {to} partitions in {waited:.1f} s (the topology file keeps {topo.partitions}: the count the "
         "topics were created with)")
     return GrowReport(before, to, markers, waited)

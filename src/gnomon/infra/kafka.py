@@ -30,6 +30,7 @@ import json
 import logging
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from typing import Any
 
 from gnomon import credentials
 from gnomon.config import Settings
-from gnomon.infra import fetch, jvm, placement, procs, tls
+from gnomon.infra import fetch, jvm, placement, procs, sites, tls
 from gnomon.infra.errors import InfraError
 from gnomon.infra.net import port_open
 from gnomon.infra.progress import say
@@ -192,9 +193,26 @@ def render_config(
     template = Template((CONF_DIR / "server.properties.template").read_text())
     broker, controller = creds[credentials.KAFKA_BROKER], creds[credentials.KAFKA_CONTROLLER]
     on = tls.is_enabled(settings.state_dir)
+    protocol = "SASL_SSL" if on else "SASL_PLAINTEXT"
+    jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{broker.username}" '
+            f'password="{broker.password}";')
+    regions = sites.load(settings.state_dir) if count == 3 else None
+    if regions is None:
+        lst = sites.Listeners(
+            listeners=f"CLIENT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
+            advertised=f"CLIENT://{node.host}:{node.port}", inter_broker="CLIENT",
+            protocol_map=f"CONTROLLER:{protocol},CLIENT:{protocol}", extra="# no regions (gnomon infra up --regions)")
+    else:
+        lst = sites.kafka_listeners(regions, node.node_id, node.host, node.port, node.controller_port, protocol, jaas)
+        voters = sites.voters([n.host for n in nodes(settings, count)], node.controller_port)
     return template.substitute(
-        protocol="SASL_SSL" if on else "SASL_PLAINTEXT",
+        protocol=protocol,
         tls_config=_tls_config(settings, node) if on else "# TLS off (gnomon infra up --tls turns it on)",
+        listeners=lst.listeners,
+        advertised_listeners=lst.advertised,
+        inter_broker=lst.inter_broker,
+        protocol_map=lst.protocol_map,
+        regions_config=lst.extra,
         node_id=node.node_id,
         host=node.host,
         quorum_voters=voters,
@@ -322,6 +340,9 @@ def start(settings: Settings, count: int) -> list[int]:
         )
     java, lib = prepare(settings, count)
     pids = []
+    regions = sites.load(settings.state_dir) if count == 3 else None
+    if regions is not None:
+        pids.append(_start_latency(settings, regions, count))
     for node in nodes(settings, count):
         if not procs.is_running(settings.state_dir, node.name):
             for port in (node.port, node.controller_port):
@@ -339,6 +360,24 @@ def start(settings: Settings, count: int) -> list[int]:
         pids.append(procs.start(settings.state_dir, node.name, placement.wrap(argv, group), cwd=node.home))
     _layout_file(settings).write_text(f"{count}\n")
     return pids
+
+
+def _start_latency(settings: Settings, regions: sites.Regions, count: int) -> int:
+    """The proxy that delays every link between sites (gnomon.infra.sites), in no host's
+    cgroup, so a cut of a host also cuts its proxied links."""
+    ns = nodes(settings, count)
+    routes = sites.proxy_routes(regions, [n.host for n in ns], settings.kafka_port, settings.kafka_controller_port)
+    if not procs.is_running(settings.state_dir, sites.LATENCY_PROCESS):
+        for route in routes:
+            host, _, port = route.split("=")[0].rpartition(":")
+            if port_open(host, int(port)):
+                raise InfraError(f"{host}:{port} (the latency proxy's) is already in use by another process")
+    argv = [sys.executable, "-m", "gnomon.infra.latency", procs.marker(sites.LATENCY_PROCESS),
+            "--delay-ms", str(regions.latency_ms), *(a for r in routes for a in ("--route", r))]
+    pid = procs.start(settings.state_dir, sites.LATENCY_PROCESS, argv)
+    say(f"regions {regions.names[0]} (host 1), {regions.names[1]} (host 2) and the witness (host 3): "
+        f"{regions.latency_ms:g} ms each way between them ({len(routes)} proxied listeners)")
+    return pid
 
 
 def admin(
@@ -423,14 +462,19 @@ def wait_users(settings: Settings, count: int, timeout_s: float = 60.0) -> float
 def apply_acls(settings: Settings, count: int) -> tuple[int, int]:
     """The role ACLs of ``gnomon.infra.acls`` on the running cluster: (created, deleted)."""
     from gnomon.infra import acls
-    from gnomon.topology import load_topology
+    from gnomon.topology import namespaces
 
     roles = tuple(r for r in credentials.KAFKA_ROLES if r != "admin")
     client = admin(bootstrap(settings, count), credentials_dir=settings.credentials_dir)
     try:
-        return acls.apply(client, load_topology(settings.topology_path), roles)
+        return acls.apply(client, namespaces(settings.topology_path, _layout_names(settings)), roles)  # every region's too
     except Exception as exc:
         raise InfraError(f"cannot apply the Kafka ACLs: {exc}") from exc
+
+
+def _layout_names(settings: Settings) -> tuple[str, ...]:
+    layout = sites.load(settings.state_dir)
+    return layout.names if layout is not None else ()
 
 
 def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> float:
@@ -462,8 +506,11 @@ def _excerpt(settings: Settings, node: KafkaNode) -> str:
 
 
 def running_names(settings: Settings) -> list[str]:
-    """Process names of the Kafka nodes that run now."""
-    return [n.name for n in nodes(settings, 3) if procs.is_running(settings.state_dir, n.name)]
+    """Process names of the Kafka nodes that run now (and the regions' latency proxy)."""
+    names = [n.name for n in nodes(settings, 3) if procs.is_running(settings.state_dir, n.name)]
+    if procs.is_running(settings.state_dir, sites.LATENCY_PROCESS):
+        names.append(sites.LATENCY_PROCESS)
+    return names
 
 
 def status(settings: Settings) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 ``up`` starts every JVM first and only then waits, so Kafka (seconds) and Cassandra
 (tens of seconds on first boot) start concurrently; then it creates the topics declared in
-``Settings.topology_path`` and sets the declared configs that differ on existing ones
+``Settings.topology_path``, for the default namespace and each ``$GNOMON_REGIONS`` region's
+(gnomon.region), and sets the declared configs that differ on existing ones
 (:func:`gnomon.infra.topics.sync_topics`), upserts the Kafka role users and their ACLs
-(docs/adr/0006) and sets up Cassandra's roles; credentials are generated into
+(docs/adr/0006, every namespace's) and sets up Cassandra's roles; credentials are generated into
 ``Settings.credentials_dir`` (0700, files 0600). Then it starts the schema registry
 (a Python process, gnomon.infra.registry), which needs Kafka's topics and users. A lock
 file serialises concurrent ``up``/``down`` calls.
@@ -32,11 +33,12 @@ from gnomon.infra import (
     postgres,
     procs,
     registry,
+    sites,
 )
 from gnomon.infra import tls as tls_
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
-from gnomon.infra.topics import ensure_topics, topic_specs
+from gnomon.infra.topics import TopicSpec, ensure_topics, namespace_label, namespace_specs
 
 COMPONENTS: tuple[str, ...] = ("kafka", "cassandra", "registry")  # what `up` starts by default
 # Kafka Connect is opt-in (`up --only connect`, after Kafka; it starts PostgreSQL, its JDBC
@@ -54,6 +56,14 @@ def _check(components: Sequence[str], kafka_nodes: int) -> None:
         )
     if kafka_nodes not in (1, 3):
         raise InfraError(f"kafka_nodes must be 1 or 3, not {kafka_nodes}")
+
+
+def _namespace_specs(settings: Settings) -> list[tuple[str | None, list[TopicSpec]]]:
+    layout = sites.load(settings.state_dir)
+    try:
+        return namespace_specs(settings.topology_path, layout.names if layout else ())
+    except ValueError as exc:  # a bad $GNOMON_REGIONS
+        raise InfraError(str(exc)) from None
 
 
 @contextmanager
@@ -113,12 +123,16 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassand
         if "kafka" in components:
             kafka.wait_ready(settings, kafka_nodes)
             rf, _ = kafka.replication(kafka_nodes)
-            specs = topic_specs(settings.topology_path)
-            created = ensure_topics(
-                kafka.bootstrap(settings, kafka_nodes), specs, rf, credentials_dir=settings.credentials_dir
-            )
-            if created:
-                say(f"created {len(created)} topic(s) (replication factor {rf})")
+            layout = sites.load(settings.state_dir) if kafka_nodes == 3 else None
+            for namespace, specs in _namespace_specs(settings):  # the default one, then each region's
+                # a region's partitions are led from its own site (ADR 0013), where that region is a site
+                home = layout.host(namespace) if layout is not None and namespace in layout.names else None
+                created = ensure_topics(
+                    kafka.bootstrap(settings, kafka_nodes), specs, rf, credentials_dir=settings.credentials_dir,
+                    leader=home,
+                )
+                if created:
+                    say(f"{namespace_label(namespace)}created {len(created)} topic(s) (replication factor {rf})")
             kafka.sync_users(settings, kafka_nodes)
             kafka.wait_users(settings, kafka_nodes)
             added, removed = kafka.apply_acls(settings, kafka_nodes)

@@ -8,26 +8,50 @@ tables: ``partitions``, default ``[defaults].partitions``, ``cleanup_policy``, o
 :func:`sync_topics` creates the missing topics and sets, on the existing ones, every
 declared config whose value differs (:func:`config_diff`); keys the topology does not
 declare are never touched, and partition counts are never changed.
+
+:func:`namespace_specs` adds every region's namespace (``$GNOMON_REGIONS``,
+:mod:`gnomon.region`): the same topics, renamed (:func:`gnomon.topology.regional`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnomon import region
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
-from gnomon.topology import CO_PARTITIONED, TopicSpec, read_topology
+from gnomon.topology import CO_PARTITIONED, TopicSpec, read_topology, regional
 
-__all__ = ["TopicChanges", "TopicSpec", "config_diff", "ensure_topics", "min_insync_for", "sync_topics", "topic_specs"]
+__all__ = ["TopicChanges", "TopicSpec", "config_diff", "ensure_topics", "min_insync_for", "namespace_label",
+           "namespace_specs", "sync_topics", "topic_specs"]
 
 
 def topic_specs(path: Path) -> list[TopicSpec]:
     """Every topic declared in the topology file at ``path`` (``gnomon.topology`` parses it)."""
     return list(read_topology(path).topics)
+
+
+def namespace_specs(path: Path, layout: Sequence[str] = ()) -> list[tuple[str | None, list[TopicSpec]]]:
+    """(region, its topics) for each namespace: the default one (None), then every
+    configured region's (``$GNOMON_REGIONS``, and ``layout``'s: the regions of
+    ``gnomon infra up --regions``). ValueError for a bad region list."""
+    topo = read_topology(path)
+    out: list[tuple[str | None, list[TopicSpec]]] = []
+    seen: set[str] = set()
+    for r in (None, *dict.fromkeys((*region.configured(), *layout))):
+        specs = [s for s in regional(topo, r).topics if s.name not in seen]  # a shared topic once
+        seen.update(s.name for s in specs)
+        out.append((r, specs))
+    return out
+
+
+def namespace_label(name: str | None) -> str:
+    """The prefix of a progress line about namespace ``name``: nothing for the default one."""
+    return "" if name is None else f"region {name}: "
 
 
 def min_insync_for(replication_factor: int) -> int:
@@ -68,13 +92,15 @@ def ensure_topics(
     timeout_s: float = 30.0,
     *,
     credentials_dir: Path | None = None,
+    leader: int | None = None,
 ) -> list[str]:
     """Create the missing topics and apply changed configs to existing ones.
 
     Returns the names created (see :func:`sync_topics` for the config changes too).
+    ``leader``: the broker new topics' partitions prefer as leader (a region's own: ADR 0013).
     """
     return sync_topics(
-        bootstrap, specs, replication_factor, timeout_s, credentials_dir=credentials_dir
+        bootstrap, specs, replication_factor, timeout_s, credentials_dir=credentials_dir, leader=leader
     ).created
 
 
@@ -85,6 +111,7 @@ def sync_topics(
     timeout_s: float = 30.0,
     *,
     credentials_dir: Path | None = None,
+    leader: int | None = None,
 ) -> TopicChanges:
     """Create the missing topics; set the declared configs that differ on existing ones.
 
@@ -107,7 +134,7 @@ def sync_topics(
         raise InfraError(f"cannot list topics on {bootstrap}: {exc}") from exc
     _warn_partition_mismatch(specs, existing)
     missing = [s for s in specs if s.name not in existing]
-    created = _create_topics(client, bootstrap, missing, replication_factor, timeout_s, credentials_dir)
+    created = _create_topics(client, bootstrap, missing, replication_factor, timeout_s, credentials_dir, leader)
     present = {s.name: s for s in specs if s.name in existing}
     wanted = {
         name: spec.config(min_insync_for(_replicas(existing[name], replication_factor)))
@@ -118,6 +145,15 @@ def sync_topics(
     reconfigured = {name: diff for name, diff in diffs.items() if diff}
     _alter_configs(client, reconfigured, timeout_s)
     return TopicChanges(created=created, reconfigured=reconfigured)
+
+
+def preferred(leader: int, brokers: int, partition: int) -> list[int]:
+    """Partition ``partition``'s replicas: ``leader`` first, then the other brokers
+    (1..``brokers``) rotating with the partition, so followers share the load."""
+    assert 1 <= leader <= brokers, (leader, brokers)
+    others = [b for b in range(1, brokers + 1) if b != leader]
+    k = partition % len(others) if others else 0
+    return [leader, *others[k:], *others[:k]]
 
 
 def _warn_partition_mismatch(specs: list[TopicSpec], existing: Mapping[str, Any]) -> None:
@@ -145,24 +181,27 @@ def _create_topics(
     replication_factor: int,
     timeout_s: float,
     credentials_dir: Path | None = None,
+    leader: int | None = None,
 ) -> list[str]:
-    """Create ``missing``; returns the names created (not those a concurrent call made)."""
+    """Create ``missing``; returns the names created (not those a concurrent call made).
+    ``leader``: every partition's first (preferred leader) replica is that broker, the
+    others follow in turn (brokers 1..``replication_factor``)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
     if not missing:
         return []
     min_isr = min_insync_for(replication_factor)
+    def new_topic(s: TopicSpec) -> Any:
+        if leader is None:
+            return NewTopic(s.name, num_partitions=s.partitions, replication_factor=replication_factor,
+                            config=s.config(min_isr))
+        # (this client wants the partition count with an assignment, despite its error's words)
+        return NewTopic(s.name, num_partitions=s.partitions, replica_assignment=[preferred(leader, replication_factor, p)
+                                                    for p in range(s.partitions)], config=s.config(min_isr))
+
     futures = client.create_topics(
-        [
-            NewTopic(
-                s.name,
-                num_partitions=s.partitions,
-                replication_factor=replication_factor,
-                config=s.config(min_isr),
-            )
-            for s in missing
-        ],
+        [new_topic(s) for s in missing],
         operation_timeout=timeout_s,
         request_timeout=timeout_s,
     )

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from gnomon import region
 from gnomon.core.replies import CommandResult
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.core.workers import WorkerDirectory
@@ -45,15 +46,19 @@ OUTCOMES = ("succeeded", "failed", "cancelled", "skipped")
 RESTORE_SOURCES = ("standby", "checkpoint", "rebuild")
 RESTORE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 HISTORY_GROUP = "gnomon-history"  # the projector's group (processor.history_mark.HISTORY_GROUP)
+PROCESSOR_GROUP = "gnomon-processor"  # the processors' group (processor.runtime.GROUP_ID)
 _PRIORITY_OF_RANK = {b"0": "high", b"1": "normal", b"2": "low"}  # processor.task._PRIO_RANK
 
 
 class ProcessorMetrics:
-    def __init__(self, topology: Topology, instance_id: str, *, group_id: str = "gnomon-processor",
+    def __init__(self, topology: Topology, instance_id: str, *, group_id: str = PROCESSOR_GROUP,
                  registry: CollectorRegistry | None = None, interval_ms: int = 5_000,
                  scan_max: int = 200_000) -> None:
+        """``group_id``: the processors' group as named in the default namespace; the
+        labels carry its id in ``topology``'s (gnomon.region.group_id)."""
         self.topo = topology
-        self.group_id = group_id
+        self.group_id = region.group_id(group_id, topology.region)
+        self.history_group = region.group_id(HISTORY_GROUP, topology.region)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.interval_ms = interval_ms
         self.scan_max = scan_max
@@ -213,7 +218,7 @@ class ProcessorMetrics:
         if consumer is not None:
             self._lag(consumer, sorted(owned), inputs)
         if history_lag is not None:
-            self.committed_lag.labels(HISTORY_GROUP, self.topo.runs).set(
+            self.committed_lag.labels(self.history_group, self.topo.runs).set(
                 sum(n for p, n in history_lag.items() if p in owned))
         return True
 

@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
+from gnomon import region as regions
 from gnomon.core.clock import Clock
 from gnomon.core.errors import EventLogError
 from gnomon.eventlog.port import EventLog
@@ -30,8 +31,12 @@ HISTORY_GROUP_ID = "gnomon-history"  # the projector's group (gnomon.history.pro
 
 class HistoryWatermark:
     def __init__(self, log: EventLog, ledger_topic: str, clock: Clock, *, group_id: str = HISTORY_GROUP_ID,
-                 interval_ms: int = 5_000, samples_max: int = 120, timeout_s: float = 2.0) -> None:
+                 region: str | None = None, interval_ms: int = 5_000, samples_max: int = 120,
+                 timeout_s: float = 2.0) -> None:
+        """``group_id``: the projector's group as named in the default namespace;
+        ``region``: the ledger's namespace (gnomon.region), whose id of it is read."""
         self.topic = ledger_topic
+        self.group_id = regions.group_id(group_id, region)
         self.clock = clock
         self.interval_ms = interval_ms
         self.samples_max = samples_max  # per partition; oldest dropped (history lagging that far waits)
@@ -43,8 +48,8 @@ class HistoryWatermark:
         self.lag: dict[int, int] = {}
         self._last_ms = -(10**15)
         # never subscribes: it only reads the projector group's committed offsets (no join)
-        self._consumer = log.reader(group_id, config={"enable.auto.commit": False,
-                                                      "isolation.level": "read_committed"})
+        self._consumer = log.reader(self.group_id, config={"enable.auto.commit": False,
+                                                           "isolation.level": "read_committed"})
 
     def until_ms(self, partition: int) -> int | None:
         return self._until.get(partition)

@@ -18,12 +18,13 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from gnomon import codec
+from gnomon import codec, region
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.calendars import CalendarBook
@@ -55,6 +56,7 @@ from gnomon.eventlog.port import (
     TransactionError,
 )
 from gnomon.feeds.tenants import TenantFeed
+from gnomon.gate import RegionGate
 from gnomon.metrics.processor import ProcessorMetrics
 from gnomon.processor import growth
 from gnomon.processor.adverts import AdvertFeed
@@ -92,6 +94,7 @@ _GROW_KEY = growth.GROW_KEY.encode()
 HANDOVER_GROUP = "gnomon-restore"  # (never joined, never committed: as the restores' readers)
 HANDOVER_POLL_MS = 500  # how often a partition born in a grow asks whether its handover has come
 HANDOVER_WARN_MS = 60_000  # a partition waiting longer than this for its handover is logged (once)
+TXN_TIMES_KEPT = 200  # transaction durations kept for the 10 s status line
 LOCAL_ROUNDS_MAX = 8  # dependency messages for owned partitions applied in process, rounds per transaction
 
 
@@ -136,8 +139,12 @@ class Processor:
                  log: EventLog | None = None, stores: StateStores | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  metrics: ProcessorMetrics | None = None,
-                 keyring: Keyring | Literal["settings"] | None = "settings") -> None:
+                 keyring: Keyring | Literal["settings"] | None = "settings",
+                 gate: RegionGate | None = None) -> None:
         self.cfg = cfg
+        # regions (gnomon.gate): run only while this region runs the namespace; None: one region
+        self.gate = gate
+        self.fenced = False  # another region runs the namespace now: stop
         # every job command must be signed by a key of its tenant (core.command_auth), by
         # default one of the keys directory of the settings (gnomon.command_keys); None:
         # signatures are not checked (``gnomon processor --accept-unsigned-commands``)
@@ -178,9 +185,10 @@ class Processor:
                 "the last processor of %s stopped while applying %s[%d]@%d (attempt %d)",
                 cfg.instance_id, *self.attempts.carried)
         self.transactions = 0
+        self.txn_ms: deque[float] = deque(maxlen=TXN_TIMES_KEPT)  # the latest transactions' durations (the log)
         self.aborts = 0  # transactions aborted (state and positions rewound)
         self.consumer: GroupConsumer = self.log.group_consumer(
-            GROUP_ID, client_id=f"proc-{cfg.instance_id}",
+            region.group_id(GROUP_ID, self.topo.region), client_id=f"proc-{cfg.instance_id}",
             # a killed processor's partitions move after session_timeout_ms (infra sets
             # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
             session_timeout_ms=cfg.session_timeout_ms,
@@ -233,7 +241,7 @@ class Processor:
 
     def _new_producer(self) -> TransactionalProducer:
         return self.log.transactional_producer(
-            f"gnomon-processor-{self.cfg.instance_id}", client_id=f"proc-{self.cfg.instance_id}",
+            region.group_id(f"gnomon-processor-{self.cfg.instance_id}", self.topo.region), client_id=f"proc-{self.cfg.instance_id}",
             transaction_timeout_ms=self.cfg.transaction_timeout_ms)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -248,7 +256,7 @@ class Processor:
         except EventLogError as exc:
             raise EventLogError(f"cannot initialise Kafka transactions: {exc}") from exc
         self.adverts = AdvertFeed(self.log, self.topo.workers, self.directory, self.clock)
-        self.history = HistoryWatermark(self.log, self.topo.runs, self.clock)
+        self.history = HistoryWatermark(self.log, self.topo.runs, self.clock, region=self.topo.region)
         self.tenant_feed = TenantFeed(self.cfg.bootstrap, self.topo, self.tenants, None, self.clock, role=ROLE,
                                       log=self.log, calendars=self.calendars)
         self.tenant_feed.load(30)
@@ -258,18 +266,29 @@ class Processor:
         log.info("processor %s started; inputs %s", self.cfg.instance_id, self.inputs)
 
     def run(self) -> None:
+        if self.gate is not None:
+            while not self.gate.wait_until_mine(self._stop, max_wait_s=5.0):
+                self.progress_at_s = time.monotonic()  # a standby is waiting, not stuck
+                if self._stop.is_set():
+                    self._close()
+                    return
         self.start()
         last_report = time.monotonic()
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not self.fenced:
+                if self.gate is not None and not self.gate.still_mine():
+                    self.fenced = True
+                    break
                 self.step()
                 if time.monotonic() - last_report > 10:
                     last_report = time.monotonic()
                     free = self.directory.snapshot(self.clock.now_ms())
-                    log.info("partitions=%s standbys=%s txns=%d poisoned=%d workers=%d free_slots=%d purged=%d "
-                             "state=%s", sorted(self.tasks),
+                    times = sorted(self.txn_ms)
+                    log.info("partitions=%s standbys=%s txns=%d (latest %d: p50 %.0f ms, max %.0f ms) poisoned=%d "
+                             "workers=%d free_slots=%d purged=%d state=%s", sorted(self.tasks),
                              self.standbys.lag() if self.standbys is not None else "off",
-                             self.transactions, self.poisoned, len(free),
+                             self.transactions, len(times), times[len(times) // 2] if times else 0,
+                             times[-1] if times else 0, self.poisoned, len(free),
                              sum(max(0, f) for f in free.values()),
                              sum(t.stats.purged for t in self.tasks.values()), self._state_sizes())
         finally:
@@ -319,12 +338,21 @@ class Processor:
             self.tenant_feed.close()
         if self._handover_reader is not None:
             self._handover_reader.close()
+        if self.gate is not None:
+            self.gate.close()
 
     # ---- rebalance -----------------------------------------------------------------------
 
     def _on_assign(self, partitions: list[TP]) -> None:
         self.overload_quiet_until_ms = self.clock.now_ms() + OVERLOAD_QUIET_MS
         wanted = sorted({p for _, p in partitions})
+        if self.gate is not None and not self.gate.confirmed_mine():  # (re)joined, e.g. after a cut healed
+            log.warning("assigned partitions %s, but this region's ownership of the namespace is not confirmed "
+                        "(region %s runs it, or the regions topic cannot be read): not restoring them",
+                        wanted, self.gate.view.owner(self.gate.region).owner)
+            self.gate.stop_reason = "assigned partitions while this region's ownership was not confirmed"
+            self.fenced = True
+            return
         self._joined = True
         log.info("assigned partitions %s; restoring state", wanted)
         for p in wanted:
@@ -558,6 +586,8 @@ class Processor:
             if not self._saturated:
                 self.standbys.poll()  # our own partitions first: standbys get the spare time
         msgs = self.consumer.consume(self.cfg.batch_max, self.cfg.poll_timeout_s)
+        if self.fenced:  # another region runs the namespace (``_on_assign``): apply nothing
+            return
         if self.recovering:
             # a rebalance in ``consume`` could not restore a partition: nothing of this batch
             # may be committed (its offsets would skip records never applied); the rewind
@@ -868,7 +898,8 @@ class Processor:
         (e.g. fenced, or a coordinator lost mid-commit) rebuild the producer and rewind.
         Bounded: the whole transaction gets ``commit_timeout_s``; a failed one leaves the
         processor recovering (``_recover``) until the broker lets it rebuild and rewind."""
-        deadline = time.monotonic() + self.cfg.commit_timeout_s
+        began = time.monotonic()
+        deadline = began + self.cfg.commit_timeout_s
         try:
             self._txn(lambda _t: self.producer.begin(), deadline)
             for o in outputs:
@@ -884,6 +915,7 @@ class Processor:
                 self._txn(lambda t: self.producer.send_offsets(tps, meta, t), deadline)
             self._txn(lambda t: self.producer.commit(t), deadline)
             self.transactions += 1
+            self.txn_ms.append((time.monotonic() - began) * 1000)
             self.metrics.committed(outputs)
             self._fatal_count = 0
         except EventLogError as exc:

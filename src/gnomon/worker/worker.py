@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gnomon import codec
+from gnomon import codec, region
 from gnomon.adapters.kafka import partition_for
 from gnomon.config import load
 from gnomon.core.clock import Clock, SystemClock
@@ -52,7 +52,8 @@ from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, Stop
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
 from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
-from gnomon.eventlog.port import EventLog, Producer, ProducerFatalError, Reader
+from gnomon.eventlog.port import Delivery, EventLog, Producer, ProducerFatalError, Reader
+from gnomon.gate import RegionGate
 from gnomon.metrics.worker import WorkerMetrics
 from gnomon.outbound.http import redact_url
 from gnomon.outbound.secrets import SecretStore
@@ -75,6 +76,7 @@ INBOX_GROUP = "gnomon-worker-inbox"
 # then the start fails with the broker's error
 INBOX_OPEN_RETRY = Retry(attempts_max=8, base_s=0.5, cap_s=10.0,
                          retriable=lambda exc: isinstance(exc, EventLogError))
+FENCE_MS = 10_000  # with a region gate: no start after this long without an acknowledged write (``fence_ms``)
 RESULT_SENDS_MAX = 10  # a result refused this often is given up (its lease then lapses); timeouts do not count
 PRODUCER_REBUILD_EVERY_MS = 1000  # a producer in a fatal state is replaced at most this often
 
@@ -194,6 +196,18 @@ class Worker:
         # counts at the edges (attempt start and end, the loop); made at start() unless set
         # before (the CLI sets it to serve it)
         self.metrics: WorkerMetrics | None = None
+        # regions (gnomon.gate): serve the namespace only while this region runs it; None: one region
+        self.gate: RegionGate | None = None
+        self.fenced = False  # another region runs the namespace now: stop
+        # with a gate, a staged attempt starts only while the cluster took one of this worker's
+        # writes within this long (acks=all: its majority is reachable), so a region cut off
+        # starts nothing once it has been cut that long, before a standby may take over
+        # (``gnomon processor --takeover-s``, 20 s). Longer than the stall of the surviving
+        # region's writes when the other is cut (about 5 s: its followers leave the ISR, its
+        # leaders move), which would otherwise hold that region's own starts
+        self.fence_ms = FENCE_MS
+        self._acked_at_ms: int | None = None  # the cluster's last answer to a write of this worker
+        self._fence_said = False
 
     # ---- SDK ---------------------------------------------------------------------------
 
@@ -361,9 +375,21 @@ class Worker:
                       "their leases lapse", self.worker_id, left + len(self._undelivered))
 
     def run(self) -> None:
+        if self.gate is not None:
+            while not self.gate.wait_until_mine(self._stop, max_wait_s=5.0):
+                self.progress_at_s = time.monotonic()  # a standby is waiting, not stuck
+                if self._stop.is_set():
+                    self.gate.close()
+                    return
         self.start()
         try:
             while not self._stop.is_set():
+                if self.gate is not None and not self.gate.still_mine():
+                    self.fenced = True
+                    self._staged.clear()  # the region that runs the namespace now grants them again
+                    self._timer.clear()
+                    self._due.clear()
+                    break
                 self.step()
         except BaseException:
             self._close()
@@ -389,9 +415,11 @@ class Worker:
         self._last_advert_ms = now
         self._observe_held()
         long_running = sum(1 for a in self._running.values() if now - a.started_ms >= LONG_RUNNING_MS)
-        self._send(self.topo.workers, self.worker_id, WorkerAdvert(
+        advert = WorkerAdvert(
             self.worker_id, self.pool, self.concurrency_max, len(self._running), len(self._staged),
-            self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants))))
+            self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants)))
+        self._produce(self.topo.workers, self.worker_id.encode(), codec.encode(advert), False, 0,
+                      on_ack=self._acked)  # (its answer is the fence's: ``_fenced_off``)
 
     def _observe_held(self) -> None:
         """Gauges of what this worker holds and how far its inbox is behind (local
@@ -406,14 +434,14 @@ class Worker:
             except EventLogError:
                 return
             if pos >= 0 and high >= 0:
-                self.metrics.lag(INBOX_GROUP, self._inbox_tp[0], high - pos)
+                self.metrics.lag(region.group_id(INBOX_GROUP, self.topo.region), self._inbox_tp[0], high - pos)
 
     def _open_inbox(self) -> Reader:
         """The worker's inbox partition, read from its end. The end offset is read again
         while the broker cannot answer (a broker still starting, credentials not yet on every
         broker, a leader moving), at most ``INBOX_OPEN_RETRY.attempts_max`` times."""
         assert self._log is not None
-        c = self._log.reader(INBOX_GROUP, client_id=f"worker-{self.worker_id}")
+        c = self._log.reader(region.group_id(INBOX_GROUP, self.topo.region), client_id=f"worker-{self.worker_id}")
 
         def locate() -> tuple[int, int]:
             p = partition_for(self.worker_id, len(c.partitions(self.topo.worker_inbox)))
@@ -439,9 +467,10 @@ class Worker:
         assert self._log is not None
         return self._log.producer(client_id=f"worker-{self.worker_id}", config={"linger.ms": 2})
 
-    def _produce(self, topic: str, key: bytes, value: bytes, checked: bool, tries: int) -> None:
+    def _produce(self, topic: str, key: bytes, value: bytes, checked: bool, tries: int, *,
+                 on_ack: Delivery | None = None) -> None:
         assert self._producer is not None
-        on_delivery = None
+        on_delivery = on_ack  # (an unchecked record's delivery report, if asked for)
         if checked:
             self._sends += 1
             seq, gen = self._sends, self._producer_gen
@@ -573,6 +602,8 @@ class Worker:
                 del self._staged[run_id]
                 log.warning("dropped staged %s: its lease lapsed before the start", run_id)
                 continue
+            if self._fenced_off(now):
+                break  # held: started when the cluster answers again, or dropped when its lease lapses
             if len(self._running) < self.concurrency_max:
                 self._due.popleft()
                 del self._staged[run_id]
@@ -586,6 +617,24 @@ class Worker:
             if att is not None and att.grant.token == token:
                 del self._staged[run_id]
                 self._hand_back(att.grant, "no free slot at the slot", now)
+
+    def _fenced_off(self, now: int) -> bool:
+        """With a gate: has the cluster taken none of this worker's writes for ``fence_ms``?"""
+        if self.gate is None:
+            return False
+        off = self._acked_at_ms is None or now - self._acked_at_ms > self.fence_ms
+        if off != self._fence_said:
+            self._fence_said = off
+            if off:
+                log.warning("no write of this worker taken for %d ms: starting nothing until the cluster answers "
+                            "(another region may run these runs now)", self.fence_ms)
+            else:
+                log.info("the cluster answers again: starting staged attempts")
+        return off
+
+    def _acked(self, err: str | None, _partition: int, _offset: int) -> None:
+        if err is None:
+            self._acked_at_ms = self.clock.now_ms()
 
     def _hand_back(self, grant: Grant, reason: str, now: int) -> None:
         self.returned += 1

@@ -1,0 +1,214 @@
+"""The region gate: a process of a region's namespace runs only while its region owns it.
+
+A processor or worker started with ``GNOMON_REGION=a`` serves namespace ``a``; it runs in
+``GNOMON_RUNS_IN`` (default ``a``). Before it joins any group it waits at the gate until
+the regions topic says its region owns ``a`` (:mod:`gnomon.core.regions`), and while it
+runs it checks every ``check_s`` and stops when that is no longer so. A process of the
+home region is therefore *active* and one started in the other region a *standby*: it
+reads the owner's heartbeats and, with ``takeover_s`` set, writes the takeover itself
+once they have been silent that long.
+
+Why a cut-off region cannot come back and run what it lost: its processes cannot write
+while cut (Kafka's majority is on the other side), and the first thing they read after
+the heal is the newer ownership, so they stop (exit: the supervisor starts them again,
+and they wait at the gate). Kafka fences the rest: their open transactions were aborted
+and their group generation is gone. Workers read the same gate (``GNOMON_REGION``).
+
+Without ``GNOMON_REGION`` there is no gate: one region, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from gnomon.core.clock import Clock
+from gnomon.core.errors import EventLogError
+from gnomon.core.regions import (
+    Ownership,
+    RegionsView,
+    beat_key,
+    beat_value,
+    decide_move,
+    decide_takeover,
+)
+from gnomon.eventlog.port import EventLog, Producer, Reader
+
+log = logging.getLogger("gnomon.gate")
+
+READ_TIMEOUT_S = 10.0
+WRITE_TIMEOUT_S = 15.0
+GATE_GROUP = "gnomon-regions"  # assigned, never joined or committed (ACL: gnomon.infra.acls)
+
+
+class RegionGate:
+    def __init__(self, log_: EventLog, topic: str, region: str, runs_in: str, clock: Clock, *, instance: str,
+                 takeover_s: float | None = None, beats: bool = True, beat_s: float = 2.0, check_s: float = 1.0,
+                 stale_s: float = 12.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+        assert takeover_s is None or takeover_s > 3 * beat_s, (takeover_s, beat_s)
+        assert takeover_s is None or stale_s < takeover_s, (stale_s, takeover_s)
+        self.log, self.topic, self.region, self.runs_in = log_, topic, region, runs_in
+        self.clock, self.instance = clock, instance
+        self.takeover_s, self.beats, self.beat_s, self.check_s = takeover_s, beats, beat_s, check_s
+        # an active process that has not read the regions topic for this long stops: it may be
+        # cut off, and a standby takes over after takeover_s of silence (longer, by the
+        # assertion above), so the old owner has stopped before the new one starts
+        self.stale_s = stale_s
+        self._read_ok_at = monotonic()
+        self._mono = monotonic
+        self.view = RegionsView()
+        self._next = 0  # the regions topic's next offset to read
+        self._beats_seen = 0  # heartbeats of ``region`` read so far
+        self._silent_since = monotonic()  # a standby counts a full takeover_s from its start
+        self._last_check = -1e9
+        self._last_beat = -1e9
+        self._producer: Producer | None = None
+        self._reader: Reader | None = None
+        self.readable = False  # the last read reached the topic's end
+        self._waiting = False  # (said so once)
+        self.stop_reason = ""  # why ``still_mine`` said no
+
+    # ---- reading -------------------------------------------------------------------
+
+    def refresh(self) -> Ownership:
+        """Read what is new on the regions topic; the ownership in force."""
+        try:
+            self._read_to_end()
+            self.readable = True
+            self._read_ok_at = self._mono()
+        except EventLogError as exc:
+            self.readable = False
+            self._drop_reader()
+            log.warning("region gate: cannot read %s (%s)", self.topic, exc)
+        seen = self.view.beats.get(self.region, 0)
+        if seen != self._beats_seen:
+            self._beats_seen, self._silent_since = seen, self._mono()
+        return self.view.owner(self.region)
+
+    def _read_to_end(self) -> None:
+        """One long-lived reader (a fresh client per read would pay a login each second)."""
+        tp = (self.topic, 0)
+        if self._reader is None:
+            self._reader = self.log.reader(GATE_GROUP, client_id=f"gate-{self.instance}")
+            self._reader.assign([(self.topic, 0, self._next)])
+        _, high = self._reader.watermarks(tp, READ_TIMEOUT_S)
+        deadline = self._mono() + READ_TIMEOUT_S
+        while self._next < high:
+            if self._mono() > deadline:
+                raise EventLogError(f"{self.topic}: not read to its end ({high}) in {READ_TIMEOUT_S:.0f} s")
+            for rec in self._reader.consume(500, 0.5):
+                self.view.evolve(rec.key, rec.value)
+                self._next = rec.offset + 1
+
+    def _drop_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def confirmed_mine(self) -> bool:
+        """Read now: True only if the read succeeded and this region owns the namespace."""
+        self.refresh()
+        return self.readable and self.mine()
+
+    def mine(self) -> bool:
+        return self.view.owner(self.region).owner == self.runs_in
+
+    def silent_s(self) -> float:
+        """Seconds since a new heartbeat of the namespace was read (by this clock)."""
+        return self._mono() - self._silent_since
+
+    # ---- waiting and checking ------------------------------------------------------
+
+    def wait_until_mine(self, stop: threading.Event, poll_s: float = 1.0, max_wait_s: float | None = None) -> bool:
+        """Block until this region owns the namespace (True), or ``stop`` is set or
+        ``max_wait_s`` passed (False). A standby with ``takeover_s`` takes the namespace
+        over when its owner is silent."""
+        said = self._waiting
+        self._waiting = True
+        until = None if max_wait_s is None else self._mono() + max_wait_s
+        while not stop.is_set() and (until is None or self._mono() < until):
+            current = self.refresh()
+            if self.mine():
+                self._waiting = False
+                log.info("region gate: %s runs %s (epoch %d: %s)", self.runs_in, self.region, current.epoch,
+                         current.reason)
+                return True
+            if not said:
+                log.info("region gate: standby for %s in %s; region %s runs it (epoch %d)", self.region,
+                         self.runs_in, current.owner, current.epoch)
+                said = True
+            if self.takeover_s is not None and self.readable:
+                decided = decide_takeover(self.view, self.region, self.runs_in, self.silent_s(), self.takeover_s,
+                                          self.clock.now_ms())
+                if decided is not None:
+                    self.write(decided)
+                    continue
+            stop.wait(poll_s)
+        return False
+
+    def still_mine(self) -> bool:
+        """At most every ``check_s``: read the topic and say whether this region still owns
+        the namespace; writes this process's heartbeat every ``beat_s`` while it does."""
+        now = self._mono()
+        if now - self._last_check < self.check_s:
+            return True
+        self._last_check = now
+        current = self.refresh()
+        if not self.readable and now - self._read_ok_at > self.stale_s:
+            self.stop_reason = (f"the regions topic was unread for {now - self._read_ok_at:.0f} s (cut off?): another "
+                                f"region may take {self.region} over")
+            log.warning("region gate: %s; stopping here in %s", self.stop_reason, self.runs_in)
+            return False
+        if not self.mine():
+            self.stop_reason = f"region {current.owner} runs {self.region} now (epoch {current.epoch})"
+            log.warning("region gate: region %s runs %s now (epoch %d: %s); stopping here in %s",
+                        current.owner, self.region, current.epoch, current.reason, self.runs_in)
+            return False
+        if self.beats and now - self._last_beat >= self.beat_s:
+            self._last_beat = now
+            self._send(beat_key(self.region, self.instance), beat_value(current.epoch, self.clock.now_ms()),
+                       wait_s=0.0)
+        return True
+
+    # ---- writing -------------------------------------------------------------------
+
+    def write(self, ownership: Ownership) -> bool:
+        """Write an ownership record and wait for the cluster to take it (acks=all, the
+        majority side only). True if it was taken."""
+        ok = self._send(ownership.key(), ownership.encode(), wait_s=WRITE_TIMEOUT_S)
+        if ok:
+            log.warning("region gate: %s now runs %s (epoch %d: %s)", ownership.owner, ownership.region,
+                        ownership.epoch, ownership.reason)
+            self.refresh()
+        else:
+            log.warning("region gate: the ownership of %s was not written (no majority reachable?)", self.region)
+        return ok
+
+    def move(self, to: str, reason: str) -> Ownership | None:
+        """An operator's takeover or failback (None: ``to`` already runs it)."""
+        self.refresh()
+        if not self.readable:
+            raise EventLogError(f"cannot read {self.topic}: is this region cut off from the cluster's majority?")
+        decided = decide_move(self.view, self.region, to, self.clock.now_ms(), reason)
+        if decided is not None and not self.write(decided):
+            raise EventLogError(f"the ownership of {self.region} was not written within {WRITE_TIMEOUT_S:.0f} s")
+        return decided
+
+    def _send(self, key: bytes, value: bytes, *, wait_s: float) -> bool:
+        if self._producer is None:
+            self._producer = self.log.producer(client_id=f"gate-{self.instance}",
+                                               config={"acks": "all", "message.timeout.ms": int(WRITE_TIMEOUT_S * 1000)})
+        done: list[bool] = []
+        self._producer.produce(self.topic, key, value, on_delivery=lambda err, _p, _o: done.append(err is None))
+        if wait_s <= 0:
+            self._producer.poll(0)
+            return True
+        self._producer.flush(wait_s)
+        return bool(done) and done[0]
+
+    def close(self) -> None:
+        self._drop_reader()
+        if self._producer is not None:
+            self._producer.flush(2.0)

@@ -1,0 +1,155 @@
+"""Region ownership (gnomon.core.regions) and the gate over it (gnomon.gate), on the
+in-memory event log: who runs a namespace, heartbeats, takeover by silence, failback."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gnomon.core.clock import FakeClock
+from gnomon.core.regions import (
+    Ownership,
+    RegionsView,
+    beat_key,
+    beat_value,
+    decide_move,
+    decide_takeover,
+    home,
+)
+from gnomon.eventlog.memory import MemoryEventLog
+from gnomon.gate import RegionGate
+
+TOPIC = "gnomon.regions"
+
+
+class Mono:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _log() -> MemoryEventLog:
+    return MemoryEventLog(FakeClock(1_700_000_000_000), partitions=1)
+
+
+def _gate(log: MemoryEventLog, runs_in: str, mono: Mono, **kw: object) -> RegionGate:
+    return RegionGate(log, TOPIC, "a", runs_in, log.clock, instance=f"p-{runs_in}", monotonic=mono,
+                      check_s=0, **kw)  # type: ignore[arg-type]
+
+
+def test_an_ownership_record_round_trips_and_bad_ones_are_counted() -> None:
+    o = Ownership("a", "b", 3, 123, "takeover: silence")
+    assert Ownership.decode("a", o.encode()) == o
+    view = RegionsView()
+    view.evolve(o.key(), o.encode())
+    view.evolve(b"owner/a", b"{not json")
+    view.evolve(b"other", b"x")
+    assert view.owner("a") == o and view.bad == 2
+    assert view.owner("b") == home("b")
+
+
+@given(st.lists(st.sampled_from(["a", "b"]), max_size=20))
+def test_every_change_of_owner_raises_the_epoch_by_one(moves: list[str]) -> None:
+    view = RegionsView()
+    epoch = 0
+    for to in moves:
+        decided = decide_move(view, "a", to, 0, "operator")
+        if to == view.owner("a").owner:
+            assert decided is None
+            continue
+        assert decided is not None and decided.epoch == epoch + 1 and decided.owner == to
+        epoch = decided.epoch
+        view.evolve(decided.key(), decided.encode())
+    assert view.owner("a").epoch == epoch
+
+
+def test_a_takeover_needs_the_whole_silence() -> None:
+    view = RegionsView()
+    assert decide_takeover(view, "a", "b", 19.9, 20, 5) is None
+    taken = decide_takeover(view, "a", "b", 20.0, 20, 5)
+    assert taken is not None and (taken.owner, taken.epoch) == ("b", 1)
+    view.evolve(taken.key(), taken.encode())
+    assert decide_takeover(view, "a", "b", 99, 20, 5) is None  # it runs it already
+
+
+def test_home_runs_standby_waits_then_takes_over_on_silence_and_the_old_owner_stops() -> None:
+    log, mono = _log(), Mono()
+    active = _gate(log, "a", mono)
+    standby = _gate(log, "b", mono, takeover_s=20.0)
+    stop = threading.Event()
+    assert active.wait_until_mine(stop)
+    assert active.still_mine()  # writes a heartbeat
+    assert standby.refresh().owner != "b" and not standby.mine()
+    for _ in range(12):  # 24 s of heartbeats every 2 s: the standby never takes over
+        mono.t += 2
+        assert active.still_mine()
+        standby.refresh()
+        assert decide_takeover(standby.view, "a", "b", standby.silent_s(), 20.0, 0) is None
+    mono.t += 25  # region a goes silent (cut off: it writes nothing)
+    stopper = threading.Timer(5.0, stop.set)
+    stopper.start()
+    try:
+        assert standby.wait_until_mine(stop, poll_s=0.01)
+    finally:
+        stopper.cancel()
+    assert standby.view.owner("a").epoch == 1 and "no heartbeat from region a" in standby.view.owner("a").reason
+    mono.t += 2
+    assert not active.still_mine()  # a's process reads the takeover first thing and stops
+
+
+def test_failback_is_an_operator_move_and_the_standby_stops() -> None:
+    log, mono = _log(), Mono()
+    b = _gate(log, "b", mono)
+    moved = b.move("b", "operator takeover")
+    assert moved is not None and moved.epoch == 1 and b.mine()
+    assert b.move("b", "again") is None  # already
+    a = _gate(log, "a", mono)
+    back = a.move("a", "failback")
+    assert back is not None and back.epoch == 2
+    assert a.mine() and not b.still_mine()
+
+
+def test_a_write_the_cluster_refuses_changes_nothing() -> None:
+    log, mono = _log(), Mono()
+    log.refuse_writes[TOPIC] = "NOT_ENOUGH_REPLICAS"
+    b = _gate(log, "b", mono)
+    with pytest.raises(Exception, match="not written"):
+        b.move("b", "operator takeover")
+    assert not b.mine() and b.view.owner("a") == home("a")
+
+
+def test_heartbeats_of_another_namespace_do_not_count() -> None:
+    log, mono = _log(), Mono()
+    prod = log.producer(client_id="t")
+    standby = _gate(log, "b", mono, takeover_s=20.0)
+    standby.refresh()
+    mono.t += 30
+    prod.produce(TOPIC, beat_key("c", "x"), beat_value(0, 0))
+    prod.flush(1)
+    standby.refresh()
+    assert standby.silent_s() >= 30
+
+
+def test_an_active_process_that_cannot_read_the_topic_stops_before_a_standby_would_take_over() -> None:
+    from gnomon.core.errors import EventLogError
+
+    log, mono = _log(), Mono()
+    active = _gate(log, "a", mono, stale_s=12.0)
+    assert active.wait_until_mine(threading.Event())
+
+    def cut() -> None:
+        raise EventLogError("timed out")
+
+    active._read_to_end = cut  # type: ignore[method-assign]
+    mono.t += 11
+    assert active.still_mine()  # unread 11 s: not yet
+    mono.t += 2
+    assert not active.still_mine()  # 13 s > 12: it may be cut off, and a standby takes over after 20
+    assert not active.confirmed_mine()  # (a rebalance's check: unread is not confirmed)
