@@ -57,6 +57,7 @@ class RegionGate:
         # assertion above), so the old owner has stopped before the new one starts
         self.stale_s = stale_s
         self._read_ok_at = monotonic()
+        self._beat_acked_at = monotonic()  # the last heartbeat the cluster acknowledged
         self._mono = monotonic
         self.view = RegionsView()
         self._next = 0  # the regions topic's next offset to read
@@ -69,11 +70,19 @@ class RegionGate:
         self.readable = False  # the last read reached the topic's end
         self._waiting = False  # (said so once)
         self.stop_reason = ""  # why ``still_mine`` said no
+        self._lock = threading.Lock()
+        self._bg: threading.Thread | None = None
+        self._bg_stop = threading.Event()
+        self._bg_ok = True
 
     # ---- reading -------------------------------------------------------------------
 
     def refresh(self) -> Ownership:
         """Read what is new on the regions topic; the ownership in force."""
+        with self._lock:  # (the background checks and a rebalance's confirmation share the reader)
+            return self._refresh()
+
+    def _refresh(self) -> Ownership:
         try:
             self._read_to_end()
             self.readable = True
@@ -148,28 +157,63 @@ class RegionGate:
             stop.wait(poll_s)
         return False
 
+    def start_background(self) -> None:
+        """Check every ``check_s`` on a thread of its own from now on, so that a read that
+        waits for an unreachable leader (up to ``READ_TIMEOUT_S``) never holds up the
+        process's loop; ``still_mine`` then answers from the thread's last check."""
+        if self._bg is not None:
+            return
+
+        def loop() -> None:
+            while not self._bg_stop.wait(self.check_s):
+                try:
+                    self._bg_ok = self._check()
+                except Exception:  # never let the thread die quietly: say so, and count as a failed check
+                    log.exception("region gate: a check failed")
+            log.debug("region gate: checks stopped")
+
+        self._bg = threading.Thread(target=loop, name="region-gate", daemon=True)
+        self._bg.start()
+
     def still_mine(self) -> bool:
         """At most every ``check_s``: read the topic and say whether this region still owns
-        the namespace; writes this process's heartbeat every ``beat_s`` while it does."""
+        the namespace; writes this process's heartbeat every ``beat_s`` while it does.
+        With :meth:`start_background`: the background thread's last answer."""
+        if self._bg is not None:
+            return self._bg_ok
         now = self._mono()
         if now - self._last_check < self.check_s:
             return True
         self._last_check = now
+        return self._check()
+
+    def _check(self) -> bool:
+        now = self._mono()
         current = self.refresh()
+        if self.readable and not self.mine():  # (first: the most telling reason)
+            self.stop_reason = f"region {current.owner} runs {self.region} now (epoch {current.epoch})"
+            log.warning("region gate: region %s runs %s now (epoch %d: %s); stopping here in %s",
+                        current.owner, self.region, current.epoch, current.reason, self.runs_in)
+            return False
         if not self.readable and now - self._read_ok_at > self.stale_s:
             self.stop_reason = (f"the regions topic was unread for {now - self._read_ok_at:.0f} s (cut off?): another "
                                 f"region may take {self.region} over")
             log.warning("region gate: %s; stopping here in %s", self.stop_reason, self.runs_in)
             return False
-        if not self.mine():
+        if self.beats and now - self._beat_acked_at > self.stale_s:
+            # a read can still succeed in a site cut off (from its own broker, a leader that
+            # does not know it was replaced); an acks=all write cannot: it needs the majority
+            self.stop_reason = (f"no heartbeat acknowledged for {now - self._beat_acked_at:.0f} s (cut off from the "
+                                f"cluster's majority?): another region may take {self.region} over")
+            log.warning("region gate: %s; stopping here in %s", self.stop_reason, self.runs_in)
+            return False
+        if not self.mine():  # (unreadable, within stale_s: the last view says another region)
             self.stop_reason = f"region {current.owner} runs {self.region} now (epoch {current.epoch})"
-            log.warning("region gate: region %s runs %s now (epoch %d: %s); stopping here in %s",
-                        current.owner, self.region, current.epoch, current.reason, self.runs_in)
             return False
         if self.beats and now - self._last_beat >= self.beat_s:
             self._last_beat = now
             self._send(beat_key(self.region, self.instance), beat_value(current.epoch, self.clock.now_ms()),
-                       wait_s=0.0)
+                       wait_s=0.0, on_ack=self._beat_acked)
         return True
 
     # ---- writing -------------------------------------------------------------------
@@ -196,12 +240,21 @@ class RegionGate:
             raise EventLogError(f"the ownership of {self.region} was not written within {WRITE_TIMEOUT_S:.0f} s")
         return decided
 
-    def _send(self, key: bytes, value: bytes, *, wait_s: float) -> bool:
+    def _beat_acked(self) -> None:
+        self._beat_acked_at = self._mono()
+
+    def _send(self, key: bytes, value: bytes, *, wait_s: float, on_ack: Callable[[], None] | None = None) -> bool:
         if self._producer is None:
             self._producer = self.log.producer(client_id=f"gate-{self.instance}",
                                                config={"acks": "all", "message.timeout.ms": int(WRITE_TIMEOUT_S * 1000)})
         done: list[bool] = []
-        self._producer.produce(self.topic, key, value, on_delivery=lambda err, _p, _o: done.append(err is None))
+
+        def delivered(err: str | None, _p: int, _o: int) -> None:
+            done.append(err is None)
+            if err is None and on_ack is not None:
+                on_ack()
+
+        self._producer.produce(self.topic, key, value, on_delivery=delivered)
         if wait_s <= 0:
             self._producer.poll(0)
             return True
@@ -209,6 +262,11 @@ class RegionGate:
         return bool(done) and done[0]
 
     def close(self) -> None:
-        self._drop_reader()
+        self._bg_stop.set()
+        if self._bg is not None:
+            self._bg.join(READ_TIMEOUT_S + 5)
+            self._bg = None
+        with self._lock:
+            self._drop_reader()
         if self._producer is not None:
             self._producer.flush(2.0)

@@ -153,3 +153,37 @@ def test_an_active_process_that_cannot_read_the_topic_stops_before_a_standby_wou
     mono.t += 2
     assert not active.still_mine()  # 13 s > 12: it may be cut off, and a standby takes over after 20
     assert not active.confirmed_mine()  # (a rebalance's check: unread is not confirmed)
+
+
+def test_an_active_process_whose_heartbeats_are_not_acknowledged_stops() -> None:
+    """A site cut off can still read (its own broker, a stale leader); it cannot write."""
+    log, mono = _log(), Mono()
+    active = _gate(log, "a", mono, stale_s=12.0)
+    assert active.wait_until_mine(threading.Event())
+    assert active.still_mine()  # a heartbeat, acknowledged
+    log.refuse_writes[TOPIC] = "REQUEST_TIMED_OUT"
+    for _ in range(5):  # reads still succeed every 2 s; the beats are refused
+        mono.t += 2
+        assert active.still_mine()
+    mono.t += 3
+    assert not active.still_mine() and "no heartbeat acknowledged" in active.stop_reason
+
+
+def test_background_checks_answer_without_blocking_and_stop_on_a_takeover() -> None:
+    import time
+
+    log, mono = _log(), Mono()
+    active = RegionGate(log, TOPIC, "a", "a", log.clock, instance="p-a", monotonic=mono, check_s=0.01)
+    assert active.wait_until_mine(threading.Event())
+    active.start_background()
+    try:
+        assert active.still_mine()
+        other = _gate(log, "b", mono)
+        assert other.move("b", "operator takeover") is not None
+        deadline = time.monotonic() + 5
+        while active.still_mine():
+            assert time.monotonic() < deadline, "the background check never saw the takeover"
+            time.sleep(0.01)
+        assert "region b runs a" in active.stop_reason
+    finally:
+        active.close()

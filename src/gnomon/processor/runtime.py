@@ -272,6 +272,7 @@ class Processor:
                 if self._stop.is_set():
                     self._close()
                     return
+            self.gate.start_background()  # (its reads never hold up the loop)
         self.start()
         last_report = time.monotonic()
         try:

@@ -367,6 +367,8 @@ class Worker:
 
     def _close(self) -> None:
         assert self._inbox is not None and self._producer is not None
+        if self.gate is not None:
+            self.gate.close()
         self._inbox.close()
         left = self._producer.flush(10)
         self._poll_producer()
@@ -381,6 +383,7 @@ class Worker:
                 if self._stop.is_set():
                     self.gate.close()
                     return
+            self.gate.start_background()  # (its reads never hold up the loop)
         self.start()
         try:
             while not self._stop.is_set():
