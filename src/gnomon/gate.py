@@ -40,13 +40,14 @@ log = logging.getLogger("gnomon.gate")
 
 READ_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 15.0
+STALE_S = 12.0  # an active process stops after this long unable to read the topic or have a heartbeat taken
 GATE_GROUP = "gnomon-regions"  # assigned, never joined or committed (ACL: gnomon.infra.acls)
 
 
 class RegionGate:
     def __init__(self, log_: EventLog, topic: str, region: str, runs_in: str, clock: Clock, *, instance: str,
                  takeover_s: float | None = None, beats: bool = True, beat_s: float = 2.0, check_s: float = 1.0,
-                 stale_s: float = 12.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 stale_s: float = STALE_S, monotonic: Callable[[], float] = time.monotonic) -> None:
         assert takeover_s is None or takeover_s > 3 * beat_s, (takeover_s, beat_s)
         assert takeover_s is None or stale_s < takeover_s, (stale_s, takeover_s)
         self.log, self.topic, self.region, self.runs_in = log_, topic, region, runs_in
@@ -141,6 +142,8 @@ class RegionGate:
             current = self.refresh()
             if self.mine():
                 self._waiting = False
+                # its liveness counts from now, not from when it began to wait as a standby
+                self._read_ok_at = self._beat_acked_at = self._mono()
                 log.info("region gate: %s runs %s (epoch %d: %s)", self.runs_in, self.region, current.epoch,
                          current.reason)
                 return True

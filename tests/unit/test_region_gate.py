@@ -100,6 +100,7 @@ def test_home_runs_standby_waits_then_takes_over_on_silence_and_the_old_owner_st
     finally:
         stopper.cancel()
     assert standby.view.owner("a").epoch == 1 and "no heartbeat from region a" in standby.view.owner("a").reason
+    assert standby.still_mine()  # active now: its liveness counts from the takeover, not from its long wait
     mono.t += 2
     assert not active.still_mine()  # a's process reads the takeover first thing and stops
 

@@ -182,6 +182,11 @@ def processor(
         logging.getLogger("gnomon.processor").warning(
             "--accept-unsigned-commands: job commands are applied without proof of their tenant; any holder of "
             "the api Kafka credential may act for every tenant")
+    from gnomon.gate import STALE_S
+
+    if 0 < takeover_s <= STALE_S:
+        fail(f"--takeover-s must be above {STALE_S:g} s, the time an active processor that lost the cluster "
+             "waits before it stops (or 0: takeovers by `gnomon regions takeover` only)", 2)
     proc = Processor(cfg, keyring=None if accept_unsigned_commands else DirKeyring(keys_dir(s)))
     proc.gate = _gate(lambda: proc.log, proc.topo.regions, proc.clock, cfg.instance_id, takeover_s=takeover_s or None)
     dog = _watchdog("processor", proc.metrics.registry, lambda: proc.progress_at_s, proc.stop, stall_limit_s,
