@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gnomon.cli import poison as poison_cmd
-from gnomon.cli.common import command, print_json, require_server_extra
+from gnomon.cli.common import command, fail, print_json, require_server_extra
 from gnomon.config import load
 
 ONLY = ("kafka", "cassandra", "registry", "connect", "postgres")
@@ -77,7 +77,7 @@ def _set_regions(text: str, latency_ms: float, hosts: int) -> None:
         try:
             wanted = sites.Regions.parse(text, latency_ms)
         except ValueError as exc:
-            raise ValidationError("--regions", str(exc)) from exc
+            fail(str(exc), 2)  # (its message names --regions or --region-latency-ms already)
     if wanted != sites.load(settings.state_dir) and (kafka.running_names(settings) or cassandra.running_names(settings)):
         raise ValidationError("--regions", "the stack runs with another layout; run `gnomon infra down` first")
     sites.save(settings.state_dir, wanted)

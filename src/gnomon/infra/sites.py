@@ -36,15 +36,15 @@ The layout is remembered in ``<state_dir>/run/regions.json`` until ``--no-region
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gnomon import region
+
 WITNESS = "witness"  # host 3's site: a replica and a controller vote, no region's jobs
 PROXY_OFFSET = 10000  # a proxy listens on its target's port + this, on the target's address
 LATENCY_PROCESS = "latency"  # the proxy's pid-file name
-_NAME = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,9 @@ class Regions:
         if len(self.names) != 2 or self.names[0] == self.names[1]:
             raise ValueError(f"--regions takes two different names, e.g. a,b; got {','.join(self.names)}")
         for n in self.names:
-            if not _NAME.match(n) or n == WITNESS:
-                raise ValueError(f"--regions: {n!r} is not a region name (a-z then a-z/0-9, at most 16, "
-                                 f"not {WITNESS!r})")
+            region.validate(n, "--regions")  # (the rule of GNOMON_REGION, so every region here is a namespace)
+            if n == WITNESS:
+                raise ValueError(f"--regions: {n!r} is the third site's name, not a region's")
         if not 0 <= self.latency_ms <= 1000:
             raise ValueError(f"--region-latency-ms must be 0-1000, not {self.latency_ms}")
 
