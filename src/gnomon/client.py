@@ -185,6 +185,11 @@ class Client:
     def delete(self, job_id: str) -> None:
         self._call("DELETE", f"/v1/jobs/{quote(job_id)}")
 
+    def move(self, job_id: str, region: str) -> dict[str, Any]:
+        """Move the job to ``region``: its slots from its next one run there (ADR 0013)."""
+        return self._call("POST", f"/v1/jobs/{quote(job_id)}:move",  # type: ignore[no-any-return]
+                          json={"region": region})
+
     def trigger(self, job_id: str, idempotency_key: str) -> str:
         validate_idempotency_key(idempotency_key)
         out = self._call("POST", f"/v1/jobs/{quote(job_id)}:trigger", json={"idempotencyKey": idempotency_key})

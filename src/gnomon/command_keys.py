@@ -198,6 +198,14 @@ class DirKeyring:
         self._keys = keys
         self.reloads += 1
 
+    def operator(self) -> CommandKey | None:
+        try:
+            keys = read_file(self.directory / OPERATOR_FILE)
+        except CredentialError as exc:
+            log.error("command keys: %s (no operator key)", exc)
+            return None
+        return next((k for k in reversed(keys) if k.tenant == OPERATOR), None)
+
     def find(self, key_id: str) -> CommandKey | None:
         now = time.monotonic()
         known = key_id in self._keys

@@ -24,23 +24,20 @@ keep their ids. ``gnomon.topology.regional`` renames a whole topology.
 from __future__ import annotations
 
 import os
-import re
+
+from gnomon.core.regions import validate_name
 
 ENV = "GNOMON_REGION"
 RUNS_IN_ENV = "GNOMON_RUNS_IN"
 REGIONS_ENV = "GNOMON_REGIONS"
 
-_NAME = re.compile(r"[a-z][a-z0-9]{0,15}")
 _PREFIX = "gnomon."
 
 
 def validate(name: str, variable: str = ENV) -> str:
     """``name`` if it is a region name (a lowercase letter, then at most 15 lowercase
     letters or digits); else ValueError naming ``variable`` (where the name came from)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"{variable}: {name!r} is not a region name (a lowercase letter, then at most 15 "
-                         "lowercase letters or digits, e.g. eu1)")
-    return name
+    return validate_name(name, variable)
 
 
 def _env(variable: str) -> str | None:
@@ -79,6 +76,22 @@ def topic_name(base: str, region: str | None) -> str:
     if base.startswith(_PREFIX):
         return f"{_PREFIX}{region}.{base[len(_PREFIX):]}"
     return f"{region}.{base}"
+
+
+def base_name(topic: str, region: str | None) -> str:
+    """The default namespace's name of ``region``'s topic ``topic`` (the inverse of
+    :func:`topic_name`); ValueError for a name that is not ``region``'s."""
+    if region is None:
+        return topic
+    for prefix, keep in ((f"{_PREFIX}{validate(region)}.", _PREFIX), (f"{region}.", "")):
+        if topic.startswith(prefix):
+            return keep + topic[len(prefix):]
+    raise ValueError(f"{topic!r} is not a topic of region {region}'s namespace")
+
+
+def other_region_topic(topic: str, region: str | None, other: str) -> str:
+    """Region ``other``'s name of ``region``'s topic ``topic``."""
+    return topic_name(base_name(topic, region), other)
 
 
 def group_id(base: str, region: str | None) -> str:

@@ -375,12 +375,16 @@ class SimCluster:
                  duration_ms: tuple[int, int] = (100, 3_000), topology: Topology | None = None,
                  overload_budget_per_tick: int | None = None, worker_stage_max: int | None = None,
                  history: bool = False, alerts: bool = False,
-                 worker_tenants: tuple[str, ...] = (TENANT,)) -> None:
+                 worker_tenants: tuple[str, ...] = (TENANT,),
+                 shared: tuple[FakeClock, MemoryEventLog] | None = None) -> None:
+        """``shared``: the clock and log of another cluster, for a second region's
+        namespace on the same (stretched) cluster: give ``topology`` that region's
+        (``gnomon.topology.regional``), and step the clusters in turn."""
         self.seed = seed
         self.rng = random.Random(seed)
-        self.clock = FakeClock()
+        self.clock = FakeClock() if shared is None else shared[0]
         self.topo = replace(topology or load_topology(), partitions=partitions)
-        self.log = MemoryEventLog(self.clock, partitions=partitions)
+        self.log = MemoryEventLog(self.clock, partitions=partitions) if shared is None else shared[1]
         self.faults = faults or SimFaults()
         self.step_ms = step_ms
         self.worker_slots = worker_slots
@@ -651,8 +655,11 @@ class SimCluster:
         """Do ``action`` (e.g. submit a command) at the first step at or after ``at_ms``."""
         heapq.heappush(self._scheduled, (at_ms, len(self._scheduled) + len(self.events), action))
 
-    def step(self) -> None:
-        self.clock.advance(self.step_ms)
+    def step(self, *, advance: bool = True) -> None:
+        """One step of every member; ``advance`` False: at the same time as the step of
+        the cluster whose clock this one shares (``shared``), after it."""
+        if advance:
+            self.clock.advance(self.step_ms)
         now = self.clock.now_ms()
         while self._scheduled and self._scheduled[0][0] <= now:
             heapq.heappop(self._scheduled)[2]()

@@ -9,6 +9,11 @@ sandboxes). Then everything of region a (its broker, Cassandra node, processes) 
 off from everything else, both ways, by nftables for ``CUT_S`` (the issue's 120 s with
 ``GNOMON_CHAOS_LONG=1``), and healed.
 
+Before the cut, five jobs of each region move to the other (``MoveJob``, handed over at
+a slot boundary): one checker over both namespaces' ledgers and grants accounts for
+each moved job's every slot once across its move (and the cut, for those that moved
+into a).
+
 Asserts, for each namespace, the history checker's 0 missed / 0 doubled / no overlapping
 grants over every slot of the run; that region b took region a's namespace over by itself
 (epoch 1) and its standby worker ran a's jobs; that a's processes stopped once healed
@@ -33,10 +38,11 @@ from pathlib import Path
 
 import netcut
 import pytest
-from chaoslib import LONG, Scenario, log
+from chaoslib import LONG, Scenario, _decoded, log
 
+from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.config import Settings, load
-from gnomon.core.jobs import PauseJob, RegisterJob
+from gnomon.core.jobs import JobState, MoveJob, PauseJob, RegisterJob
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.regions import RegionsView
 from gnomon.core.runs import RunState, RunStatus
@@ -47,6 +53,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_broker
 
 KAFKA_PORT, CONTROLLER_PORT, CQL_PORT, STORAGE_PORT = 49292, 49293, 49242, 47200
 JOBS = 50  # per region
+MOVED = 5  # of each region's jobs, moved to the other before the cut
 WORKER_SLOTS = 128  # a worker is staged at most this many runs due in one second: above JOBS
 CUT_S = 120 if LONG else 60
 TAKEOVER_S = 20  # a standby takes a namespace over after its owner was silent this long
@@ -126,6 +133,33 @@ def _stats(xs: list[float]) -> str:
             f"max {ys[-1]:.2f} s")
 
 
+def _check_moved(homes: dict[str, tuple[Scenario, Scenario]], now_ms: int) -> CheckReport:
+    """One checker over both namespaces for the moved jobs (``homes``: job -> its old and
+    new region's scenarios): every slot once across the move, from the job's first slot
+    in its old home to its schedule position in its new one."""
+    checker = HistoryChecker()
+    scs = {id(sc): sc for pair in homes.values() for sc in pair}.values()
+    for sc in scs:
+        for rec in _decoded(sc.tap.records(sc.topo.runs)):
+            if isinstance(rec, RunState) and rec.job_id in homes:
+                checker.observe(rec)
+        for rec in _decoded(sc.tap.records(sc.topo.worker_inbox)):
+            if getattr(rec, "run_id", "").partition("@")[0] in homes:
+                checker.observe(rec)
+    first: dict[str, int] = {}
+    live: dict[str, JobState] = {}
+    for job_id, (old, new) in homes.items():
+        states = [j for j in _decoded(old.tap.records(old.topo.jobs)) if isinstance(j, JobState) and j.job_id == job_id]
+        first[job_id] = next(j.next_run_at_ms for j in states if j.next_run_at_ms is not None)
+        assert states[-1].moved_to is not None, f"{job_id} did not move: {states[-1]}"
+        there = [j for j in _decoded(new.tap.records(new.topo.jobs)) if isinstance(j, JobState) and j.job_id == job_id]
+        assert there, f"{job_id} never arrived in its new region"
+        live[job_id] = there[-1]
+    report = checker.check(list(live.values()), now_ms, first_slots=first)
+    log(f"checker of the moved jobs, over both regions: {report.summary()}; problems {report.problems[:5]}")
+    return report
+
+
 def _owner(sc: Scenario) -> RegionsView:
     from gnomon.eventlog.kafka import KafkaEventLog
 
@@ -165,6 +199,14 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         _register(sb, ids["b"], tag)
         sa.wait_runs(succeeded=3 * JOBS, timeout_s=120)
         sb.wait_runs(succeeded=3 * JOBS, timeout_s=120)
+        # MOVED jobs of each region move to the other, at their next slot
+        homes: dict[str, tuple[Scenario, Scenario]] = {}
+        for sc, ns, other, to in ((sa, "a", sb, "b"), (sb, "b", sa, "a")):
+            for j in ids[ns][:MOVED]:
+                sc.send(MoveJob(j, "chaos", to, int(time.time() * 1000)))
+                homes[j] = (sc, other)
+            sc.flush()
+        time.sleep(LOOKAHEAD_S + 10)  # the handover, and their slots in their new region
         time.sleep(10)  # steady load before the cut
         assert netcut.reaches(g["a"], "127.0.0.2", KAFKA_PORT)
         cut_at = int(time.time() * 1000)
@@ -181,12 +223,14 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         log(f"region a's own processes after the heal: {exited}; pa: {sa.log_tail('pa', 3)}")
         for sc, ns in ((sa, "a"), (sb, "b")):
             for j in ids[ns]:
-                sc.send(PauseJob(j, "chaos", int(time.time() * 1000)))
-            sc.flush()
+                (homes[j][1] if j in homes else sc).send(PauseJob(j, "chaos", int(time.time() * 1000)))
+        sa.flush()
+        sb.flush()
         time.sleep(sa.lookahead_s + sa.lease_s + 8)
         now = int(time.time() * 1000)
         report_a, runs_a, _ = sa.check(now)
         report_b, runs_b, _ = sb.check(now)
+        report_moved = _check_moved(homes, now)
         view = _owner(sb)
         taken = view.owner("a")
         log(f"ownership of a: {taken}; of b: {view.owner('b')}")
@@ -209,6 +253,7 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         assert report_a.ok, report_a.summary()
         assert report_b.ok, report_b.summary()
         assert report_a.slots > JOBS * 60 and report_b.slots > JOBS * 60
+        assert report_moved.ok and report_moved.slots > 2 * MOVED * 60, report_moved.summary()
         assert (taken.owner, taken.epoch) == ("b", 1) and taken.reason.startswith("takeover"), taken
         assert view.owner("b").owner == "b"
         assert in_b, "no job of region a ran in region b"

@@ -355,8 +355,9 @@ def test_job_command_v1_update_still_decodes_and_patch_job_is_appended() -> None
     names = [b["name"] if isinstance(b, dict) else b for b in latest.schema["fields"][0]["type"]]
     v1 = REGISTRY.lookup("gnomon.job-commands-value", 1).schema["fields"][0]["type"]
     assert names[: len(v1)] == [b["name"] if isinstance(b, dict) else b for b in v1]
-    # v2 PatchJob, v4 cancel/replay, v6 BackfillJob
-    assert names[-4:] == ["gnomon.PatchJob", "gnomon.CancelRun", "gnomon.ReplayRun", "gnomon.BackfillJob"]
+    # v2 PatchJob, v4 cancel/replay, v6 BackfillJob, v12 MoveJob and AdoptJob (regions)
+    assert names[-6:] == ["gnomon.PatchJob", "gnomon.CancelRun", "gnomon.ReplayRun", "gnomon.BackfillJob",
+                          "gnomon.MoveJob", "gnomon.AdoptJob"]
     patch = PatchJob("j", "t", '{"name":"x"}', None, 6)
     data = encode(patch)
     assert int.from_bytes(data[1:5], "big") == latest.id

@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 
 from gnomon import codec
+from gnomon import region as region_names
 from gnomon.api import schemas
 from gnomon.api.alerts import AlertService
 from gnomon.api.alerts import install as install_alert_routes
@@ -58,6 +59,7 @@ from gnomon.core.jobs import (
     DeleteJob,
     JobState,
     JobStatus,
+    MoveJob,
     PatchJob,
     PauseJob,
     RegisterJob,
@@ -599,6 +601,41 @@ def create_app(
                 responses=job_ack)
     def delete_job(job_id: str, tenant: Tenant) -> JSONResponse:
         return job_action(job_id, tenant, DeleteJob(job_id, tenant, clock.now_ms()), "delete", JobStatus.DELETED)
+
+    def move(job_id: str, tenant: str, body: Any) -> JSONResponse:
+        """The job's home processor hands it over at its schedule position (ADR 0013)."""
+        if not isinstance(body, dict):
+            raise ValidationError("body", "must be a JSON object")
+        for name in body:
+            if name != "region":
+                raise ValidationError(name, "unknown field; allowed: region")
+        to = body.get("region")
+        if not isinstance(to, str):
+            raise ValidationError("region", "is required: the name of the region to move the job to")
+        try:
+            region_names.validate(to, "region")
+        except ValueError as exc:
+            raise ValidationError("region", str(exc).removeprefix("region: ")) from None
+        # (the job's processor refuses a move out of the default namespace, after it has
+        # checked that the job is the tenant's: one decider, and another tenant's job is a 404)
+        here, known = topology.region, region_names.configured()
+        if to == here:
+            raise ValidationError("region", f"the job is in region {here} already")
+        if known and to not in known:
+            raise ValidationError("region", f"no region {to!r} here (the regions: {', '.join(known)})")
+        check_job_id(job_id, "jobId")
+        res = decided(job_id, MoveJob(job_id, tenant, to, clock.now_ms()))
+        remember(job_id, res, lambda s: replace(s, status=JobStatus.DONE, next_run_at_ms=None, moved_to=to))
+        return JSONResponse({"id": job_id, "accepted": "move", "version": res.job_version, "region": to})
+
+    @app.post("/v1/jobs/{job_id}:move", status_code=200, summary="Move a job to another region",
+              response_model=None,
+              responses={200: {"model": schemas.MoveAck, "description": "the processor accepted it"},
+                         **ANSWER_PENDING, **problem_responses(401, 404, 409, 413, 422, 503)},
+              openapi_extra=request_body(schemas.MoveBody, example={"region": "eu2"}))
+    async def move_job(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
+        body = await body_of(request)
+        return await run_in_threadpool(move, job_id, tenant, body)
 
     @app.get("/v1/jobs/{job_id}/runs", summary="Runs of a job, newest first", response_model=None,
              responses={200: {"model": schemas.RunPage}, **problem_responses(401, 404, 422, 503)})

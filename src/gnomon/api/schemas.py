@@ -236,6 +236,8 @@ class Job(_Closed):
     excludeCalendars: list[str] | SkipJsonSchema[None] = Omittable(description="present when the job names any")
     after: list[UpstreamInput] | SkipJsonSchema[None] = Omittable(description="present when the job has upstreams")
     waitMaxS: int | SkipJsonSchema[None] = Omittable(description="present when set")
+    movedTo: str | SkipJsonSchema[None] = Omittable(description="status done: the region the job moved to "
+                                                               "(its later slots run there)")
     downstreams: list[str] | SkipJsonSchema[None] = Omittable(description="jobs whose runs wait for this job's, "
                                                                           "as its partition knows them")
     target: Target
@@ -362,6 +364,18 @@ class TriggerAck(_Closed):
     runId: str
 
 
+class MoveBody(_Closed):
+    region: str = Field(pattern=r"^[a-z][a-z0-9]{0,15}$",
+                        description="the region to move the job to; its slots from the job's next one run there")
+
+
+class MoveAck(_Closed):
+    id: str
+    accepted: Literal["move"]
+    version: int | None = Field(None, description="the job's version after it (here, where it is now done)")
+    region: str
+
+
 def _limit(name: str, description: str) -> Any:
     """The bounds of limit ``name`` (``LIMIT_BOUNDS``), as a pydantic ``Field``."""
     low, high = LIMIT_BOUNDS[name]
@@ -464,7 +478,8 @@ class JobBatchAck(_Closed):
     refused: int
 
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobBatchInput, JobPatch, TriggerBody, TenantLimitsInput)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (JobSpecInput, JobBatchInput, JobPatch, TriggerBody, MoveBody,
+                                               TenantLimitsInput)
 
 
 # ---- alerts (api/alerts.py) -------------------------------------------------------------

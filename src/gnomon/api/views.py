@@ -37,6 +37,7 @@ def job_view(state: JobState) -> dict[str, Any]:
         "endedBecause": ended_because(state),
         **job_spec_to_json(state.spec),
         **({"downstreams": list(state.downstreams)} if state.downstreams else {}),
+        **({"movedTo": state.moved_to} if state.moved_to is not None else {}),
     }
 
 

@@ -200,6 +200,29 @@ jobs_app.command("resume")(_simple("resume"))
 jobs_app.command("delete")(_simple("delete"))
 
 
+@jobs_app.command("move")
+@command
+def move(job_id: str,
+         to: Annotated[str, typer.Option("--to", help="the region to move it to (a name of $GNOMON_REGIONS)")],
+         json_: JsonOpt = False) -> None:
+    """Move a job to another region: its slots from its next one run there.
+
+    Send it to the API of the job's region now. The slots before the job's next one
+    (its lookahead's, already staged) still run here; then the job is done here and
+    lives in the other region, whose API answers for it."""
+    from gnomon import region
+
+    try:
+        region.validate(to, "--to")
+    except ValueError as exc:
+        raise ValidationError("--to", str(exc).removeprefix("--to: ")) from None
+    out = Client().move(job_id, to)
+    if json_:
+        print_json(out)
+    else:
+        typer.echo(f"move: {clean(job_id)} -> region {clean(to)} (version {out.get('version')})")
+
+
 @jobs_app.command("trigger")
 @command
 def trigger(job_id: str, key: Annotated[str | None, typer.Option("--key", help="idempotency key; default random")] = None,

@@ -19,9 +19,11 @@ from gnomon.core.dependencies import DependencyDeclared, DependencyDropped, Upst
 from gnomon.core.errors import InternalError, ValidationError
 from gnomon.core.exports import RunExport
 from gnomon.core.jobs import (
+    AdoptJob,
     BackfillJob,
     DeleteJob,
     JobState,
+    MoveJob,
     PatchJob,
     PauseJob,
     RegisterJob,
@@ -92,7 +94,7 @@ _VALUES: tuple[tuple[str, tuple[type, ...], str | None], ...] = (
     # CancelRun and ReplayRun come here from the API (the only writer of this topic); read
     # from the run-events topic, which workers write, they are refused
     ("job_commands", (RegisterJob, UpdateJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, PatchJob, CancelRun,
-                      ReplayRun, BackfillJob), f"{NAMESPACE}.JobCommand"),
+                      ReplayRun, BackfillJob, MoveJob, AdoptJob), f"{NAMESPACE}.JobCommand"),
     ("run_events", (RunTriggered, RunSkipped, ClaimRun, Heartbeat, CompleteAttempt, CancelRun, ReplayRun,
                     AttemptStarted, ReturnGrant), f"{NAMESPACE}.RunCommand"),
     ("jobs", (JobState,), None),

@@ -71,6 +71,11 @@ class Keyring(Protocol):
         """The key of that id; None when there is none (an unknown or revoked key)."""
         ...
 
+    def operator(self) -> CommandKey | None:
+        """The operator's newest key (None: there is none): what a processor signs what it
+        writes to another region's commands with (a moved job's ``AdoptJob``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class MemoryKeyring:
@@ -84,6 +89,9 @@ class MemoryKeyring:
 
     def find(self, key_id: str) -> CommandKey | None:
         return self.keys.get(key_id)
+
+    def operator(self) -> CommandKey | None:
+        return next((k for k in reversed(list(self.keys.values())) if k.tenant == OPERATOR), None)
 
 
 def _mac(secret: bytes, topic: str, key: bytes | None, value: bytes | None) -> bytes:

@@ -24,6 +24,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.errors import ValidationError
 from gnomon.core.model import JobSpec, job_id_of
+from gnomon.core.regions import validate_name
 from gnomon.core.schedule import SLOT_MAX_MS
 from gnomon.core.tenants import DEFAULTS_KEY, check_tenant_name
 from gnomon.core.validation import (
@@ -107,6 +108,13 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
         return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools))
     if isinstance(cmd, J.UpdateJob):  # a whole spec, as an old API sent it for an edit
         return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools, run_at_must_be_future=False))
+    if isinstance(cmd, J.AdoptJob):  # a processor's; its spec was checked where it was registered
+        _check_region(cmd.from_region, "from_region")
+        if cmd.scheduled_runs < 0 or cmd.version < 1:
+            raise ValidationError("version", "an adoption carries a version of 1 or more and a run count of 0 or more")
+        return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools, run_at_must_be_future=False))
+    if isinstance(cmd, J.MoveJob):
+        _check_region(cmd.to_region, "region")
     if isinstance(cmd, J.TriggerJob):
         validate_idempotency_key(cmd.idempotency_key)
     elif isinstance(cmd, J.PatchJob) and cmd.expected_version is not None and cmd.expected_version < 0:
@@ -114,6 +122,13 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
     # PatchJob's text and BackfillJob's slots are checked against the job when decided
     # (core.jobs: apply_patch and check_backfill_slots, the API's functions too)
     return cmd
+
+
+def _check_region(name: str, field: str) -> None:
+    try:
+        validate_name(name, field)
+    except ValueError as exc:
+        raise ValidationError(field, str(exc).removeprefix(f"{field}: ")) from None
 
 
 def _check_tenant(tenant: str) -> None:

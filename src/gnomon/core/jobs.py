@@ -81,6 +81,9 @@ class JobState:
     # of those slots, the ones whose next logical time is known (``learn_follow_next``):
     # what the end of its run of a slot covers for its own downstreams
     follow_next: tuple[FollowNext, ...] = ()
+    # the region the job moved to (``MoveJob``): here it is DONE and schedules nothing
+    # more; its runs staged before the move still run here. None: it was never moved away
+    moved_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ def ended_because(state: JobState) -> str | None:
     it is paused or deleted): the reason a job page and ``gnomon jobs show`` print."""
     if state.status is not JobStatus.DONE:
         return None
+    if state.moved_to is not None:
+        return f"moved to region {state.moved_to} (its later slots run there)"
     sched = state.spec.schedule
     if sched.run_at_ms is not None:
         return "its one-time slot was triggered"
@@ -248,8 +253,50 @@ class BackfillJob:
 
 BACKFILL_SLOTS_MAX = 1000
 
-JobCommand = RegisterJob | UpdateJob | PatchJob | PauseJob | ResumeJob | DeleteJob | TriggerJob | BackfillJob
-JOB_COMMANDS = (RegisterJob, UpdateJob, PatchJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, BackfillJob)
+
+@dataclass(frozen=True)
+class MoveJob:
+    """Move the job to another region's namespace (``POST /v1/jobs/{id}:move``; ADR 0013).
+
+    Decided by the job's home processor: the job's slots before its schedule position
+    (``next_run_at``: every slot up to it is triggered already, the lookahead's too) stay
+    and run here; from that slot on, the job is the new region's. In one transaction
+    the job becomes DONE here (``moved_to``) and an ``AdoptJob`` carrying it, signed with
+    the operator's command key (the processors' word), goes to ``to_region``'s
+    job-commands topic."""
+
+    job_id: str
+    tenant: str
+    to_region: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class AdoptJob:
+    """Written by a processor, never by the API: a job moved here from ``from_region``
+    (``MoveJob``), to be scheduled from ``next_run_at_ms`` on (the first slot its old home
+    did not decide), with its count of scheduled runs (``maxRuns``), version and creation
+    time. Refused here (the id is taken by a job of this region, a limit), it goes back
+    to ``from_region`` with ``returned`` set, and its old home takes it back where it was;
+    a returned one that is refused again is only answered (it is never sent a third way)."""
+
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    next_run_at_ms: int | None
+    paused: bool
+    scheduled_runs: int
+    version: int
+    created_at_ms: int
+    from_region: str
+    at_ms: int
+    returned: bool = False
+
+
+JobCommand = (RegisterJob | UpdateJob | PatchJob | PauseJob | ResumeJob | DeleteJob | TriggerJob | BackfillJob
+              | MoveJob | AdoptJob)
+JOB_COMMANDS = (RegisterJob, UpdateJob, PatchJob, PauseJob, ResumeJob, DeleteJob, TriggerJob, BackfillJob,
+                MoveJob, AdoptJob)
 
 
 def canonical_patch(patch: Mapping[str, object]) -> str:
@@ -297,6 +344,30 @@ class JobDeleted:
 
 
 @dataclass(frozen=True)
+class JobMovedOut:
+    """The job left for ``to_region`` (``MoveJob``): DONE here from now on."""
+
+    job_id: str
+    to_region: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobAdopted:
+    """The job arrived from another region (``AdoptJob``), or came back to its old home."""
+
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    next_run_at_ms: int | None
+    paused: bool
+    scheduled_runs: int
+    version: int
+    created_at_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
 class RunTriggered:
     """A run exists for this slot (or manual trigger). Sent to the run processor."""
 
@@ -339,7 +410,8 @@ class RunSkipped:
     from_ms: int | None = None
 
 
-JobEvent = JobRegistered | JobUpdated | JobPaused | JobResumed | JobDeleted | RunTriggered | RunSkipped
+JobEvent = (JobRegistered | JobUpdated | JobPaused | JobResumed | JobDeleted | JobMovedOut | JobAdopted
+            | RunTriggered | RunSkipped)
 
 
 # ---- schedule arithmetic ---------------------------------------------------------------
@@ -386,11 +458,17 @@ def _check(state: JobState, target: JobStatus) -> None:
 
 
 def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None = None, *,
-           pools: frozenset[str] = DEFAULT_POOLS) -> list[JobEvent]:
+           pools: frozenset[str] = DEFAULT_POOLS, region: str | None = None) -> list[JobEvent]:
     """Events caused by a command. The command's own ``at_ms`` is "now". ``pools``: the
-    pools a job may use (the topology's), checked when a patch is merged."""
+    pools a job may use (the topology's), checked when a patch is merged. ``region``: the
+    region whose namespace decides (None: the default namespace, which has no moves)."""
     cfg = cfg or SchedulerConfig()
     now = cmd.at_ms
+    if isinstance(cmd, AdoptJob):
+        return _adopt(state, cmd, region)
+    if state is not None and state.moved_to is not None:
+        raise TransitionError(f"job {cmd.job_id} moved to region {state.moved_to}; send its commands there "
+                              f"(or move it back from there)")
     if isinstance(cmd, RegisterJob):
         if state is not None and state.status is not JobStatus.DELETED:
             if state.spec == cmd.spec and state.tenant == cmd.tenant:
@@ -450,7 +528,56 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
         ]
     if isinstance(cmd, BackfillJob):
         return _backfill(state, cmd)
+    if isinstance(cmd, MoveJob):
+        return _move(state, cmd, region)
     raise AssertionError(f"unknown command {cmd!r}")
+
+
+def _move(state: JobState, cmd: MoveJob, region: str | None) -> list[JobEvent]:
+    """A job leaves for ``cmd.to_region`` at its schedule position (``MoveJob``)."""
+    if region is None:
+        raise TransitionError(f"job {cmd.job_id} is in the default namespace, which is no region; only a job "
+                              "of a region ($GNOMON_REGION) can move")
+    if cmd.to_region == region:
+        raise ValidationError("region", f"job {cmd.job_id} is in region {region} already")
+    if state.status is JobStatus.DONE:
+        raise TransitionError(f"job {cmd.job_id} is done ({ended_because(state)}); it has no slot left to move")
+    if state.spec.after or state.downstreams:
+        raise TransitionError(f"job {cmd.job_id} has upstreams or downstreams (after); jobs that depend on one "
+                              "another live in one region, so it cannot move alone")
+    return [JobMovedOut(cmd.job_id, cmd.to_region, cmd.at_ms)]
+
+
+def adoption_of(state: JobState, moved: JobMovedOut, from_region: str) -> AdoptJob:
+    """The ``AdoptJob`` that hands ``state`` (the job before ``moved``) to ``moved.to_region``."""
+    return AdoptJob(state.job_id, state.tenant, state.spec, state.next_run_at_ms,
+                    state.status is JobStatus.PAUSED, state.scheduled_runs, state.version + 1,
+                    state.created_at_ms, from_region, moved.at_ms)
+
+
+def returned(adopt: AdoptJob, region: str) -> AdoptJob:
+    """``adopt``, refused in ``region``, on its way back to its old home."""
+    return replace(adopt, from_region=region, returned=True)
+
+
+def _adopt(state: JobState | None, cmd: AdoptJob, region: str | None) -> list[JobEvent]:
+    if region is None:
+        raise TransitionError(f"job {cmd.job_id} cannot be adopted by the default namespace (no region)")
+    if cmd.from_region == region:
+        raise ValidationError("from_region", f"an adoption from region {region} read in region {region}")
+    if state is not None and state.status is not JobStatus.DELETED:
+        if not cmd.returned and state.moved_to is None:
+            raise Conflict(f"job {cmd.job_id} exists in region {region} already; the move from region "
+                           f"{cmd.from_region} is refused and the job goes back there")
+        if cmd.returned and state.moved_to != cmd.from_region:
+            raise TransitionError(f"job {cmd.job_id} did not move to region {cmd.from_region}; its return from "
+                                  "there is refused")
+        if state.tenant != cmd.tenant:
+            raise JobNotFound(f"AdoptJob refused: job {cmd.job_id} belongs to another tenant (not {cmd.tenant!r})")
+    elif cmd.returned:
+        raise TransitionError(f"job {cmd.job_id} did not move from here; its return is refused")
+    return [JobAdopted(cmd.job_id, cmd.tenant, cmd.spec, cmd.next_run_at_ms, cmd.paused, cmd.scheduled_runs,
+                       cmd.version, cmd.created_at_ms, cmd.at_ms)]
 
 
 def check_backfill_slots(state: JobState, slots_ms: tuple[int, ...], field: str = "slots") -> None:
@@ -764,7 +891,17 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
             next_run_at_ms=event.next_run_at_ms, version=1,
             created_at_ms=event.at_ms, updated_at_ms=event.at_ms,
         )
+    if isinstance(event, JobAdopted):
+        status = JobStatus.PAUSED if event.paused else _live(event.spec, event.next_run_at_ms)
+        return JobState(
+            job_id=event.job_id, tenant=event.tenant, spec=event.spec, status=status,
+            next_run_at_ms=event.next_run_at_ms, version=event.version, created_at_ms=event.created_at_ms,
+            updated_at_ms=event.at_ms, scheduled_runs=event.scheduled_runs,
+        )
     assert state is not None, f"{type(event).__name__} on a missing job"
+    if isinstance(event, JobMovedOut):
+        return replace(state, status=JobStatus.DONE, next_run_at_ms=None, moved_to=event.to_region,
+                       version=state.version + 1, updated_at_ms=event.at_ms)
     if isinstance(event, JobUpdated):
         status = state.status
         if status is JobStatus.DONE:

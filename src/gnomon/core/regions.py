@@ -22,10 +22,22 @@ is cut off cannot write heartbeats, and cannot write anything else either).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 OWNER = "owner/"
 BEAT = "beat/"
+_NAME = re.compile(r"[a-z][a-z0-9]{0,15}")
+
+
+def validate_name(name: str, variable: str = "region") -> str:
+    """``name`` if it is a region name (a lowercase letter, then at most 15 lowercase
+    letters or digits); else ValueError naming ``variable`` (where the name came from).
+    The one rule for region names (``gnomon.region.validate`` is this)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{variable}: {name!r} is not a region name (a lowercase letter, then at most 15 "
+                         "lowercase letters or digits, e.g. eu1)")
+    return name
 
 
 @dataclass(frozen=True)

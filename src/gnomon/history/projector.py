@@ -290,6 +290,12 @@ class HistoryProjector:
             self.on_poison(msg, f"a {type(obj).__name__} on the {role} topic")
             return
         if isinstance(obj, JobState):
+            if obj.moved_to is not None:
+                # moved to another region (ADR 0013): history's row is shared by the regions,
+                # and the new home's projector writes it; this one's last word would race it
+                pending.jobs.pop(obj.job_id, None)
+                pending.job_blobs.pop(obj.job_id, None)
+                return
             pending.jobs.pop(obj.job_id, None)
             pending.jobs[obj.job_id] = obj
             pending.job_blobs[obj.job_id] = bytes(value)

@@ -124,6 +124,11 @@ def grants(topo: Topology) -> list[Grant]:
         out.update(Grant(role, GROUP, _group(name, pattern, topo), pattern, op) for name, pattern, op in groups)
     for role, ids in TRANSACTIONAL_IDS.items():
         out.update(Grant(role, TRANSACTIONAL_ID, name, pattern, "WRITE") for name, pattern in ids)
+    if topo.region is not None:
+        # a region's processors hand a moved job to its new region on that region's
+        # job-commands topic (core.jobs.AdoptJob, signed with the operator's command key);
+        # the default namespace has no moves, and there only the API writes commands
+        out.add(Grant("processor", TOPIC, topo.job_commands, LITERAL, "WRITE"))
     return sorted(out)
 
 

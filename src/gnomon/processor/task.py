@@ -60,8 +60,9 @@ from gnomon.core import jobs as J
 from gnomon.core import quota as Q
 from gnomon.core import runs as R
 from gnomon.core.calendars import CalendarBook
-from gnomon.core.command_auth import CommandKey, Unauthenticated
+from gnomon.core.command_auth import OPERATOR, CommandKey, Unauthenticated
 from gnomon.core.command_auth import require as require_signature
+from gnomon.core.command_auth import sign as sign_command
 from gnomon.core.command_checks import check_command
 from gnomon.core.errors import (
     Conflict,
@@ -85,6 +86,8 @@ from gnomon.processor import growth
 from gnomon.processor.output import Output
 from gnomon.processor.savepoint import JournalKV
 from gnomon.processor.waiting import assign_waiting
+from gnomon.region import other_region_topic
+from gnomon.region import validate as validate_region
 from gnomon.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -204,7 +207,7 @@ def _in_flight(run: R.RunState | None) -> int:
 
 def _counted_job(job: J.JobState | None) -> bool:
     """A job that counts against its tenant's ``jobs_max``: registered, not deleted."""
-    return job is not None and job.status is not J.JobStatus.DELETED
+    return job is not None and job.status is not J.JobStatus.DELETED and job.moved_to is None
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -312,6 +315,10 @@ class PartitionTask:
         self._pools = frozenset(self.topo.pools)
         # called every PROGRESS_EVERY keys of a long load (a restore is progress: liveness)
         self.on_progress: Callable[[], None] | None = None
+        # regions: what a moved job's adoption is signed with (the operator's key, from the
+        # processor's keyring); sign_adoptions: commands are signed here, so one is needed
+        self.adoption_key: CommandKey | None = None
+        self.sign_adoptions = False
         self._tick_failed: set[tuple[str, str]] = set()  # jobs and runs whose tick step raised (poisoned once)
         self._tick_failure_logged_s = 0.0
         self._runs_cache: dict[str, R.RunState | None] = {}
@@ -777,6 +784,12 @@ class PartitionTask:
             self._check_owner(cmd)
             if isinstance(cmd, R.CancelRun | R.ReplayRun):
                 self._check_run_action(cmd, now_ms)
+            if isinstance(cmd, J.AdoptJob) and isinstance(signed, CommandKey) and signed.tenant != OPERATOR:
+                # a tenant's key proves the tenant's own commands; an adoption is the
+                # processors' word (the old home checked the tenant's move): an operator key
+                self.stats.unsigned_refused += 1
+                raise Unauthenticated(f"an AdoptJob is written by processors, signed with the operator's key; this "
+                                      f"one is signed with key {signed.key_id!r} of tenant {signed.tenant!r}")
             out = self.savepoint(lambda: self.handle(cmd, now_ms, self.topo.job_commands))
             # the job's version after it: from the changelog record it wrote (no second
             # read of the store), else the stored job (a command that changed nothing)
@@ -793,7 +806,10 @@ class PartitionTask:
             raise
         except GnomonError as exc:
             self.stats.commands_refused += 1
-            return [self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)]
+            answer = self._result(result_for(cmd, partition, offset, now_ms, error=exc), partition)
+            if isinstance(cmd, J.AdoptJob) and not isinstance(exc, Unauthenticated):
+                return [*self._send_back(cmd, exc), answer]
+            return [answer]
         version = None if job is None else job.version
         note = ALREADY_REGISTERED if isinstance(cmd, J.RegisterJob) and not written else None
         return [*out, self._result(result_for(cmd, partition, offset, now_ms, job_version=version, note=note),
@@ -861,10 +877,20 @@ class PartitionTask:
     def _handle_job(self, cmd: J.JobCommand, now_ms: int) -> list[Output]:
         state = self.job(cmd.job_id)
         # a patch is validated against the pools of this topology, like the API does
-        events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools))
+        events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools), region=self.topo.region)
+        if self.sign_adoptions and self.adoption_key is None and any(isinstance(e, J.JobMovedOut) for e in events):
+            raise TransitionError(f"job {cmd.job_id} cannot move: this processor has no operator command key to sign "
+                                  "its adoption with (gnomon tenants command-key '*' makes one); nothing changed")
         self._check_calendars(cmd.tenant, events, cmd.at_ms)
         new_triggers = self._admit(cmd, state, events, now_ms)
         out = self._apply_job_events(cmd.job_id, state, events, now_ms, preflight=isinstance(cmd, J.BackfillJob))
+        for ev in events:
+            if isinstance(ev, J.JobMovedOut):
+                assert state is not None and self.topo.region is not None
+                adopt = J.adoption_of(state, ev, self.topo.region)
+                out.append(self._to_region(ev.to_region, adopt))
+                log.info("partition %d: job %s moves to region %s from slot %s (in this transaction)",
+                         self.partition, cmd.job_id, ev.to_region, state.next_run_at_ms)
         if new_triggers and self.quota is not None:
             for _ in range(new_triggers):
                 self.quota.trigger_accepted(self.partition, cmd.tenant, now_ms)
@@ -872,13 +898,42 @@ class PartitionTask:
                 self.quota.backfill_accepted(self.partition, cmd.tenant, new_triggers, now_ms)
         return out
 
+    def _to_region(self, to_region: str, adopt: J.AdoptJob) -> Output:
+        """``adopt`` on ``to_region``'s job-commands topic, signed with the operator's key
+        (``adoption_key``): the processors' word, after the old home checked the tenant's
+        signature of the move (ADR 0013); a tenant's own key cannot forge one."""
+        topic = other_region_topic(self.topo.job_commands, self.topo.region, to_region)
+        raw = codec.encode(adopt, topic)
+        key = self.adoption_key
+        headers = () if key is None else sign_command(key, topic, adopt.job_id.encode(), raw)
+        return Output(topic, adopt.job_id, adopt, encoded=raw, headers=headers)
+
+    def _send_back(self, cmd: J.AdoptJob, why: GnomonError) -> list[Output]:
+        """An adoption refused here goes back to the region it came from, which takes the
+        job back where it left it; a returned one refused again is only answered (and
+        logged: the job's last state stays on the old home's changelog, moved away)."""
+        region = self.topo.region
+        try:
+            validate_region(cmd.from_region)
+        except ValueError:
+            return []
+        if cmd.returned or region is None or cmd.from_region == region or (
+                self.sign_adoptions and self.adoption_key is None):
+            log.error("partition %d: the return of job %s from region %s is refused too (%s); the job runs "
+                      "nowhere until an operator registers it again", self.partition, cmd.job_id,
+                      cmd.from_region, why)
+            return []
+        log.warning("partition %d: the move of job %s from region %s is refused (%s); it goes back",
+                    self.partition, cmd.job_id, cmd.from_region, why)
+        return [self._to_region(cmd.from_region, J.returned(cmd, region))]
+
     def _check_calendars(self, tenant: str, events: list[J.JobEvent], made_at_ms: int) -> None:
         """A job may name only calendars its tenant has (ValidationError naming the first
         missing one, before anything is written)."""
         if self.calendars is None:
             return
         for ev in events:
-            if isinstance(ev, J.JobRegistered | J.JobUpdated) and ev.spec.exclude_calendars:
+            if isinstance(ev, J.JobRegistered | J.JobUpdated | J.JobAdopted) and ev.spec.exclude_calendars:
                 for i, name in enumerate(ev.spec.exclude_calendars):
                     if self.calendars.get(tenant, name) is None and self.calendars_catch_up is not None:
                         self.calendars_catch_up(made_at_ms)
@@ -909,7 +964,8 @@ class PartitionTask:
         limits = self.quota.effective_limits(cmd.tenant)
         backlog = self.quota.count(Q.Family.BACKLOG, cmd.tenant)
         for ev in events:
-            if isinstance(ev, J.JobRegistered):
+            if isinstance(ev, J.JobRegistered) or (isinstance(ev, J.JobAdopted) and isinstance(cmd, J.AdoptJob)
+                                                   and not cmd.returned):
                 jobs = self.quota.count(Q.Family.JOBS, cmd.tenant)
                 A.check_registration(limits, ev.spec, jobs=jobs, backlog=backlog, now_ms=now_ms)
             elif isinstance(ev, J.JobUpdated) and state is not None and ev.spec.schedule != state.spec.schedule:

@@ -1,0 +1,153 @@
+"""Moving a job between regions (issue 27; ADR 0013, "Moving a job"), in the simulation:
+two regions' namespaces on one in-memory log and one clock, each with the real loops of
+its processors and workers, with seeded kills, aborts, rebalances, zombies and lost
+workers in both.
+
+The property: a job moved from region a to region b runs every slot once across the
+move (the history checker over both regions' ledgers and inboxes): its slots before its
+schedule position at the move run in a, the rest in b; an adoption that b refuses goes
+back to a, which takes the job back where it left it; an adoption nobody signed is
+refused and sent nowhere."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gnomon import codec
+from gnomon.checker import CheckReport, HistoryChecker
+from gnomon.core import jobs as J
+from gnomon.core.clock import iso_to_ms
+from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.core.replies import CommandResult
+from gnomon.sim import HANDLER, TENANT, SimCluster, SimFaults
+from gnomon.topology import load_topology
+
+T0 = iso_to_ms("2026-12-25T11:58:00Z")
+EVERY_S = "* * * * * *"
+SEEDS = range(int(os.environ.get("GNOMON_SIM_SEEDS", "3")))
+
+
+def regions(seed: int, faults: SimFaults | None = None) -> tuple[SimCluster, SimCluster]:
+    a = SimCluster(seed, topology=load_topology(region="a"), faults=faults)
+    a.clock.advance(T0 - a.clock.now_ms())
+    b = SimCluster(seed, topology=load_topology(region="b"), faults=faults, shared=(a.clock, a.log))
+    return a, b
+
+
+def run_both(a: SimCluster, b: SimCluster, ms: int, *, faults: bool) -> None:
+    """Both regions, step by step, on their shared clock (a's step moves it)."""
+    a._faulting = b._faulting = faults  # (SimCluster.run_for, for two clusters)
+    end = a.clock.now_ms() + ms
+    while a.clock.now_ms() < end:
+        a.step()
+        b.step(advance=False)
+    a._faulting = b._faulting = False
+
+
+def heal_both(a: SimCluster, b: SimCluster) -> None:
+    a.heal(settle_ms=0)
+    b.heal(settle_ms=0)
+    run_both(a, b, 30_000, faults=False)
+
+
+def check(clusters: tuple[SimCluster, ...], jobs: list[J.JobState]) -> CheckReport:
+    checker = HistoryChecker()
+    for c in clusters:
+        for state in c.ledger():
+            checker.observe(state)
+        for r in c.log.records(c.topo.worker_inbox):
+            if r.value is not None:
+                checker.observe(codec.decode(r.value))
+    return checker.check(jobs, clusters[0].clock.now_ms())
+
+
+def slots_of(c: SimCluster, job_id: str) -> list[int]:
+    return sorted(s.slot_ms for s in {st.run_id: st for st in c.ledger() if st.job_id == job_id}.values())
+
+
+def answers(c: SimCluster, kind: str) -> list[CommandResult]:
+    out = []
+    for r in c.log.records(c.topo.command_results):
+        res = codec.decode(r.value, topic=c.topo.command_results)
+        if res.command == kind:
+            out.append(res)
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_moved_job_runs_every_slot_once_across_the_move(seed: int) -> None:
+    a, b = regions(seed, SimFaults(abort=0.02, kill=0.01, rebalance=0.01, zombie=0.01, worker_crash=0.01))
+    a.register("mv", EVERY_S)
+    a.register("stays", EVERY_S)
+    b.register("home-b", EVERY_S)
+    run_both(a, b, 15_000, faults=True)
+    a.submit(J.MoveJob("mv", TENANT, "b", a.clock.now_ms()))
+    run_both(a, b, 30_000, faults=True)
+    heal_both(a, b)
+    moved, adopted = a.jobs()["mv"], b.jobs()["mv"]
+    assert (moved.status, moved.moved_to, moved.next_run_at_ms) == (J.JobStatus.DONE, "b", None)
+    assert adopted.status is J.JobStatus.ACTIVE and adopted.moved_to is None
+    assert adopted.created_at_ms == moved.created_at_ms and adopted.version == moved.version
+    in_a, in_b = slots_of(a, "mv"), slots_of(b, "mv")
+    assert in_a and in_b and max(in_a) < min(in_b), (in_a[-3:], in_b[:3])  # the handover is one slot boundary
+    report = check((a, b), [adopted, a.jobs()["stays"], b.jobs()["home-b"]])
+    assert report.ok and report.missed == 0 and report.duplicates == 0, (report.summary(), report.problems[:5],
+                                                                         a.events + b.events)
+    assert report.slots >= 3 * 60  # (three jobs, each second for a minute and more)
+    assert [r.accepted for r in answers(b, "AdoptJob")] == [True]
+
+
+def test_an_adoption_refused_goes_back_and_its_old_home_runs_every_slot() -> None:
+    a, b = regions(7)
+    a.register("dup", EVERY_S)
+    b.register("dup", "*/2 * * * * *")  # the same id in b: the adoption is refused there
+    run_both(a, b, 10_000, faults=False)
+    a.submit(J.MoveJob("dup", TENANT, "b", a.clock.now_ms()))
+    run_both(a, b, 20_000, faults=False)
+    back, theirs = a.jobs()["dup"], b.jobs()["dup"]
+    assert back.status is J.JobStatus.ACTIVE and back.moved_to is None and back.next_run_at_ms is not None
+    assert theirs.spec.schedule.cron == "*/2 * * * * *" and theirs.version == 1  # untouched
+    refused = answers(b, "AdoptJob")
+    assert [r.accepted for r in refused] == [False] and "exists in region b" in (refused[0].reason or "")
+    assert [r.accepted for r in answers(a, "AdoptJob")] == [True]  # the return, taken
+    report = check((a,), [back])
+    assert report.ok and report.missed == 0 and report.duplicates == 0, (report.summary(), report.problems[:5])
+    assert report.slots >= 29
+
+
+def test_an_unsigned_adoption_is_refused_and_sent_nowhere() -> None:
+    a, b = regions(3)
+    spec = JobSpec(name="forged", schedule=Schedule(cron=EVERY_S), target=Target(TargetType.HANDLER, handler=HANDLER))
+    forged = J.AdoptJob("forged", TENANT, spec, a.clock.now_ms() + 1_000, False, 0, 1, a.clock.now_ms(), "a",
+                        a.clock.now_ms())
+    raw = codec.encode(forged, b.topo.job_commands)
+    forger = b.log.producer(client_id="forger")
+    forger.produce(b.topo.job_commands, b"forged", raw)
+    forger.flush(1.0)
+    run_both(a, b, 5_000, faults=False)
+    assert "forged" not in b.jobs() and "forged" not in a.jobs()
+    (res,) = answers(b, "AdoptJob")
+    assert not res.accepted and res.field == "signature"
+    assert answers(a, "AdoptJob") == []  # not returned: nobody proved the tenant
+
+
+def test_an_adoption_signed_by_a_tenant_is_refused() -> None:
+    """A tenant's key proves the tenant's own commands, not the processors' word: a return
+    forged by the tenant would make its moved job run in both regions."""
+    a, b = regions(5)
+    a.register("mv", EVERY_S)
+    run_both(a, b, 5_000, faults=False)
+    a.submit(J.MoveJob("mv", TENANT, "b", a.clock.now_ms()))
+    run_both(a, b, 10_000, faults=False)
+    assert a.jobs()["mv"].moved_to == "b" and b.jobs()["mv"].status is J.JobStatus.ACTIVE
+    state = a.jobs()["mv"]
+    forged = J.AdoptJob("mv", TENANT, state.spec, a.clock.now_ms() + 2_000, False, 0, 9, state.created_at_ms, "b",
+                        a.clock.now_ms(), returned=True)
+    a.submit(forged)  # signed with the tenant's own key, as a tenant's producer can
+    run_both(a, b, 5_000, faults=False)
+    assert a.jobs()["mv"].moved_to == "b"  # still moved: not taken back
+    (res,) = [r for r in answers(a, "AdoptJob")]
+    assert not res.accepted and res.field == "signature" and "operator" in (res.reason or "")
+
