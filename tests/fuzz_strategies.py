@@ -515,6 +515,18 @@ JOB_COMMAND_KINDS: dict[str, st.SearchStrategy[Hostile]] = {
     "BackfillJob": _job_command(J.BackfillJob, {"slots_ms": st.lists(
         st.integers(-30, 1).map(lambda k: T0 + k * SECOND), min_size=1, max_size=8, unique=True).map(tuple)},
         {"slots_ms": _BACKFILL_SLOTS}),
+    # regions (ADR 0013): this cluster is the default namespace, where nothing moves, and
+    # an adoption is the processors' word (operator-signed): both refused, nothing changes
+    "MoveJob": _job_command(J.MoveJob, {"to_region": st.sampled_from(["a", "b"])}, {"to_region": texts()}),
+    "AdoptJob": _job_command(
+        J.AdoptJob,
+        {"spec": specs(), "next_run_at_ms": st.one_of(st.none(), _NEAR), "paused": st.booleans(),
+         "scheduled_runs": st.integers(0, 5), "version": st.integers(1, 5), "created_at_ms": _NEAR,
+         "from_region": st.sampled_from(["a", "b"]), "returned": st.booleans()},
+        {"spec": specs(), "next_run_at_ms": st.one_of(st.none(), instants()), "paused": st.booleans(),
+         "scheduled_runs": longs(), "version": longs(), "created_at_ms": instants(), "from_region": texts(),
+         "returned": st.booleans()},
+        job_ids=st.one_of(_FRESH_IDS, st.sampled_from(VICTIM_JOBS))),
     "CancelRun": _run_command_on_job_topic(R.CancelRun, reason=texts()),
     "ReplayRun": _run_command_on_job_topic(R.ReplayRun, requested_by=texts()),
 }
