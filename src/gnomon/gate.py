@@ -193,12 +193,14 @@ class RegionGate:
     def _check(self) -> bool:
         now = self._mono()
         current = self.refresh()
-        if self.readable and not self.mine():  # (first: the most telling reason)
+        unread_too_long = not self.readable and now - self._read_ok_at > self.stale_s
+        if not self.mine() and not unread_too_long:
+            # (first: the most telling reason) the view, read now or within stale_s, names another region
             self.stop_reason = f"region {current.owner} runs {self.region} now (epoch {current.epoch})"
             log.warning("region gate: region %s runs %s now (epoch %d: %s); stopping here in %s",
                         current.owner, self.region, current.epoch, current.reason, self.runs_in)
             return False
-        if not self.readable and now - self._read_ok_at > self.stale_s:
+        if unread_too_long:
             self.stop_reason = (f"the regions topic was unread for {now - self._read_ok_at:.0f} s (cut off?): another "
                                 f"region may take {self.region} over")
             log.warning("region gate: %s; stopping here in %s", self.stop_reason, self.runs_in)
@@ -209,9 +211,6 @@ class RegionGate:
             self.stop_reason = (f"no heartbeat acknowledged for {now - self._beat_acked_at:.0f} s (cut off from the "
                                 f"cluster's majority?): another region may take {self.region} over")
             log.warning("region gate: %s; stopping here in %s", self.stop_reason, self.runs_in)
-            return False
-        if not self.mine():  # (unreadable, within stale_s: the last view says another region)
-            self.stop_reason = f"region {current.owner} runs {self.region} now (epoch {current.epoch})"
             return False
         if self.beats and now - self._last_beat >= self.beat_s:
             self._last_beat = now

@@ -284,8 +284,12 @@ def _load_topology(path: Path | None, region: str | None) -> Topology:
     return read_topology(path or load().topology_path)
 
 
+def namespace_names(layout: Sequence[str] = ()) -> tuple[str | None, ...]:
+    """None (the default namespace), then every configured region (``$GNOMON_REGIONS``,
+    :func:`gnomon.region.configured`, and ``layout``'s), each once: what infra creates."""
+    return (None, *dict.fromkeys((*regions.configured(), *layout)))
+
+
 def namespaces(path: Path | None = None, layout: Sequence[str] = ()) -> tuple[Topology, ...]:
-    """The default namespace's topology, then every configured region's
-    (``$GNOMON_REGIONS``, :func:`gnomon.region.configured`, and ``layout``'s): what infra creates."""
-    names = dict.fromkeys((*regions.configured(), *layout))
-    return (load_topology(path, region=None), *(load_topology(path, region=r) for r in names))
+    """The topology of each of :func:`namespace_names`, the default namespace's first."""
+    return tuple(load_topology(path, region=r) for r in namespace_names(layout))

@@ -87,7 +87,14 @@ def test_cassandra_has_a_datacenter_per_site(tmp_path: Path) -> None:
     ns = infra_cassandra.nodes(settings, 3)
     assert ns[0].home != plain[0].home  # a datacenter may never change under a node's data
     assert "endpoint_snitch: GossipingPropertyFileSnitch" in infra_cassandra.render_config(settings, ns[1], 3)
-    assert (ns[1].home / "cassandra-rackdc.properties").read_text().startswith("dc=b\n")
+    assert not (ns[1].home / "cassandra-rackdc.properties").exists()  # (the command writes it, once)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "jamm-0.4.0.jar").touch()  # (what the JVM options name)
+    argv = infra_cassandra.command(settings, "java", lib, ns[1])
+    rackdc = ns[1].home / "cassandra-rackdc.properties"
+    assert f"-Dcassandra-rackdc.properties=file://{rackdc}" in argv
+    assert rackdc.read_text().startswith("dc=b\n")
     assert infra_cassandra.replication(settings) == (
         "{'class': 'NetworkTopologyStrategy', 'a': 1, 'b': 1, 'witness': 1}")
 

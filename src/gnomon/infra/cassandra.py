@@ -87,10 +87,16 @@ def replication(settings: Settings) -> str:
     return RF3 if regions is None else sites.cassandra_replication(regions)
 
 
-def _rackdc(settings: Settings, node: Node) -> Path | None:
-    """The node's ``cassandra-rackdc.properties`` in the regions layout (None otherwise)."""
+def _sited(settings: Settings, node: Node) -> sites.Regions | None:
+    """The regions layout, if ``node`` is a site's node of one (None otherwise)."""
     regions = sites.load(settings.state_dir)
-    if regions is None or node.name == NAME:
+    return None if regions is None or node.name == NAME else regions
+
+
+def _rackdc(settings: Settings, node: Node) -> Path | None:
+    """Write the node's ``cassandra-rackdc.properties`` in the regions layout (None otherwise)."""
+    regions = _sited(settings, node)
+    if regions is None:
         return None
     path = node.home / "cassandra-rackdc.properties"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +141,7 @@ def render_config(settings: Settings, node: Node | None = None, count: int = 1) 
         encryption=_encryption(settings, node) if tls.is_enabled(settings.state_dir) else "# TLS off (gnomon infra up --tls)",
         host=node.host,
         seeds=seeds,
-        snitch="SimpleSnitch" if _rackdc(settings, node) is None else "GossipingPropertyFileSnitch",
+        snitch="SimpleSnitch" if _sited(settings, node) is None else "GossipingPropertyFileSnitch",
         storage_port=settings.cassandra_storage_port,
         native_port=settings.cassandra_port,
         data_dir=data / "data",

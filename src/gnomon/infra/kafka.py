@@ -467,14 +467,10 @@ def apply_acls(settings: Settings, count: int) -> tuple[int, int]:
     roles = tuple(r for r in credentials.KAFKA_ROLES if r != "admin")
     client = admin(bootstrap(settings, count), credentials_dir=settings.credentials_dir)
     try:
-        return acls.apply(client, namespaces(settings.topology_path, _layout_names(settings)), roles)  # every region's too
+        return acls.apply(client, namespaces(settings.topology_path, sites.names(settings.state_dir)),
+                          roles)  # every region's too
     except Exception as exc:
         raise InfraError(f"cannot apply the Kafka ACLs: {exc}") from exc
-
-
-def _layout_names(settings: Settings) -> tuple[str, ...]:
-    layout = sites.load(settings.state_dir)
-    return layout.names if layout is not None else ()
 
 
 def wait_ready(settings: Settings, count: int, timeout_s: float = 120.0) -> float:

@@ -59,9 +59,8 @@ def _check(components: Sequence[str], kafka_nodes: int) -> None:
 
 
 def _namespace_specs(settings: Settings) -> list[tuple[str | None, list[TopicSpec]]]:
-    layout = sites.load(settings.state_dir)
     try:
-        return namespace_specs(settings.topology_path, layout.names if layout else ())
+        return namespace_specs(settings.topology_path, sites.names(settings.state_dir))
     except ValueError as exc:  # a bad $GNOMON_REGIONS
         raise InfraError(str(exc)) from None
 

@@ -98,6 +98,12 @@ def load(state_dir: Path) -> Regions | None:
         return None
 
 
+def names(state_dir: Path) -> tuple[str, ...]:
+    """The region names of the layout last started in ``state_dir`` (none: no regions)."""
+    layout = load(state_dir)
+    return layout.names if layout is not None else ()
+
+
 def save(state_dir: Path, regions: Regions | None) -> None:
     path = _file(state_dir)
     if regions is None:

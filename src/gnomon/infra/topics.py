@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnomon import region
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
-from gnomon.topology import CO_PARTITIONED, TopicSpec, read_topology, regional
+from gnomon.topology import CO_PARTITIONED, TopicSpec, namespace_names, read_topology, regional
 
 __all__ = ["TopicChanges", "TopicSpec", "config_diff", "ensure_topics", "min_insync_for", "namespace_label",
            "namespace_specs", "sync_topics", "topic_specs"]
@@ -42,7 +41,7 @@ def namespace_specs(path: Path, layout: Sequence[str] = ()) -> list[tuple[str | 
     topo = read_topology(path)
     out: list[tuple[str | None, list[TopicSpec]]] = []
     seen: set[str] = set()
-    for r in (None, *dict.fromkeys((*region.configured(), *layout))):
+    for r in namespace_names(layout):
         specs = [s for s in regional(topo, r).topics if s.name not in seen]  # a shared topic once
         seen.update(s.name for s in specs)
         out.append((r, specs))
