@@ -207,9 +207,7 @@ def move(job_id: str,
          json_: JsonOpt = False) -> None:
     """Move a job to another region: its slots from its next one run there.
 
-    Send it to the API of the job's region now. The slots before the job's next one
-    (its lookahead's, already staged) still run here; then the job is done here and
-    lives in the other region, whose API answers for it."""
+    Send it to the API of the job's region now. The slots before its next one (the lookahead's, already staged) still run here; then the job is done here, and the other region's API answers for it."""
     from gnomon import region
 
     try:
