@@ -33,6 +33,7 @@ from gnomon.core.regions import (
     beat_value,
     decide_move,
     decide_takeover,
+    probe_key,
 )
 from gnomon.eventlog.port import EventLog, Producer, Reader
 
@@ -66,10 +67,14 @@ class RegionGate:
         self._silent_since = monotonic()  # a standby counts a full takeover_s from its start
         self._last_check = -1e9
         self._last_beat = -1e9
+        # a standby's probes (acks=all): the owner's silence counts only since they have been
+        # acknowledged without a gap over stale_s, and only while the last is that recent
+        self._probe_acked_at: float | None = None
+        self._heard_since: float | None = None
+        self._said = False  # (a standby said so once)
         self._producer: Producer | None = None
         self._reader: Reader | None = None
         self.readable = False  # the last read reached the topic's end
-        self._waiting = False  # (said so once)
         self.stop_reason = ""  # why ``still_mine`` said no
         self._lock = threading.Lock()
         self._bg: threading.Thread | None = None
@@ -129,35 +134,62 @@ class RegionGate:
         """Seconds since a new heartbeat of the namespace was read (by this clock)."""
         return self._mono() - self._silent_since
 
+    def heard_silent_s(self) -> float:
+        """The owner's silence as a standby may count it: since the last new heartbeat read,
+        but only over the time this standby's own probes were acknowledged (it is on the
+        majority's side, where the owner's heartbeats would be); 0 when its last
+        acknowledged probe is older than ``stale_s`` (it may be cut off itself)."""
+        now = self._mono()
+        if self._probe_acked_at is None or self._heard_since is None or now - self._probe_acked_at > self.stale_s:
+            return 0.0
+        return now - max(self._silent_since, self._heard_since)
+
+    def _probe_acked(self) -> None:
+        now = self._mono()
+        if self._probe_acked_at is None or now - self._probe_acked_at > self.stale_s:
+            self._heard_since = now  # heard again after a gap: silence counts from here
+        self._probe_acked_at = now
+
     # ---- waiting and checking ------------------------------------------------------
 
     def wait_until_mine(self, stop: threading.Event, poll_s: float = 1.0, max_wait_s: float | None = None) -> bool:
         """Block until this region owns the namespace (True), or ``stop`` is set or
         ``max_wait_s`` passed (False). A standby with ``takeover_s`` takes the namespace
         over when its owner is silent."""
-        said = self._waiting
-        self._waiting = True
         until = None if max_wait_s is None else self._mono() + max_wait_s
         while not stop.is_set() and (until is None or self._mono() < until):
-            current = self.refresh()
-            if self.mine():
-                self._waiting = False
-                # its liveness counts from now, not from when it began to wait as a standby
-                self._read_ok_at = self._beat_acked_at = self._mono()
-                log.info("region gate: %s runs %s (epoch %d: %s)", self.runs_in, self.region, current.epoch,
-                         current.reason)
+            if self.standby_step():
                 return True
-            if not said:
-                log.info("region gate: standby for %s in %s; region %s runs it (epoch %d)", self.region,
-                         self.runs_in, current.owner, current.epoch)
-                said = True
-            if self.takeover_s is not None and self.readable:
-                decided = decide_takeover(self.view, self.region, self.runs_in, self.silent_s(), self.takeover_s,
-                                          self.clock.now_ms())
-                if decided is not None:
-                    self.write(decided)
-                    continue
             stop.wait(poll_s)
+        return False
+
+    def standby_step(self) -> bool:
+        """One look of a waiting process: True once its region runs the namespace (it is
+        active from then). With ``takeover_s``, a standby probes (every ``beat_s``) and
+        writes the takeover once the owner has been silent that long while it could hear."""
+        current = self.refresh()
+        if self.mine():
+            self._said = False
+            # its liveness counts from now, not from when it began to wait as a standby
+            self._read_ok_at = self._beat_acked_at = self._mono()
+            log.info("region gate: %s runs %s (epoch %d: %s)", self.runs_in, self.region, current.epoch,
+                     current.reason)
+            return True
+        if not self._said:
+            log.info("region gate: standby for %s in %s; region %s runs it (epoch %d)", self.region,
+                     self.runs_in, current.owner, current.epoch)
+            self._said = True
+        if self.takeover_s is None:
+            return False
+        if self._mono() - self._last_beat >= self.beat_s:
+            self._last_beat = self._mono()
+            self._send(probe_key(self.region, self.instance), beat_value(current.epoch, self.clock.now_ms()),
+                       wait_s=0.0, on_ack=self._probe_acked)
+        if self.readable:
+            decided = decide_takeover(self.view, self.region, self.runs_in, self.heard_silent_s(), self.takeover_s,
+                                      self.clock.now_ms())
+            if decided is not None and self.write(decided):
+                return self.standby_step()
         return False
 
     def start_background(self) -> None:

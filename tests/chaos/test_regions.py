@@ -119,10 +119,10 @@ def _register(sc: Scenario, ids: list[str], tag: str) -> None:
     sc.flush()
 
 
-def _lags(runs: list[RunState], since_ms: int) -> list[float]:
+def _lags(runs: list[RunState], since_ms: int, until_ms: int | None = None) -> list[float]:
     return [(r.started_at_ms - r.slot_ms) / 1000 for r in runs
             if r.status is RunStatus.SUCCEEDED and r.started_at_ms is not None and r.slot_ms >= since_ms
-            and not r.manual]
+            and (until_ms is None or r.slot_ms < until_ms) and not r.manual]
 
 
 def _stats(xs: list[float]) -> str:
@@ -201,6 +201,7 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         sb.wait_runs(succeeded=3 * JOBS, timeout_s=120)
         # MOVED jobs of each region move to the other, at their next slot
         homes: dict[str, tuple[Scenario, Scenario]] = {}
+        moved_at = int(time.time() * 1000)
         for sc, ns, other, to in ((sa, "a", sb, "b"), (sb, "b", sa, "a")):
             for j in ids[ns][:MOVED]:
                 sc.send(MoveJob(j, "chaos", to, int(time.time() * 1000)))
@@ -241,7 +242,8 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
                            and (r.worker_id or "").endswith("-wa")]
         log(f"RTO (cut to the first of a's jobs started in b): {rto_s} s (bar {RTO_BAR_S} s)")
         log(f"region b's own jobs, from the cut: {_stats(_lags(runs_b, cut_at))}")
-        log(f"region b's own jobs, whole run: {_stats(_lags(runs_b, 0))}")
+        log(f"region b's own jobs, whole run: {_stats(_lags(runs_b, 0))}; before the moves: "
+            f"{_stats(_lags(runs_b, 0, moved_at))}; from the moves to the cut: {_stats(_lags(runs_b, moved_at, cut_at))}")
         log(f"region a's jobs, from the cut: {_stats(_lags(runs_a, cut_at))}")
         log(f"checker a: {report_a.summary()}; checker b: {report_b.summary()}")
         for ns, runs, report in (("a", runs_a, report_a), ("b", runs_b, report_b)):

@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -78,8 +79,15 @@ def test_a_silent_owner_is_taken_over_and_stops(infra: Settings) -> None:
         active.close()  # (flushed)
         assert standby.refresh().owner == ns and not standby.mine()
         assert standby.view.beats.get(ns) == 1
-        mono.t += 21  # silent 21 s by the standby's clock
-        assert standby.wait_until_mine(threading.Event(), poll_s=0.05)
+        # silent by the standby's clock, which counts only while its own probes (acks=all)
+        # are taken: step it, a second at a time, until it takes over (20 s, and the first ack)
+        steps = 0
+        while not standby.standby_step():
+            mono.t += 1
+            steps += 1
+            assert steps < 40, "no takeover after 40 s of silence"
+            time.sleep(0.05)  # (the probes' acknowledgements come back meanwhile)
+        assert steps >= 20
         owner = standby.view.owner(ns)
         assert (owner.owner, owner.epoch) == ("elsewhere", 1) and "no heartbeat" in owner.reason
         assert not active.still_mine() and "runs" in active.stop_reason

@@ -153,3 +153,13 @@ def test_every_slot_once_across_a_move(every_s: int, move_after_ms: int, adopt_d
     assert len(covered) >= len([s for s in window if s <= end - CFG.lookahead_ms])  # nothing left behind
     if adopt_delay_ms < CFG.misfire_grace_ms:
         assert not any(isinstance(ev, J.RunSkipped) for ev in after)  # in time: every slot runs
+
+
+def test_the_cli_refuses_a_bad_region_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from gnomon.cli import main as cli_main
+
+    out = CliRunner().invoke(cli_main.app, ["jobs", "move", "job_x", "--to", "B!"])
+    assert out.exit_code == 2, out.output
+    assert out.output.strip().count("\n") == 0 and "--to: 'B!' is not a region name" in out.output

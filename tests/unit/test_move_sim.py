@@ -151,3 +151,33 @@ def test_an_adoption_signed_by_a_tenant_is_refused() -> None:
     (res,) = [r for r in answers(a, "AdoptJob")]
     assert not res.accepted and res.field == "signature" and "operator" in (res.reason or "")
 
+
+
+def test_a_move_through_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``POST /v1/jobs/{id}:move`` on region a's API: its fields checked (422 naming
+    ``region``), then the processor's decision at the write's Location."""
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("GNOMON_REGIONS", "a,b")
+    a, b = regions(11)
+    a.register("mv", EVERY_S)
+    run_both(a, b, 5_000, faults=False)
+    client = TestClient(a.api(), headers={"Authorization": "Bearer sim-token"})
+    for body, words in (({}, "is required"), ({"region": "B!"}, "not a region name"), ({"region": "a"}, "already"),
+                        ({"region": "c"}, "no region 'c' here (the regions: a, b)"), ({"region": "b", "x": 1}, "x")):
+        bad = client.post("/v1/jobs/mv:move", json=body)
+        assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json", bad.text
+        assert words in bad.text, bad.text
+    written = client.post("/v1/jobs/mv:move", json={"region": "b"})
+    assert written.status_code == 202, written.text
+    run_both(a, b, 3_000, faults=False)
+    got = client.get(written.headers["Location"]).json()
+    assert got["status"] == "accepted", got
+    run_both(a, b, 20_000, faults=False)
+    assert a.jobs()["mv"].moved_to == "b" and b.jobs()["mv"].status is J.JobStatus.ACTIVE
+    again = client.post("/v1/jobs/mv:move", json={"region": "b"})
+    run_both(a, b, 3_000, faults=False)
+    refused = client.get(again.headers["Location"]).json()
+    assert refused["status"] == "refused" and "moved to region b" in refused["problem"]["detail"], refused
+    report = check((a, b), [b.jobs()["mv"]])
+    assert report.ok and report.missed == 0 and report.duplicates == 0, report.summary()

@@ -90,19 +90,54 @@ def test_home_runs_standby_waits_then_takes_over_on_silence_and_the_old_owner_st
     for _ in range(12):  # 24 s of heartbeats every 2 s: the standby never takes over
         mono.t += 2
         assert active.still_mine()
-        standby.refresh()
-        assert decide_takeover(standby.view, "a", "b", standby.silent_s(), 20.0, 0) is None
-    mono.t += 25  # region a goes silent (cut off: it writes nothing)
-    stopper = threading.Timer(5.0, stop.set)
-    stopper.start()
-    try:
-        assert standby.wait_until_mine(stop, poll_s=0.01)
-    finally:
-        stopper.cancel()
+        assert not standby.standby_step()
+    steps = 0  # region a goes silent (cut off: it writes nothing); b's probes are taken
+    while not standby.standby_step():
+        mono.t += 2
+        steps += 1
+        assert steps <= 10
+    assert steps == 10  # after 20 s of silence heard (10 steps of 2 s), not before
     assert standby.view.owner("a").epoch == 1 and "no heartbeat from region a" in standby.view.owner("a").reason
     assert standby.still_mine()  # active now: its liveness counts from the takeover, not from its long wait
     mono.t += 2
     assert not active.still_mine()  # a's process reads the takeover first thing and stops
+
+
+def test_a_standby_cut_off_with_the_owner_out_of_sight_does_not_take_over_after_the_heal() -> None:
+    """Region a's standby for namespace b, in a cut-off region a: it may still read (a stale
+    leader on its side) but sees none of b's heartbeats and cannot write. Its silence must
+    not count: a takeover decided in the cut and retried would land after the heal, on a
+    namespace whose owner never stopped (a region cut-off run did exactly that)."""
+    log, mono = _log(), Mono()
+    owner = _gate(log, "a", mono)  # (namespace "a" here stands for b's: its owner is alive throughout)
+    cut_off = _gate(log, "b", mono, takeover_s=20.0)
+    assert owner.wait_until_mine(threading.Event()) and owner.still_mine()
+    for _ in range(5):
+        mono.t += 2
+        assert owner.still_mine() and not cut_off.standby_step()
+    # the cut: the standby's probes are not taken, and it reads a stale leader on its side,
+    # with none of the heartbeats the owner goes on writing on the majority's. An ownership
+    # record it would write goes through (as one retried in the cut is delivered at the heal)
+    send, read = cut_off._send, cut_off._read_to_end
+
+    def cut_send(key: bytes, value: bytes, **kw: object) -> bool:
+        return False if key.startswith(b"probe/") else send(key, value, **kw)  # type: ignore[arg-type]
+
+    cut_off._send = cut_send  # type: ignore[method-assign]
+    cut_off._read_to_end = lambda: None  # type: ignore[method-assign]
+    for _ in range(30):  # 60 s
+        mono.t += 2
+        assert owner.still_mine()
+        assert not cut_off.standby_step()
+        # (its last probe taken counts for stale_s, 12 s, then nothing: never the 20 s)
+        assert cut_off.heard_silent_s() <= 12.0 < cut_off.silent_s() or cut_off.silent_s() <= 12.0
+    assert cut_off.heard_silent_s() == 0.0 and cut_off.silent_s() >= 60
+    cut_off._send, cut_off._read_to_end = send, read  # type: ignore[method-assign]  # healed
+    for _ in range(20):  # it hears again, and reads the owner's heartbeats: no takeover
+        mono.t += 2
+        assert owner.still_mine()
+        assert not cut_off.standby_step()
+    assert cut_off.view.owner("a").epoch == 0 and cut_off.view.owner("a").owner == "a"
 
 
 def test_failback_is_an_operator_move_and_the_standby_stops() -> None:

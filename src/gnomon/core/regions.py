@@ -12,7 +12,12 @@ topic (one partition, compacted, on the stretched Kafka cluster: ADR 0013) holds
 * ``beat/<region>/<instance>``: a heartbeat of a process that runs ``region`` now, with
   the epoch it runs under. A standby counts silence by its *own* clock from the moment it
   read the last new heartbeat, never by the writer's timestamp, so clock skew between
-  regions cannot start a takeover.
+  regions cannot start a takeover;
+* ``probe/<region>/<instance>``: a standby's own write (acks=all), every 2 s: silence
+  counts only while the cluster takes them. A standby cut off with the owner's heartbeats
+  out of its sight (it may still read a stale leader on its side) hears nothing and cannot
+  write: its silence must not count, or its takeover, retried through the cut, lands
+  after the heal on a namespace whose owner never stopped.
 
 :func:`decide_takeover` is the automatic takeover: a standby region takes a namespace
 over once its owner has been silent for ``takeover_s`` (the processes of a region that
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 
 OWNER = "owner/"
 BEAT = "beat/"
+PROBE = "probe/"  # a standby's acks=all write: is it on the majority side? (gnomon.gate; read by nobody)
 _NAME = re.compile(r"[a-z][a-z0-9]{0,15}")
 
 
@@ -77,6 +83,10 @@ def beat_key(region: str, instance: str) -> bytes:
     return f"{BEAT}{region}/{instance}".encode()
 
 
+def probe_key(region: str, instance: str) -> bytes:
+    return f"{PROBE}{region}/{instance}".encode()
+
+
 def beat_value(epoch: int, at_ms: int) -> bytes:
     return json.dumps({"epoch": epoch, "at_ms": at_ms}).encode()
 
@@ -103,6 +113,8 @@ class RegionsView:
         elif text.startswith(BEAT) and value is not None:
             region = text[len(BEAT):].partition("/")[0]
             self.beats[region] = self.beats.get(region, 0) + 1
+        elif text.startswith(PROBE):
+            pass  # a standby's probe: what matters is that the cluster took it, not what it says
         else:
             self.bad += 1
 
