@@ -42,6 +42,7 @@ log = logging.getLogger("gnomon.gate")
 READ_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 15.0
 STALE_S = 12.0  # an active process stops after this long unable to read the topic or have a heartbeat taken
+SOCKET_TIMEOUT_S = 3.0  # the gate's writes: a request unanswered this long is sent again (a new leader)
 GATE_GROUP = "gnomon-regions"  # assigned, never joined or committed (ACL: gnomon.infra.acls)
 
 
@@ -106,7 +107,8 @@ class RegionGate:
         """One long-lived reader (a fresh client per read would pay a login each second)."""
         tp = (self.topic, 0)
         if self._reader is None:
-            self._reader = self.log.reader(GATE_GROUP, client_id=f"gate-{self.instance}")
+            self._reader = self.log.reader(GATE_GROUP, client_id=f"gate-{self.instance}",
+                                           config={"socket.timeout.ms": int(SOCKET_TIMEOUT_S * 1000)})
             self._reader.assign([(self.topic, 0, self._next)])
         _, high = self._reader.watermarks(tp, READ_TIMEOUT_S)
         deadline = self._mono() + READ_TIMEOUT_S
@@ -279,8 +281,13 @@ class RegionGate:
 
     def _send(self, key: bytes, value: bytes, *, wait_s: float, on_ack: Callable[[], None] | None = None) -> bool:
         if self._producer is None:
+            # a request in flight to a broker cut off waits for the socket timeout before the
+            # client retries on the new leader: at librdkafka's default (capped by the message
+            # timeout: 15 s) an active process's heartbeats went unacknowledged past stale_s while
+            # the other region was cut off, and it stopped itself; 3 s lets a retry land in time
             self._producer = self.log.producer(client_id=f"gate-{self.instance}",
-                                               config={"acks": "all", "message.timeout.ms": int(WRITE_TIMEOUT_S * 1000)})
+                                               config={"acks": "all", "message.timeout.ms": int(WRITE_TIMEOUT_S * 1000),
+                                                       "socket.timeout.ms": int(SOCKET_TIMEOUT_S * 1000)})
         done: list[bool] = []
 
         def delivered(err: str | None, _p: int, _o: int) -> None:

@@ -107,3 +107,20 @@ def test_the_cli_refuses_regions_without_three_hosts(tmp_path: Path, monkeypatch
     out = CliRunner().invoke(app, ["infra", "up", "--hosts", "3", "--regions", "a"])
     assert out.exit_code == 2 and "two names" in out.output
     assert sites.load(tmp_path) is None
+
+
+def test_a_regions_topics_are_led_from_its_site_and_the_shared_one_from_the_witness() -> None:
+    from gnomon.config import load
+    from gnomon.infra import manager
+    from gnomon.infra.topics import namespace_specs
+    from gnomon.topology import load_topology
+
+    layout = sites.Regions(("a", "b"))
+    specs = dict(namespace_specs(load().topology_path, layout.names))
+    regions_topic = load_topology().regions
+    default = manager.leaders(None, specs[None], layout)
+    assert [(sorted(s.name for s in g), leader) for g, leader in default if leader is not None] == [
+        ([regions_topic], sites.WITNESS_HOST)]
+    assert all(s.name != regions_topic for g, leader in default if leader is None for s in g)
+    assert manager.leaders("b", specs["b"], layout) == [(specs["b"], 2)]
+    assert manager.leaders(None, specs[None], None) == [(specs[None], None)]

@@ -39,6 +39,7 @@ from gnomon.infra import tls as tls_
 from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import TopicSpec, ensure_topics, namespace_label, namespace_specs
+from gnomon.topology import SHARED_ROLES, load_topology
 
 COMPONENTS: tuple[str, ...] = ("kafka", "cassandra", "registry")  # what `up` starts by default
 # Kafka Connect is opt-in (`up --only connect`, after Kafka; it starts PostgreSQL, its JDBC
@@ -63,6 +64,22 @@ def _namespace_specs(settings: Settings) -> list[tuple[str | None, list[TopicSpe
         return namespace_specs(settings.topology_path, sites.names(settings.state_dir))
     except ValueError as exc:  # a bad $GNOMON_REGIONS
         raise InfraError(str(exc)) from None
+
+
+def leaders(namespace: str | None, specs: list[TopicSpec],
+            layout: sites.Regions | None) -> list[tuple[list[TopicSpec], int | None]]:
+    """``specs`` of ``namespace`` grouped by the broker their partitions prefer as leader
+    (None: Kafka's choice). In a regions layout (ADR 0013) a region's topics are led from
+    its own site, and the topics the regions share (who runs which namespace) from the
+    witness's, so that losing either region never stalls the other's heartbeats behind a
+    leader change."""
+    if layout is None:
+        return [(specs, None)]
+    if namespace is not None:
+        return [(specs, layout.host(namespace) if namespace in layout.names else None)]
+    shared = {str(getattr(load_topology(region=None), role)) for role in SHARED_ROLES}
+    return [([s for s in specs if s.name not in shared], None),
+            ([s for s in specs if s.name in shared], sites.WITNESS_HOST)]
 
 
 @contextmanager
@@ -124,12 +141,12 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassand
             rf, _ = kafka.replication(kafka_nodes)
             layout = sites.load(settings.state_dir) if kafka_nodes == 3 else None
             for namespace, specs in _namespace_specs(settings):  # the default one, then each region's
-                # a region's partitions are led from its own site (ADR 0013), where that region is a site
-                home = layout.host(namespace) if layout is not None and namespace in layout.names else None
-                created = ensure_topics(
-                    kafka.bootstrap(settings, kafka_nodes), specs, rf, credentials_dir=settings.credentials_dir,
-                    leader=home,
-                )
+                created = []
+                for group, leader in leaders(namespace, specs, layout):
+                    created += ensure_topics(
+                        kafka.bootstrap(settings, kafka_nodes), group, rf, credentials_dir=settings.credentials_dir,
+                        leader=leader,
+                    )
                 if created:
                     say(f"{namespace_label(namespace)}created {len(created)} topic(s) (replication factor {rf})")
             kafka.sync_users(settings, kafka_nodes)

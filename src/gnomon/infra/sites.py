@@ -43,6 +43,7 @@ from pathlib import Path
 from gnomon import region
 
 WITNESS = "witness"  # host 3's site: a replica and a controller vote, no region's jobs
+WITNESS_HOST = 3  # (and the leader of the topics the regions share: gnomon.regions)
 PROXY_OFFSET = 10000  # a proxy listens on its target's port + this, on the target's address
 LATENCY_PROCESS = "latency"  # the proxy's pid-file name
 
