@@ -124,10 +124,18 @@ class RegionGate:
             self._reader.close()
             self._reader = None
 
-    def confirmed_mine(self) -> bool:
-        """Read now: True only if the read succeeded and this region owns the namespace."""
-        self.refresh()
-        return self.readable and self.mine()
+    def confirmed_mine(self, within_s: float = 0.0, pause_s: float = 0.5) -> bool:
+        """Read now: True only if a read succeeded and this region owns the namespace. A
+        read that fails is tried again (``pause_s`` apart) while ``within_s`` has not passed
+        since the first: just after a heal, the topic's leader may still be moving."""
+        began = time.monotonic()
+        while True:
+            self.refresh()
+            if self.readable:
+                return self.mine()
+            if time.monotonic() - began + pause_s > within_s:
+                return False
+            time.sleep(pause_s)
 
     def mine(self) -> bool:
         return self.view.owner(self.region).owner == self.runs_in

@@ -223,3 +223,27 @@ def test_background_checks_answer_without_blocking_and_stop_on_a_takeover() -> N
         assert "region b runs a" in active.stop_reason
     finally:
         active.close()
+
+
+def test_an_assignment_is_confirmed_by_a_read_that_fails_at_first() -> None:
+    """Just after a heal the regions topic's leader may still move: a failed read is tried
+    again for a while before an assignment is refused (it used to stop the process at once)."""
+    from gnomon.core.errors import EventLogError
+
+    log, mono = _log(), Mono()
+    gate = _gate(log, "a", mono)
+    assert gate.wait_until_mine(threading.Event())
+    read, fails = gate._read_to_end, [2]
+
+    def flaky() -> None:
+        if fails[0]:
+            fails[0] -= 1
+            raise EventLogError("NOT_LEADER_FOR_PARTITION")
+        read()
+
+    gate._read_to_end = flaky  # type: ignore[method-assign]
+    assert not gate.confirmed_mine()  # one read only: refused
+    fails[0] = 2
+    assert gate.confirmed_mine(within_s=2.0, pause_s=0.01)  # the third read succeeds
+    fails[0] = 1000
+    assert not gate.confirmed_mine(within_s=0.05, pause_s=0.01)  # never readable: refused in the end

@@ -77,6 +77,7 @@ GROUP_ID = "gnomon-processor"
 ROLE = "processor"  # Kafka principal User:processor (ACLs: gnomon.infra.acls)
 _WRITTEN_AT = "written_at_ms"  # checkpoint file: when it was written (processor clock)
 MEMBERSHIP_CHECK_TIMEOUT_S = 5.0  # a stop's check that the group still counts it the owner
+CONFIRM_WITHIN_S = 6.0  # an assignment with a region gate: how long failed reads of the regions topic are retried
 
 
 # the overload governor hears no start lags for this long after a gap in this processor's
@@ -187,11 +188,13 @@ class Processor:
         self.transactions = 0
         self.txn_ms: deque[float] = deque(maxlen=TXN_TIMES_KEPT)  # the latest transactions' durations (the log)
         self.aborts = 0  # transactions aborted (state and positions rewound)
-        # With a region gate, the group's consumer is made when the gate lets the process
-        # run (``consumer``): one made before a standby's long wait keeps the coordinator it
-        # found then, and when that one was in the region lost, its join waits on a
-        # connection nothing answers (47 s in a region cut-off run) instead of asking anew.
-        self._consumer: GroupConsumer | None = None if gate is not None else self._new_consumer()
+        self.consumer: GroupConsumer = self.log.group_consumer(
+            region.group_id(GROUP_ID, self.topo.region), client_id=f"proc-{cfg.instance_id}",
+            # a killed processor's partitions move after session_timeout_ms (infra sets
+            # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
+            session_timeout_ms=cfg.session_timeout_ms,
+            config={"partition.assignment.strategy": "range",
+                    "heartbeat.interval.ms": max(100, cfg.session_timeout_ms // 3)})
         self._fatal_count = 0
         self._need_producer = False  # the producer is unusable: build a new one (``_recover``)
         self._need_rewind = False  # local state and positions may be ahead of the last commit
@@ -246,22 +249,6 @@ class Processor:
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _new_consumer(self) -> GroupConsumer:
-        return self.log.group_consumer(
-            region.group_id(GROUP_ID, self.topo.region), client_id=f"proc-{self.cfg.instance_id}",
-            # a killed processor's partitions move after session_timeout_ms (infra sets
-            # the broker's group.min.session.timeout.ms to 1 s; Kafka's default is 6 s)
-            session_timeout_ms=self.cfg.session_timeout_ms,
-            config={"partition.assignment.strategy": "range",
-                    "heartbeat.interval.ms": max(100, self.cfg.session_timeout_ms // 3)})
-
-    @property
-    def consumer(self) -> GroupConsumer:
-        """The group's consumer (made on first use when a region gate delayed it)."""
-        if self._consumer is None:
-            self._consumer = self._new_consumer()
-        return self._consumer
 
     def start(self) -> None:
         """Claim the transactional id, open the feeds, join the group (no step yet)."""
@@ -344,8 +331,7 @@ class Processor:
             self.standbys.close()
             for p, (pos, current_at) in checkpoints.items():
                 self._write_checkpoint(p, pos, current_at)  # warm copies stay warm across a restart
-        if self._consumer is not None:
-            self._consumer.close()  # best-effort
+        self.consumer.close()  # best-effort
         if self.adverts is not None:
             self.adverts.close()
         if self.history is not None:
@@ -362,7 +348,7 @@ class Processor:
     def _on_assign(self, partitions: list[TP]) -> None:
         self.overload_quiet_until_ms = self.clock.now_ms() + OVERLOAD_QUIET_MS
         wanted = sorted({p for _, p in partitions})
-        if self.gate is not None and not self.gate.confirmed_mine():  # (re)joined, e.g. after a cut healed
+        if self.gate is not None and not self.gate.confirmed_mine(within_s=CONFIRM_WITHIN_S):  # (re)joined
             log.warning("assigned partitions %s, but this region's ownership of the namespace is not confirmed "
                         "(region %s runs it, or the regions topic cannot be read): not restoring them",
                         wanted, self.gate.view.owner(self.gate.region).owner)
