@@ -37,12 +37,12 @@ from gnomon.outbound.http import HttpPolicy
 from gnomon.outbound.netguard import literal_address, refusal
 from gnomon.topology import load_topology
 from gnomon.web.auth import Principal
-from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.web.body import BODY_MAX_BYTES, closed_object, parse_json, read_bounded
 
 __all__ = ["AlertPoller", "AlertService", "install", "parse_alert_body"]
 
 log = logging.getLogger("gnomon.api")
-_FIELDS = frozenset({"url", "kinds", "lateS"})
+_FIELDS = ("kinds", "lateS", "url")  # (sorted: the order a refusal lists them in)
 
 
 def parse_alert_body(body: Any, tenant: str, now_ms: int, policy: HttpPolicy | None = None) -> AlertConfig:
@@ -50,11 +50,7 @@ def parse_alert_body(body: Any, tenant: str, now_ms: int, policy: HttpPolicy | N
     ``policy``: the alerter's (``gnomon.alerts.policy.http_policy``; default https only to
     public addresses on https's ports)."""
     policy = policy or HttpPolicy()
-    if not isinstance(body, dict):
-        raise ValidationError("body", 'must be a JSON object, e.g. {"url": "https://example.com/alerts"}')
-    for name in body:
-        if name not in _FIELDS:
-            raise ValidationError(name, f"unknown field; allowed: {', '.join(sorted(_FIELDS))}")
+    body = closed_object(body, _FIELDS, must_be='must be a JSON object, e.g. {"url": "https://example.com/alerts"}')
     if "url" not in body:
         raise ValidationError("url", "is required")
     url = check_url(body["url"])

@@ -53,7 +53,7 @@ from gnomon.api.tenants import TenantService, limit_responses
 from gnomon.api.tenants import install as install_tenant_routes
 from gnomon.api.views import FIRES_SHOWN, RunViews, fires_view, job_view, log_view, run_view
 from gnomon.core.clock import Clock, SystemClock, iso_to_ms
-from gnomon.core.command_checks import check_job_id
+from gnomon.core.command_checks import check_job_id, check_region
 from gnomon.core.errors import Conflict, EventLogError, HistoryStoreError, NotFound, ValidationError
 from gnomon.core.jobs import (
     DeleteJob,
@@ -85,7 +85,7 @@ from gnomon.ui import install as install_ui
 from gnomon.ui.overload import OverloadProbe, processor_targets
 from gnomon.web import problems
 from gnomon.web.auth import Authenticator
-from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.web.body import BODY_MAX_BYTES, closed_object, parse_json, read_bounded
 from gnomon.web.problems import CommandOutcomeUnknown, Pending
 
 __all__ = ["BODY_MAX_BYTES", "PAGE_MAX", "AsyncReads", "CommandSink", "ReadCache", "create_app", "idempotent_job_id"]
@@ -514,12 +514,7 @@ def create_app(
     def trigger(job_id: str, tenant: str, body: Any) -> JSONResponse:
         """The processor checks the job, the tenant's trigger rate and backlog, and
         refuses new one-off work while it is overloaded (429)."""
-        if not isinstance(body, dict):
-            raise ValidationError("body", "must be a JSON object")
-        for name in body:
-            if name != "idempotencyKey":
-                raise ValidationError(name, "unknown field; allowed: idempotencyKey")
-        key = validate_idempotency_key(body.get("idempotencyKey"))
+        key = validate_idempotency_key(closed_object(body, ("idempotencyKey",)).get("idempotencyKey"))
         check_job_id(job_id, "jobId")
         decided(job_id, TriggerJob(job_id, tenant, key, clock.now_ms()))
         return JSONResponse({"runId": manual_run_id(job_id, key)})
@@ -604,18 +599,10 @@ def create_app(
 
     def move(job_id: str, tenant: str, body: Any) -> JSONResponse:
         """The job's home processor hands it over at its schedule position (ADR 0013)."""
-        if not isinstance(body, dict):
-            raise ValidationError("body", "must be a JSON object")
-        for name in body:
-            if name != "region":
-                raise ValidationError(name, "unknown field; allowed: region")
-        to = body.get("region")
+        to = closed_object(body, ("region",)).get("region")
         if not isinstance(to, str):
             raise ValidationError("region", "is required: the name of the region to move the job to")
-        try:
-            region_names.validate(to, "region")
-        except ValueError as exc:
-            raise ValidationError("region", str(exc).removeprefix("region: ")) from None
+        check_region(to, "region")
         # (the job's processor refuses a move out of the default namespace, after it has
         # checked that the job is the tenant's: one decider, and another tenant's job is a 404)
         here, known = topology.region, region_names.configured()

@@ -40,7 +40,7 @@ from gnomon.core.jobs import BACKFILL_SLOTS_MAX, BackfillJob, JobState, JobStatu
 from gnomon.core.model import slot_run_id
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.ports import HistoryStore
-from gnomon.web.body import BODY_MAX_BYTES, parse_json, read_bounded
+from gnomon.web.body import BODY_MAX_BYTES, closed_object, parse_json, read_bounded
 from gnomon.web.problems import Pending, pending_answer
 
 __all__ = ["BackfillAck", "BackfillBody", "BackfillPending", "add_backfill_route", "plan_backfill"]
@@ -87,12 +87,8 @@ class _Sink(Protocol):
 
 def parse_range(body: Any, now_ms: int) -> tuple[int, int]:
     """``{"from": ISO, "to": ISO}`` -> (from_ms, to_ms), or ``ValidationError`` naming the field."""
-    if not isinstance(body, dict):
-        raise ValidationError("body", 'must be a JSON object such as {"from": "2026-11-30T00:00:00Z", '
-                                      '"to": "2026-11-30T06:00:00Z"}')
-    for name in body:
-        if name not in _FIELDS:
-            raise ValidationError(name, "unknown field; allowed: from, to")
+    body = closed_object(body, _FIELDS, must_be='must be a JSON object such as {"from": "2026-11-30T00:00:00Z", '
+                                                 '"to": "2026-11-30T06:00:00Z"}')
     ends: dict[str, int] = {}
     for name in _FIELDS:
         value = body.get(name)

@@ -208,12 +208,9 @@ def move(job_id: str,
     """Move a job to another region: its slots from its next one run there.
 
     Send it to the API of the job's region now. The slots before its next one (the lookahead's, already staged) still run here; then the job is done here, and the other region's API answers for it."""
-    from gnomon import region
+    from gnomon.core.command_checks import check_region
 
-    try:
-        region.validate(to, "--to")
-    except ValueError as exc:
-        raise ValidationError("--to", str(exc).removeprefix("--to: ")) from None
+    check_region(to, "--to")
     out = Client().move(job_id, to)
     if json_:
         print_json(out)

@@ -109,12 +109,12 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
     if isinstance(cmd, J.UpdateJob):  # a whole spec, as an old API sent it for an edit
         return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools, run_at_must_be_future=False))
     if isinstance(cmd, J.AdoptJob):  # a processor's; its spec was checked where it was registered
-        _check_region(cmd.from_region, "from_region")
+        check_region(cmd.from_region, "from_region")
         if cmd.scheduled_runs < 0 or cmd.version < 1:
             raise ValidationError("version", "an adoption carries a version of 1 or more and a run count of 0 or more")
         return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools, run_at_must_be_future=False))
     if isinstance(cmd, J.MoveJob):
-        _check_region(cmd.to_region, "region")
+        check_region(cmd.to_region, "region")
     if isinstance(cmd, J.TriggerJob):
         validate_idempotency_key(cmd.idempotency_key)
     elif isinstance(cmd, J.PatchJob) and cmd.expected_version is not None and cmd.expected_version < 0:
@@ -124,9 +124,10 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
     return cmd
 
 
-def _check_region(name: str, field: str) -> None:
+def check_region(name: str, field: str) -> str:
+    """``name`` if it is a region name, else ``ValidationError`` naming ``field``."""
     try:
-        validate_name(name, field)
+        return validate_name(name, field)
     except ValueError as exc:
         raise ValidationError(field, str(exc).removeprefix(f"{field}: ")) from None
 

@@ -917,11 +917,16 @@ class PartitionTask:
             validate_region(cmd.from_region)
         except ValueError:
             return []
-        if cmd.returned or region is None or cmd.from_region == region or (
-                self.sign_adoptions and self.adoption_key is None):
+        if cmd.returned:
             log.error("partition %d: the return of job %s from region %s is refused too (%s); the job runs "
                       "nowhere until an operator registers it again", self.partition, cmd.job_id,
                       cmd.from_region, why)
+            return []
+        if region is None or cmd.from_region == region or (self.sign_adoptions and self.adoption_key is None):
+            log.error("partition %d: the adoption of job %s from region %s is refused (%s) and cannot go back "
+                      "(%s)", self.partition, cmd.job_id, cmd.from_region, why,
+                      "no operator command key to sign it" if region is not None and cmd.from_region != region
+                      else "it names no other region")
             return []
         log.warning("partition %d: the move of job %s from region %s is refused (%s); it goes back",
                     self.partition, cmd.job_id, cmd.from_region, why)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -49,6 +50,18 @@ async def read_bounded(request: Request, limit_bytes: int = BODY_MAX_BYTES) -> b
             raise TooLarge(f"request body is over the limit of {limit_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def closed_object(body: Any, allowed: Sequence[str], *, must_be: str = "must be a JSON object") -> dict[str, Any]:
+    """``body`` if it is a JSON object naming only ``allowed`` fields (listed, in that
+    order, in the refusal); else ``ValidationError`` naming ``body`` (``must_be``: what it
+    says) or the first unknown field."""
+    if not isinstance(body, dict):
+        raise ValidationError("body", must_be)
+    for name in body:
+        if name not in allowed:
+            raise ValidationError(name, f"unknown field; allowed: {', '.join(allowed)}")
+    return body
 
 
 def json_depth(raw: bytes) -> int:
