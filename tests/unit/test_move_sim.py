@@ -117,6 +117,29 @@ def test_an_adoption_refused_goes_back_and_its_old_home_runs_every_slot() -> Non
     assert report.slots >= 29
 
 
+def test_an_operator_key_made_after_the_processors_started_signs_the_move() -> None:
+    """The operator's key is read when a move is decided, not when a partition is
+    assigned: on a fresh install the key file is often made after the processors started
+    (the real-stack region test found every move refused for it)."""
+    a, b = regions(5)
+    operator = a.keys.operator
+    del a.keys._keys[operator.key_id]  # no operator key while a's partitions are assigned
+    a.register("mv", EVERY_S)
+    run_both(a, b, 5_000, faults=False)
+    a.submit(J.MoveJob("mv", TENANT, "b", a.clock.now_ms()))
+    run_both(a, b, 5_000, faults=False)
+    (refused,) = answers(a, "MoveJob")
+    assert not refused.accepted and "operator command key" in (refused.reason or "")
+    assert a.jobs()["mv"].status is J.JobStatus.ACTIVE and "mv" not in b.jobs()  # nothing changed
+    a.keys._keys[operator.key_id] = operator  # the operator makes the key; no restart
+    a.submit(J.MoveJob("mv", TENANT, "b", a.clock.now_ms()))
+    run_both(a, b, 40_000, faults=False)
+    assert [r.accepted for r in answers(a, "MoveJob")] == [False, True]
+    assert a.jobs()["mv"].moved_to == "b" and b.jobs()["mv"].status is J.JobStatus.ACTIVE
+    report = check((a, b), [b.jobs()["mv"]])
+    assert report.ok and report.missed == 0 and report.duplicates == 0, (report.summary(), report.problems[:5])
+
+
 def test_an_unsigned_adoption_is_refused_and_sent_nowhere() -> None:
     a, b = regions(3)
     spec = JobSpec(name="forged", schedule=Schedule(cron=EVERY_S), target=Target(TargetType.HANDLER, handler=HANDLER))

@@ -480,7 +480,7 @@ class Processor:
                              calendars_catch_up=self._calendars_catch_up)
         task.on_progress = self._progressed  # a long restore is progress (liveness)
         if self.keyring is not None:  # (regions: a moved job's adoption is signed with the operator's key)
-            task.sign_adoptions, task.adoption_key = True, self.keyring.operator()
+            task.operator_key = self.keyring.operator
         if ckpt is None:
             return task, None, None
         return task, {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}, int(ckpt.get(_WRITTEN_AT, 0))

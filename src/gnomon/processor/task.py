@@ -315,10 +315,10 @@ class PartitionTask:
         self._pools = frozenset(self.topo.pools)
         # called every PROGRESS_EVERY keys of a long load (a restore is progress: liveness)
         self.on_progress: Callable[[], None] | None = None
-        # regions: what a moved job's adoption is signed with (the operator's key, from the
-        # processor's keyring); sign_adoptions: commands are signed here, so one is needed
-        self.adoption_key: CommandKey | None = None
-        self.sign_adoptions = False
+        # regions: where a moved job's adoption gets its signature (the operator's key, read
+        # from the processor's keyring when a move is decided, so a key made after the
+        # processor started counts); None: commands are not signed here, nor adoptions
+        self.operator_key: Callable[[], CommandKey | None] | None = None
         self._tick_failed: set[tuple[str, str]] = set()  # jobs and runs whose tick step raised (poisoned once)
         self._tick_failure_logged_s = 0.0
         self._runs_cache: dict[str, R.RunState | None] = {}
@@ -878,7 +878,9 @@ class PartitionTask:
         state = self.job(cmd.job_id)
         # a patch is validated against the pools of this topology, like the API does
         events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools), region=self.topo.region)
-        if self.sign_adoptions and self.adoption_key is None and any(isinstance(e, J.JobMovedOut) for e in events):
+        moves = any(isinstance(e, J.JobMovedOut) for e in events)
+        key = self.operator_key() if moves and self.operator_key is not None else None
+        if moves and self.operator_key is not None and key is None:
             raise TransitionError(f"job {cmd.job_id} cannot move: this processor has no operator command key to sign "
                                   "its adoption with (gnomon tenants command-key '*' makes one); nothing changed")
         self._check_calendars(cmd.tenant, events, cmd.at_ms)
@@ -888,7 +890,7 @@ class PartitionTask:
             if isinstance(ev, J.JobMovedOut):
                 assert state is not None and self.topo.region is not None
                 adopt = J.adoption_of(state, ev, self.topo.region)
-                out.append(self._to_region(ev.to_region, adopt))
+                out.append(self._to_region(ev.to_region, adopt, key))
                 log.info("partition %d: job %s moves to region %s from slot %s (in this transaction)",
                          self.partition, cmd.job_id, ev.to_region, state.next_run_at_ms)
         if new_triggers and self.quota is not None:
@@ -898,13 +900,13 @@ class PartitionTask:
                 self.quota.backfill_accepted(self.partition, cmd.tenant, new_triggers, now_ms)
         return out
 
-    def _to_region(self, to_region: str, adopt: J.AdoptJob) -> Output:
-        """``adopt`` on ``to_region``'s job-commands topic, signed with the operator's key
-        (``adoption_key``): the processors' word, after the old home checked the tenant's
-        signature of the move (ADR 0013); a tenant's own key cannot forge one."""
+    def _to_region(self, to_region: str, adopt: J.AdoptJob, key: CommandKey | None) -> Output:
+        """``adopt`` on ``to_region``'s job-commands topic, signed with ``key``, the operator's
+        (None: unsigned, where commands are not signed): the processors' word, after the old
+        home checked the tenant's signature of the move (ADR 0013); a tenant's own key
+        cannot forge one."""
         topic = other_region_topic(self.topo.job_commands, self.topo.region, to_region)
         raw = codec.encode(adopt, topic)
-        key = self.adoption_key
         headers = () if key is None else sign_command(key, topic, adopt.job_id.encode(), raw)
         return Output(topic, adopt.job_id, adopt, encoded=raw, headers=headers)
 
@@ -922,7 +924,8 @@ class PartitionTask:
                       "nowhere until an operator registers it again", self.partition, cmd.job_id,
                       cmd.from_region, why)
             return []
-        if region is None or cmd.from_region == region or (self.sign_adoptions and self.adoption_key is None):
+        key = self.operator_key() if self.operator_key is not None else None
+        if region is None or cmd.from_region == region or (self.operator_key is not None and key is None):
             log.error("partition %d: the adoption of job %s from region %s is refused (%s) and cannot go back "
                       "(%s)", self.partition, cmd.job_id, cmd.from_region, why,
                       "no operator command key to sign it" if region is not None and cmd.from_region != region
@@ -930,7 +933,7 @@ class PartitionTask:
             return []
         log.warning("partition %d: the move of job %s from region %s is refused (%s); it goes back",
                     self.partition, cmd.job_id, cmd.from_region, why)
-        return [self._to_region(cmd.from_region, J.returned(cmd, region))]
+        return [self._to_region(cmd.from_region, J.returned(cmd, region), key)]
 
     def _check_calendars(self, tenant: str, events: list[J.JobEvent], made_at_ms: int) -> None:
         """A job may name only calendars its tenant has (ValidationError naming the first
