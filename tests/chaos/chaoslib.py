@@ -296,6 +296,14 @@ class Scenario:
             p.wait(10)
             del self.procs[name]
 
+    def dump_stacks(self) -> None:
+        """Every live process writes its threads' stacks to its log (SIGUSR1): where each
+        one waits, kept for a failure that shows up only in the figures read afterwards."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGUSR1)  # (not its group: a command it runs would die of it)
+        time.sleep(0.5)
+
     def stop_all(self) -> None:
         """Stop every process, then delete the scenario's jobs: the next processor to start
         applies the deletes first, so a per-second job of this scenario never fills the

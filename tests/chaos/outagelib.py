@@ -182,6 +182,7 @@ def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[
         sc.flush()
         time.sleep(sc.lookahead_s + sc.lease_s + 8)
         report, runs, _ = sc.check(int(time.time() * 1000))
+        sc.dump_stacks()  # (a process that went silent shows where it waits)
     finally:
         sc.stop_all()
         sc.close_producer()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import io
 import logging
 import os
 import signal
@@ -108,11 +110,17 @@ def _interrupt_on_signals() -> None:
 
 
 def _stop_on_signals(stop: threading.Event | object) -> None:
+    """SIGTERM and SIGINT stop the loop cleanly; SIGUSR1 writes every thread's stack to
+    stderr (the process's log) and goes on: where a process that went silent waits."""
     def handler(_sig: int, _frame: object) -> None:
         stop.stop() if hasattr(stop, "stop") else stop.set()  # type: ignore[attr-defined]
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # stderr with no file descriptor (a test's)
+        logging.getLogger("gnomon.cli").debug("no stack dump on SIGUSR1: stderr has no file descriptor")
 
 
 @command
