@@ -46,6 +46,7 @@ from gnomon.core.jobs import JobState, MoveJob, PauseJob, RegisterJob
 from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
 from gnomon.core.regions import RegionsView
 from gnomon.core.runs import RunState, RunStatus
+from gnomon.eventlog.kafka import GROUP_DEBUG_ENV
 from gnomon.infra import fetch, kafka, manager, placement, sites
 from gnomon.topology import load_topology
 
@@ -125,12 +126,31 @@ def _lags(runs: list[RunState], since_ms: int, until_ms: int | None = None) -> l
             and (until_ms is None or r.slot_ms < until_ms) and not r.manual]
 
 
+def _late_windows(runs: list[RunState], cut_at_ms: int, late_s: float = 1.0) -> str:
+    """Where b's late runs were: per second of slot (from the cut), how many started more
+    than ``late_s`` late and the worst lag, so a stall can be matched to the logs."""
+    late: dict[int, list[float]] = {}
+    for r in runs:
+        if r.status is RunStatus.SUCCEEDED and r.started_at_ms is not None and not r.manual:
+            lag_s = (r.started_at_ms - r.slot_ms) / 1000
+            if lag_s > late_s:
+                late.setdefault((r.slot_ms - cut_at_ms) // 1000, []).append(lag_s)
+    return ", ".join(f"{s:+d} s: {len(v)} (max {max(v):.1f} s)" for s, v in sorted(late.items())) or "none"
+
+
 def _stats(xs: list[float]) -> str:
     if not xs:
         return "no runs"
     ys = sorted(xs)
     return (f"{len(ys)} runs, p50 {statistics.median(ys):.2f} s, p99 {ys[min(len(ys) - 1, int(.99 * len(ys)))]:.2f} s, "
             f"max {ys[-1]:.2f} s")
+
+
+def _moved_states(old: Scenario, job_id: str) -> list[JobState]:
+    """The states of a moved job in its old home; the last must say where it went."""
+    states = [j for j in _decoded(old.tap.records(old.topo.jobs)) if isinstance(j, JobState) and j.job_id == job_id]
+    assert states and states[-1].moved_to is not None, f"{job_id} did not move: {states[-1:]}"
+    return states
 
 
 def _check_moved(homes: dict[str, tuple[Scenario, Scenario]], now_ms: int) -> CheckReport:
@@ -149,9 +169,8 @@ def _check_moved(homes: dict[str, tuple[Scenario, Scenario]], now_ms: int) -> Ch
     first: dict[str, int] = {}
     live: dict[str, JobState] = {}
     for job_id, (old, new) in homes.items():
-        states = [j for j in _decoded(old.tap.records(old.topo.jobs)) if isinstance(j, JobState) and j.job_id == job_id]
+        states = _moved_states(old, job_id)
         first[job_id] = next(j.next_run_at_ms for j in states if j.next_run_at_ms is not None)
-        assert states[-1].moved_to is not None, f"{job_id} did not move: {states[-1]}"
         there = [j for j in _decoded(new.tap.records(new.topo.jobs)) if isinstance(j, JobState) and j.job_id == job_id]
         assert there, f"{job_id} never arrived in its new region"
         live[job_id] = there[-1]
@@ -188,7 +207,8 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         for ns, sc, other in (("a", sa, "b"), ("b", sb, "a")):
             sc.processor(f"p{ns}", group=g[ns], env=_env(rg, ns, ns))
             sc.worker(f"w{ns}", concurrency=WORKER_SLOTS, group=g[ns], env=_env(rg, ns, ns))
-            sc.processor(f"p{ns}-standby", group=g[other], env=_env(rg, ns, other))
+            # (its log keeps librdkafka's group and broker debug: where its join went, RTO)
+            sc.processor(f"p{ns}-standby", group=g[other], env={**_env(rg, ns, other), GROUP_DEBUG_ENV: "cgrp,broker"})
             sc.worker(f"w{ns}-standby", concurrency=WORKER_SLOTS, group=g[other], env=_env(rg, ns, other))
         sa.wait_ready("pa", "wa", timeout_s=150)
         sb.wait_ready("pb", "wb", timeout_s=150)
@@ -208,6 +228,8 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
                 homes[j] = (sc, other)
             sc.flush()
         time.sleep(LOOKAHEAD_S + 10)  # the handover, and their slots in their new region
+        for job_id, (old, _new) in homes.items():
+            _moved_states(old, job_id)  # (a refused move fails here, not as slots missed later)
         time.sleep(10)  # steady load before the cut
         assert netcut.reaches(g["a"], "127.0.0.2", KAFKA_PORT)
         cut_at = int(time.time() * 1000)
@@ -245,6 +267,7 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         log(f"region b's own jobs, whole run: {_stats(_lags(runs_b, 0))}; before the moves: "
             f"{_stats(_lags(runs_b, 0, moved_at))}; from the moves to the cut: {_stats(_lags(runs_b, moved_at, cut_at))}")
         log(f"region a's jobs, from the cut: {_stats(_lags(runs_a, cut_at))}")
+        log(f"region b's runs late by more than 1 s, by slot second from the cut: {_late_windows(runs_b, cut_at)}")
         log(f"checker a: {report_a.summary()}; checker b: {report_b.summary()}")
         for ns, runs, report in (("a", runs_a, report_a), ("b", runs_b, report_b)):
             reasons: dict[str, int] = {}

@@ -104,6 +104,12 @@ def security_config(role: str | None = None, *, credentials_dir: Path | None = N
 
 
 METADATA_REFRESH_MS = 5_000  # clients see a topic's new partitions within this (docs/adr/0012)
+# A consumer's request unanswered this long fails, and its connection is closed (default
+# 60 s). A broker cut off drops packets without closing anything: a metadata request that
+# went to it held a standby's group join back 40 s after a region's takeover (the join
+# waits for metadata), and a stale connection to its old group coordinator stays "up"
+# until some request on it times out (ADR 0013, region loss)
+CONSUMER_SOCKET_TIMEOUT_MS = 6_000
 
 
 def producer_config(bootstrap: str, *, role: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -139,6 +145,7 @@ def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, An
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
         "max.poll.interval.ms": 300_000,
+        "socket.timeout.ms": CONSUMER_SOCKET_TIMEOUT_MS,
         # partitions added to a topic (``gnomon infra grow``) are seen this soon (default 5 min)
         "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
         **security_config(role),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -425,6 +426,11 @@ class KafkaProducer:
         return int(self._p.flush(timeout_s))
 
 
+# librdkafka debug contexts for the group consumers (e.g. ``cgrp,broker``): how a
+# process finds its group coordinator and joins, in its stderr; unset in operation
+GROUP_DEBUG_ENV = "GNOMON_KAFKA_GROUP_DEBUG"
+
+
 class KafkaEventLog:
     def __init__(self, bootstrap: str, *, role: str | None = None) -> None:
         self.bootstrap = bootstrap
@@ -437,8 +443,10 @@ class KafkaEventLog:
 
     def group_consumer(self, group_id: str, *, client_id: str, session_timeout_ms: int,
                        config: Mapping[str, Any] | None = None) -> KafkaGroupConsumer:
+        debug = os.environ.get(GROUP_DEBUG_ENV, "")  # librdkafka's own log, to stderr
         return KafkaGroupConsumer(consumer_config(self.bootstrap, group_id, role=self.role, **{
-            "client.id": client_id, "session.timeout.ms": session_timeout_ms, **(config or {})}))
+            "client.id": client_id, "session.timeout.ms": session_timeout_ms, **(config or {}),
+            **({"debug": debug} if debug else {})}))
 
     def transactional_producer(self, transactional_id: str, *, client_id: str, transaction_timeout_ms: int,
                                config: Mapping[str, Any] | None = None) -> KafkaTransactionalProducer:

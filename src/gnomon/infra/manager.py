@@ -82,6 +82,21 @@ def leaders(namespace: str | None, specs: list[TopicSpec],
             ([s for s in specs if s.name in shared], sites.WITNESS_HOST)]
 
 
+def _place_coordinators(settings: Settings, kafka_nodes: int, layout: sites.Regions) -> None:
+    """Each region's consumer groups coordinated from its own site (gnomon.infra.coordinators)."""
+    from gnomon.infra import coordinators
+    from gnomon.infra.topics import create_with_assignment
+
+    plan = coordinators.plan({r: layout.host(r) for r in layout.names})
+    made = create_with_assignment(kafka.bootstrap(settings, kafka_nodes), coordinators.OFFSETS_TOPIC,
+                                  coordinators.assignment(plan, kafka_nodes), coordinators.OFFSETS_CONFIG,
+                                  credentials_dir=settings.credentials_dir)
+    if made:
+        say(f"{coordinators.OFFSETS_TOPIC}: each region's consumer groups coordinated from its own site")
+    for clash in plan.clashes:
+        say(f"warning: group {clash}: a cut of that site stalls it until its coordinator moves")
+
+
 @contextmanager
 def _lock(settings: Settings) -> Iterator[None]:
     path = settings.state_dir / "run" / "infra.lock"
@@ -140,6 +155,8 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassand
             kafka.wait_ready(settings, kafka_nodes)
             rf, _ = kafka.replication(kafka_nodes)
             layout = sites.load(settings.state_dir) if kafka_nodes == 3 else None
+            if layout is not None:  # before any group makes the offsets topic itself
+                _place_coordinators(settings, kafka_nodes, layout)
             for namespace, specs in _namespace_specs(settings):  # the default one, then each region's
                 created = []
                 for group, leader in leaders(namespace, specs, layout):

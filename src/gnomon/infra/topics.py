@@ -146,6 +146,28 @@ def sync_topics(
     return TopicChanges(created=created, reconfigured=reconfigured)
 
 
+def create_with_assignment(bootstrap: str, name: str, replicas: list[list[int]], config: Mapping[str, str], *,
+                           credentials_dir: Path | None = None, timeout_s: float = 30.0) -> bool:
+    """Create topic ``name`` with these replicas per partition (the first leads) unless it
+    exists (False: left as it is, e.g. an internal topic Kafka made on first use)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    from gnomon.infra.kafka import admin
+
+    client = admin(bootstrap, credentials_dir=credentials_dir)
+    try:
+        if name in client.list_topics(timeout=timeout_s).topics:
+            return False
+        topic = NewTopic(name, num_partitions=len(replicas), replica_assignment=replicas, config=dict(config))
+        client.create_topics([topic], operation_timeout=timeout_s, request_timeout=timeout_s)[name].result()
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False  # made meanwhile
+        raise InfraError(f"cannot create topic {name} on {bootstrap}: {exc}") from exc
+    return True
+
+
 def preferred(leader: int, brokers: int, partition: int) -> list[int]:
     """Partition ``partition``'s replicas: ``leader`` first, then the other brokers
     (1..``brokers``) rotating with the partition, so followers share the load."""
