@@ -97,6 +97,18 @@ def _place_coordinators(settings: Settings, kafka_nodes: int, layout: sites.Regi
         say(f"warning: group {clash}: a cut of that site stalls it until its coordinator moves")
 
 
+def _operator_key(settings: Settings) -> None:
+    """The operator's command key, which signs a moved job's adoption between regions
+    (ADR 0013): made here if missing, since every region's processors need the same file."""
+    from gnomon import command_keys
+
+    path = command_keys.keys_dir(settings) / command_keys.OPERATOR_FILE
+    if not path.exists():
+        command_keys.operator_key(settings)
+        say(f"made the operator's command key {path}: the processors of every region need this file "
+            "(they sign a moved job's adoption with it)")
+
+
 @contextmanager
 def _lock(settings: Settings) -> Iterator[None]:
     path = settings.state_dir / "run" / "infra.lock"
@@ -157,6 +169,7 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassand
             layout = sites.load(settings.state_dir) if kafka_nodes == 3 else None
             if layout is not None:  # before any group makes the offsets topic itself
                 _place_coordinators(settings, kafka_nodes, layout)
+                _operator_key(settings)
             for namespace, specs in _namespace_specs(settings):  # the default one, then each region's
                 created = []
                 for group, leader in leaders(namespace, specs, layout):

@@ -882,7 +882,8 @@ class PartitionTask:
         key = self.operator_key() if moves and self.operator_key is not None else None
         if moves and self.operator_key is not None and key is None:
             raise TransitionError(f"job {cmd.job_id} cannot move: this processor has no operator command key to sign "
-                                  "its adoption with (gnomon tenants command-key '*' makes one); nothing changed")
+                                  "its adoption with (gnomon infra up makes one in a regions layout: its keys "
+                                  "directory's operator file, the same on every region's processors); nothing changed")
         self._check_calendars(cmd.tenant, events, cmd.at_ms)
         new_triggers = self._admit(cmd, state, events, now_ms)
         out = self._apply_job_events(cmd.job_id, state, events, now_ms, preflight=isinstance(cmd, J.BackfillJob))
