@@ -6,19 +6,26 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def infra() -> None:
-    """The local stack, up (started if it is not). The suite runs on two xdist workers:
-    a file lock keeps them from starting it twice at once."""
+def infra(request: pytest.FixtureRequest) -> None:
+    """The local stack, up (started if it is not), unless every test selected brings its
+    own brokers (e.g. the region cut-off test alone: the local stack's Kafka and
+    Cassandra would only take CPU from its two regions). The suite runs on two xdist
+    workers: a file lock keeps them from starting it twice at once."""
     import fcntl
 
     from gnomon.config import load
     from gnomon.infra import manager
 
+    items = request.session.items
+    own_only = bool(items) and all(item.get_closest_marker("own_brokers") is not None for item in items)
     settings = load()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     with open(settings.state_dir / "chaos-infra.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        manager.up(settings)
+        if own_only:
+            manager.fetch_jars(settings, ("kafka", "cassandra"))  # (their clusters run on these jars)
+        else:
+            manager.up(settings)
 
 
 @pytest.fixture(autouse=True)

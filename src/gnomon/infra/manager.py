@@ -147,18 +147,29 @@ def up(
         return _up(settings, kafka_nodes, components, cassandra_nodes)
 
 
+def fetch_jars(settings: Settings, components: Sequence[str] = tuple(JVM_MODULES)) -> None:
+    """Check Java and fetch the jars of ``components`` (first run), starting nothing: for
+    clusters of their own that run from this state directory's jars (the chaos tests)."""
+    with _lock(settings):
+        _fetch(settings, components)
+
+
+def _fetch(settings: Settings, components: Sequence[str]) -> None:
+    for component in components:
+        if component not in JVM_MODULES:
+            continue
+        module = JVM_MODULES[component]
+        jvm.find_java(module.JAVA_VERSIONS, module.LABEL)
+        fetch.fetch(settings.state_dir, module.COMPONENT, module.LABEL)
+
+
 def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassandra_nodes: int) -> dict[str, Any]:
     begun = time.monotonic()
     tightened = perms.private_state_dir(settings.state_dir)  # before anything writes tenants' data
     if tightened:
         say(f"made {tightened} file(s) and directories under {settings.state_dir} private to this user")
     with _lock(settings):
-        for component in components:  # check Java and download first, then start JVMs together
-            if component not in JVM_MODULES:
-                continue
-            module = JVM_MODULES[component]
-            jvm.find_java(module.JAVA_VERSIONS, module.LABEL)
-            fetch.fetch(settings.state_dir, module.COMPONENT, module.LABEL)
+        _fetch(settings, components)  # check Java and download first, then start JVMs together
         if "kafka" in components:
             kafka.start(settings, kafka_nodes)
         if "cassandra" in components:
