@@ -15,9 +15,9 @@ from gnomon.cli.services import _stop_on_signals
 stop = threading.Event()
 _stop_on_signals(stop)
 def waits_here():
+    print("ready", flush=True)  # (from inside: the dump must find this frame)
     while not stop.is_set():
         time.sleep(0.05)
-print("ready", flush=True)
 waits_here()
 print("stopped cleanly", flush=True)
 """

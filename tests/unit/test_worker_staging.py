@@ -140,6 +140,27 @@ def test_a_full_worker_hands_back_what_it_cannot_start() -> None:
     w.release.set()  # type: ignore[attr-defined]
 
 
+def test_a_grant_that_comes_after_its_slot_to_a_full_worker_waits_before_it_goes_back() -> None:
+    # hundreds of grants for slots already past came at once (the first transactions after
+    # many registrations): those beyond the free slots were handed back at once, and the
+    # processor granted them again seconds later, after the worker had room
+    w, clock, prod, ex, ran = make(concurrency=1)
+    slot = clock.now_ms()
+    clock.set(slot + 6_000)  # the grants come 6 s after their slot
+    w._on_inbox(grant("j@1", slot), ex)
+    w._on_inbox(grant("j@2", slot), ex)
+    assert list(w._running) == ["j@1"] and "j@2" in w._staged
+    clock.set(slot + 6_500)
+    w._fire_due(ex)
+    assert prod.of(ReturnGrant) == []  # it waits up to handback_after_ms from its coming
+    w.release.set()  # type: ignore[attr-defined]  # j@1 ends: a slot is free
+    wait_for(lambda: not w._done.empty())
+    w._finish_done()
+    w._fire_due(ex)
+    assert "j@2" in w._running and prod.of(ReturnGrant) == []
+    wait_for(lambda: ran == ["j@1", "j@2"])
+
+
 def test_a_grant_whose_lease_lapsed_before_its_start_is_dropped() -> None:
     w, clock, prod, ex, _ran = make()
     slot = clock.now_ms() + 1_000

@@ -168,7 +168,8 @@ class Worker:
         # run_id -> its attempt, prepared when the grant came, waiting for its slot (or a free slot)
         self._staged: dict[str, _Attempt] = {}
         self._timer: list[tuple[int, str, int]] = []  # heap of (not_before_ms, run_id, token)
-        self._due: deque[tuple[int, str, int]] = deque()  # slot reached, waiting for a free slot
+        # slot reached, waiting for a free slot: (when it became due here, run_id, token)
+        self._due: deque[tuple[int, str, int]] = deque()
         self._running: dict[str, _Attempt] = {}
         self._done: queue.Queue[tuple[_Attempt, AttemptResult]] = queue.Queue()
         self._started: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
@@ -591,7 +592,12 @@ class Worker:
         that waited too long for a slot."""
         now = self.clock.now_ms()
         while self._timer and self._timer[0][0] <= now:
-            self._due.append(heapq.heappop(self._timer))
+            # due here from now: a grant that came after its slot (the processor's first
+            # transactions after many registrations) waits handback_after_ms for a free
+            # slot like any other, instead of being handed back at once, and run twice
+            # once the processor granted it again (the region test's first runs)
+            _, run_id, token = heapq.heappop(self._timer)
+            self._due.append((now, run_id, token))
         while self._due:
             _, run_id, token = self._due[0]
             att = self._staged.get(run_id)
@@ -614,7 +620,7 @@ class Worker:
                 continue
             break
         # full: attempts that waited past handback_after_ms go back to the processor
-        while self._due and now - max(self._due[0][0], 0) > self.handback_after_ms:
+        while self._due and now - self._due[0][0] > self.handback_after_ms:
             _, run_id, token = self._due.popleft()
             att = self._staged.get(run_id)
             if att is not None and att.grant.token == token:
