@@ -594,8 +594,8 @@ class Worker:
         while self._timer and self._timer[0][0] <= now:
             # due here from now: a grant that came after its slot (the processor's first
             # transactions after many registrations) waits handback_after_ms for a free
-            # slot like any other, instead of being handed back at once, and run twice
-            # once the processor granted it again (the region test's first runs)
+            # slot like any other, instead of being handed back at once and started only
+            # when the processor granted it again, 10 s later (the region test's first runs)
             _, run_id, token = heapq.heappop(self._timer)
             self._due.append((now, run_id, token))
         while self._due:
