@@ -123,10 +123,23 @@ def _register(sc: Scenario, ids: list[str], tag: str) -> None:
     sc.flush()
 
 
+def _counted(r: RunState) -> bool:
+    """A scheduled run that started and succeeded: its start lag counts."""
+    return r.status is RunStatus.SUCCEEDED and r.started_at_ms is not None and not r.manual
+
+
+def _lag_ms(r: RunState) -> int:
+    return (r.started_at_ms or 0) - r.slot_ms
+
+
 def _lags(runs: list[RunState], since_ms: int, until_ms: int | None = None) -> list[float]:
-    return [(r.started_at_ms - r.slot_ms) / 1000 for r in runs
-            if r.status is RunStatus.SUCCEEDED and r.started_at_ms is not None and r.slot_ms >= since_ms
-            and (until_ms is None or r.slot_ms < until_ms) and not r.manual]
+    return [_lag_ms(r) / 1000 for r in runs
+            if _counted(r) and r.slot_ms >= since_ms and (until_ms is None or r.slot_ms < until_ms)]
+
+
+def _p99(ys: list[float]) -> float:
+    """The p99 of sorted ``ys`` (not empty)."""
+    return ys[min(len(ys) - 1, int(.99 * len(ys)))]
 
 
 def _late_windows(runs: list[RunState], cut_at_ms: int, late_s: float = 1.0) -> str:
@@ -134,16 +147,15 @@ def _late_windows(runs: list[RunState], cut_at_ms: int, late_s: float = 1.0) -> 
     than ``late_s`` late and the worst lag, so a stall can be matched to the logs."""
     late: dict[int, list[RunState]] = {}
     for r in runs:
-        if (r.status is RunStatus.SUCCEEDED and r.started_at_ms is not None and not r.manual
-                and r.started_at_ms - r.slot_ms > late_s * 1000):
+        if _counted(r) and _lag_ms(r) > late_s * 1000:
             late.setdefault((r.slot_ms - cut_at_ms) // 1000, []).append(r)
 
     def worst(rs: list[RunState]) -> str:
-        r = max(rs, key=lambda r: (r.started_at_ms or 0) - r.slot_ms)
+        r = max(rs, key=_lag_ms)
 
         def at(ms: int | None) -> str:
             return "-" if ms is None else f"{(ms - r.slot_ms) / 1000:+.1f}"
-        return (f"max {((r.started_at_ms or 0) - r.slot_ms) / 1000:.1f} s: created {at(r.created_at_ms)} granted "
+        return (f"max {_lag_ms(r) / 1000:.1f} s: created {at(r.created_at_ms)} granted "
                 f"{at(r.granted_at_ms)} dispatched {at(r.dispatched_at_ms)} attempt {r.attempt} token {r.token}")
     return ", ".join(f"{s:+d} s: {len(v)} ({worst(v)})" for s, v in sorted(late.items())) or "none"
 
@@ -151,10 +163,10 @@ def _late_windows(runs: list[RunState], cut_at_ms: int, late_s: float = 1.0) -> 
 def _log_latest_history(sc: Scenario, runs: list[RunState]) -> None:
     """Every ledger record and grant-inbox record of b's latest run (the worst lag), with
     times from its slot: which step of its way made it late."""
-    late = [r for r in runs if r.started_at_ms is not None and not r.manual]
-    if not late:
+    counted = [r for r in runs if _counted(r)]
+    if not counted:
         return
-    worst = max(late, key=lambda r: (r.started_at_ms or 0) - r.slot_ms)
+    worst = max(counted, key=_lag_ms)
     steps = []
     for rec in _decoded(sc.tap.records(sc.topo.runs)):
         if isinstance(rec, RunState) and rec.run_id == worst.run_id:
@@ -170,8 +182,7 @@ def _stats(xs: list[float]) -> str:
     if not xs:
         return "no runs"
     ys = sorted(xs)
-    return (f"{len(ys)} runs, p50 {statistics.median(ys):.2f} s, p99 {ys[min(len(ys) - 1, int(.99 * len(ys)))]:.2f} s, "
-            f"max {ys[-1]:.2f} s")
+    return f"{len(ys)} runs, p50 {statistics.median(ys):.2f} s, p99 {_p99(ys):.2f} s, max {ys[-1]:.2f} s"
 
 
 def _moved_states(old: Scenario, job_id: str) -> list[JobState]:
@@ -250,10 +261,10 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
         # MOVED jobs of each region move to the other, at their next slot
         homes: dict[str, tuple[Scenario, Scenario]] = {}
         moved_at = int(time.time() * 1000)
-        for sc, ns, other, to in ((sa, "a", sb, "b"), (sb, "b", sa, "a")):
+        for sc, ns, new_home, to in ((sa, "a", sb, "b"), (sb, "b", sa, "a")):
             for j in ids[ns][:MOVED]:
                 sc.send(MoveJob(j, "chaos", to, int(time.time() * 1000)))
-                homes[j] = (sc, other)
+                homes[j] = (sc, new_home)
             sc.flush()
         time.sleep(LOOKAHEAD_S + 10)  # the handover, and their slots in their new region
         for job_id, (old, _new) in homes.items():
@@ -292,7 +303,7 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
                            and (r.worker_id or "").endswith("-wa")]
         log(f"RTO (cut to the first of a's jobs started in b): {rto_s} s (bar {RTO_BAR_S} s)")
         lags_b = sorted(_lags(runs_b, cut_at))
-        b_p99_s = lags_b[min(len(lags_b) - 1, int(.99 * len(lags_b)))] if lags_b else None
+        b_p99_s = _p99(lags_b) if lags_b else None
         log(f"region b's own jobs, from the cut: {_stats(lags_b)} (bar p99 {B_P99_BAR_S} s)")
         log(f"region b's own jobs, whole run: {_stats(_lags(runs_b, 0))}; before the moves: "
             f"{_stats(_lags(runs_b, 0, moved_at))}; from the moves to the cut: {_stats(_lags(runs_b, moved_at, cut_at))}")
