@@ -53,6 +53,12 @@ class CheckReport:
                 f"stale_rejected={self.stale_rejected} stale_accepted={self.stale_accepted} "
                 f"unfinished={self.unfinished}")
 
+    def verdict(self, problems_max: int = 8) -> str:
+        """The summary and the first ``problems_max`` problems: what a failed check says."""
+        shown = self.problems[:problems_max]
+        more = len(self.problems) - len(shown)
+        return "; ".join([self.summary(), *shown, *([f"... and {more} more"] if more else [])])
+
 
 class HistoryChecker:
     def __init__(self) -> None:

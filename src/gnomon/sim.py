@@ -32,6 +32,9 @@ Faults (``SimFaults``), drawn per step from ``random.Random(seed)`` during ``run
 * ``slow_markers``: a processor's next commit is answered but its records become
   readable 1-8 s later (Kafka's PrepareCommit whose markers wait for a coordinator cut
   off or moving); a new owner's restore must wait for them, not decide again;
+* ``late_records``: a processor's next transaction sends its offsets while its records
+  are still on their way (unless it flushed them first), commits, and stalls past its
+  session: the records land 1-8 s later, after the group moved its partitions on;
 * with ``history=True`` the history projector runs too (``gnomon.history.projector``, on
   the same log, into an in-memory history store, publishing run exports), and two more
   faults apply to it: ``projector_crash`` (it vanishes without a commit; a new one in
@@ -194,6 +197,7 @@ class SimFaults:
     webhook_outage: float = 0.0
     webhook_outage_ms: int = 5_000
     slow_markers: float = 0.0  # a processor's next commit answered, its records readable 1-8 s later
+    late_records: float = 0.0  # a processor's next transaction's records on their way 1-8 s; it stalls
 
     @classmethod
     def mixed(cls) -> SimFaults:
@@ -209,6 +213,7 @@ class _Proc:
     proc: Processor | None = None
     down_until_ms: int | None = None  # dead or stopped; restarts then
     paused_until_ms: int | None = None  # stalled (a zombie to be)
+    stall_after_commit_ms: int | None = None  # stalls this long once its next commit is answered
 
 
 @dataclass
@@ -669,7 +674,7 @@ class SimCluster:
         members: list[Callable[[], None]] = []
         for s in self.procs:
             if s.proc is not None and s.paused_until_ms is None:
-                members.append(s.proc.step)
+                members.append(self._proc_step(s))
         for w in self.workers:
             if w.worker is not None and w.runner is not None:
                 members.append(self._worker_step(w.worker, w.runner))
@@ -681,6 +686,16 @@ class SimCluster:
         for member in members:
             member()
         self.client.poll(0)
+
+    def _proc_step(self, s: _Proc) -> Callable[[], None]:
+        def step() -> None:
+            assert s.proc is not None
+            before = s.proc.transactions
+            s.proc.step()
+            if s.stall_after_commit_ms is not None and s.proc is not None and s.proc.transactions != before:
+                ms, s.stall_after_commit_ms = s.stall_after_commit_ms, None
+                self.stall(s.name, ms)
+        return step
 
     @staticmethod
     def _worker_step(worker: Worker, runner: StepRunner) -> Callable[[], None]:
@@ -752,6 +767,16 @@ class SimCluster:
         self.log.slow_markers[f"gnomon-processor-{name}"] = ms
         self._event(f"{name}: next commit's markers land {ms} ms late")
 
+    def delay_records(self, name: str, ms: int, *, stall_ms: int) -> None:
+        """``name``'s next transaction's records are still on their way when it sends its
+        offsets and commits (a process starved, a broker slow): in their logs once it
+        flushes them, or else ``ms`` after its commit was answered, with its markers; and
+        once that commit is answered, ``name`` stalls ``stall_ms`` (past its session: its
+        partitions move while the records are on their way)."""
+        self.log.late_records[f"gnomon-processor-{name}"] = ms
+        self._slot(name).stall_after_commit_ms = stall_ms
+        self._event(f"{name}: next transaction's records land {ms} ms late unless flushed, then it stalls")
+
     def kill(self, name: str, *, drop_state: bool, down_ms: int) -> None:
         """``name`` dies: no close, so its session lapses; ``drop_state``: its disk too."""
         s = self._slot(name)
@@ -805,6 +830,9 @@ class SimCluster:
             self.stall(rng.choice(live), self.cfg.session_timeout_ms + rng.randint(500, 2_000))
         if f.slow_markers and live and rng.random() < f.slow_markers:  # (no draw when off: seeds replay)
             self.delay_commit_markers(rng.choice(live), rng.randint(1_000, 8_000))
+        if f.late_records and len(live) > 1 and rng.random() < f.late_records:  # (no draw when off)
+            self.delay_records(rng.choice(live), rng.randint(1_000, 8_000),
+                               stall_ms=self.cfg.session_timeout_ms + rng.randint(500, 5_000))
         up = [i for i, w in enumerate(self.workers) if w.worker is not None]
         if up and rng.random() < f.worker_crash:
             self.crash_worker(rng.choice(up), down_ms=rng.randint(0, 5_000))

@@ -80,6 +80,9 @@ class Tap:
         self._stop = threading.Event()
         self._rebuild = threading.Event()  # a consumer that stopped fetching is replaced (``records``)
         self.rebuilds = 0
+        # records delivered again at an offset already read (a consumer that went back on
+        # its own): not recorded twice, counted, and said by ``records``
+        self.redelivered = 0
         self._error: BaseException | None = None
         self._consumer = self._new_consumer(start)
         self._thread = threading.Thread(target=self._run, name="chaos-tap", daemon=True)
@@ -113,8 +116,11 @@ class Tap:
                             self._position[tp] = max(self._position[tp], msg.offset() or 0)
                     continue
                 with self._lock:
+                    if (msg.offset() or 0) < self._position[tp]:
+                        self.redelivered += 1
+                        continue
                     self._records.append((tp[0], msg.key(), msg.value()))
-                    self._position[tp] = max(self._position[tp], (msg.offset() or 0) + 1)
+                    self._position[tp] = (msg.offset() or 0) + 1
         except BaseException as e:  # reported by records()
             self._error = e
         finally:
@@ -142,6 +148,9 @@ class Tap:
             with self._lock:
                 behind = {tp: end for tp, end in ends.items() if self._position.get(tp, 0) < end}
                 if not behind:
+                    if self.redelivered:
+                        log(f"the tap's consumer delivered {self.redelivered} records again (offsets already "
+                            "read; recorded once)")
                     return [(k, v) for t, k, v in self._records if t == topic]
                 at = sum(self._position.values())
             if at != seen:

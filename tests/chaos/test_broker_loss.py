@@ -127,7 +127,7 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         stopped = manager.down(settings)
     assert sorted(stopped) == ["kafka-1", "kafka-2", "kafka-3"]
     assert manager.status(settings)["kafka"]["state"] == "down"
-    assert report.ok, report.summary()
+    assert report.ok, report.verdict()
     assert report.slots > 200
     during = {r.run_id: r for r in runs if killed_at + 5_000 <= r.slot_ms < back_at and r.status is RunStatus.SUCCEEDED}
     assert len(during) > 50, f"scheduling should continue with one broker down; {len(during)} runs succeeded"

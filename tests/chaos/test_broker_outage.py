@@ -34,7 +34,7 @@ def assert_rode_out(res: Result) -> None:
         assert o.resumed_s is not None and o.resumed_s <= RESUME_S, o.summary()
         assert len(o.lags_s) >= 100 and o.not_started == 0, o.summary()
         assert pct(o.lags_s, 99) <= LAG_P99_S, o.summary()
-    assert res.report.ok, res.report.summary()
+    assert res.report.ok, res.report.verdict()
     caught_up = [r for r in res.runs if r.status is RunStatus.SKIPPED and r.reason and "catch-up" in r.reason]
     assert caught_up, "the outage's missed slots should be skipped by the catch-up policy"
     assert all(res.alive.values()), res.alive

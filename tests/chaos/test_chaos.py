@@ -101,7 +101,7 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
     log("takeover after kill -9: " + "; ".join(ln.split(": ", 1)[-1] for ln in takeover))
     assert takeover and all("from a warm standby" in ln for ln in takeover), takeover
     report, runs, _last = sc.check(end_ms)
-    assert report.ok, report.summary()
+    assert report.ok, report.verdict()
     assert report.slots > 1000 and report.duplicates == 0 and report.missed == 0
     assert report.stale_rejected > 0, "worker 2's late completions should have been rejected"
     final = {r.run_id: r for r in runs}

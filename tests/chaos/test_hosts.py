@@ -300,14 +300,7 @@ def _report(settings: Settings, host: int, partitions_there: set[int], ids: list
         log(f"  late: {r.run_id} partition {partition_for(r.job_id, partitions)} slot +{(r.slot_ms - fault_at) / 1000:.0f} s "
             f"started +{(r.started_at_ms - fault_at) / 1000:.0f} s attempt {r.attempt} on {r.worker_id}")
     for r in late[-3:]:  # how the latest ones got there: every ledger record of each
-
-        def at(ms: int | None) -> str:
-            return "-" if ms is None else f"+{(ms - fault_at) / 1000:.1f}"
-
-        log(f"  {r.run_id}: " + "; ".join(
-            f"{at(s.updated_at_ms)} {s.status.value} token {s.token} {s.worker_id or ''}"
-            f"{' staged' if s.staged else ''} lease {at(s.lease_until_ms)}"
-            for s in out.ledger if s.run_id == r.run_id))
+        log(f"  {_timeline(out, r.run_id, fault_at)}")
     reasons: dict[str, int] = {}
     for r in out.final.values():
         if r.status is RunStatus.SKIPPED:
@@ -319,12 +312,27 @@ def _report(settings: Settings, host: int, partitions_there: set[int], ids: list
     return lags
 
 
+def _timeline(out: Outcome, run_id: str, origin_ms: int) -> str:
+    """Every ledger record of one run, in log order, its times from ``origin_ms``."""
+
+    def at(ms: int | None) -> str:
+        return "-" if ms is None else f"+{(ms - origin_ms) / 1000:.1f}"
+
+    return f"{run_id}: " + "; ".join(
+        f"{at(s.updated_at_ms)} {s.status.value} token {s.token} {s.worker_id or ''}"
+        f"{' staged' if s.staged else ''} lease {at(s.lease_until_ms)}"
+        for s in out.ledger if s.run_id == run_id)
+
+
 def _assert_whole(out: Outcome, lags: dict[bool, list[float]], statuses: dict[str, int], min_slots: int, *,
                   kinds: tuple[bool, ...] = (True, False), answers_min: int = 10, answered: float = 0.9) -> None:
     """Every slot accounted for once, history complete, runs of each of ``kinds`` (on the
     faulty host, elsewhere) started after the fault, and the API answered ``answered`` of
     at least ``answers_min`` reads."""
-    assert out.report.ok, out.report.summary()
+    if not out.report.ok:  # the first runs in trouble, record by record, from the check's time
+        named = list(dict.fromkeys(p.split()[0].rstrip(":") for p in out.report.problems))[:2]
+        at = max((s.updated_at_ms for s in out.ledger), default=0)
+        raise AssertionError(" | ".join([out.report.verdict(), *(_timeline(out, r, at) for r in named)]))
     assert out.report.slots > min_slots, out.report.summary()
     assert not out.missing, f"history lost {len(out.missing)} runs, e.g. {out.missing[:3]}"
     assert all(lags[kind] for kind in kinds), "runs of each kind of job started after the fault"
@@ -495,7 +503,7 @@ def test_a_live_system_grows_from_8_to_16_partitions(tmp_path: Path, cluster: Cl
         log("worst start lag per 10 s of slots from the grow: "
             + ", ".join(f"+{w}s {lag:.1f}" for w, lag in sorted(windows.items())))
         log(f"partitions handed over: {sorted(handed)}; jobs moved: {len(moved)} of {len(ids)}")
-        assert report.ok, report.summary()
+        assert report.ok, report.verdict()
         assert report.slots > len(ids) * 20, report.summary()
         assert handed == set(range(topo.partitions)), handed
         assert moved and lags[True] and lags[False]

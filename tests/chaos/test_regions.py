@@ -317,8 +317,8 @@ def test_region_a_cut_off_is_taken_over_by_b_and_nothing_is_missed_or_doubled(
                 if r.status is RunStatus.SKIPPED:
                     reasons[(r.reason or "")[:40]] = reasons.get((r.reason or "")[:40], 0) + r.skipped_count
             log(f"region {ns}: skipped slots by reason {reasons}; problems {report.problems[:5]}")
-        assert report_a.ok, report_a.summary()
-        assert report_b.ok, report_b.summary()
+        assert report_a.ok, report_a.verdict()
+        assert report_b.ok, report_b.verdict()
         assert report_a.slots > JOBS * 60 and report_b.slots > JOBS * 60
         assert report_moved.ok and report_moved.slots > 2 * MOVED * 60, report_moved.summary()
         assert (taken.owner, taken.epoch) == ("b", 1) and taken.reason.startswith("takeover"), taken

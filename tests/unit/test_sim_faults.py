@@ -285,6 +285,44 @@ def test_without_waiting_for_open_transactions_the_next_owner_decides_again(monk
     assert not rep.ok and (rep.duplicates or rep.overlapping_grants), rep.summary()
 
 
+def _records_on_their_way_then_stall(c: SimCluster) -> None:
+    """p0's next transaction sends its offsets while its records are on their way (as
+    librdkafka sends them beside the records), is answered, and p0 stalls past its
+    session; the records land after the group gave its partitions to p1."""
+    c.run_for(4_000, faults=False)
+    had = {p for p in range(c.topo.partitions) if c.owner(p) == "p0"}
+    assert had, "p0 owns nothing"
+    session = c.cfg.session_timeout_ms
+    c.delay_records("p0", session + 4_000, stall_ms=session + 8_000)
+    c.run_for(session + 6_000, faults=False)
+    assert {c.owner(p) for p in had} == {"p1"}, "p0's partitions did not move while it stalled"
+    c.run_for(6_000, faults=False)
+
+
+def test_records_on_their_way_when_the_offsets_went_are_read_by_the_next_owner_not_decided_again() -> None:
+    """The processor waits for its records to be in their logs before it sends its
+    offsets (the group's fencing): offsets the group accepts then come before any new
+    owner's assignment, so that owner finds the records as an open transaction and
+    waits for its end instead of deciding again what it decided."""
+    c = cluster(6)
+    _records_on_their_way_then_stall(c)
+    c.heal(10_000)
+    assert_clean(c)
+
+
+def test_offsets_sent_before_the_records_are_in_let_the_next_owner_decide_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above is not vacuous: without that flush, runs are decided twice."""
+    from gnomon.eventlog.memory import MemoryTransactionalProducer
+
+    monkeypatch.setattr(MemoryTransactionalProducer, "flush", lambda self, timeout_s: 0)
+    c = cluster(6)
+    _records_on_their_way_then_stall(c)
+    c.heal(10_000)
+    rep = c.history_report()
+    assert not rep.ok and (rep.duplicates or rep.overlapping_grants or rep.stale_accepted), rep.summary()
+
+
 def _lost_then_rewound() -> list[tuple[str, float]]:
     """Worker 0 crashes; the transaction of the tick that finds it lost aborts, so the
     rewound partitions still hold attempts staged on it. The runs that started late."""

@@ -1,5 +1,6 @@
 """200 seeded fault scenarios: the real Processor and Worker loops (gnomon.sim) on the
-in-memory event log, every fault of ``SimFaults.mixed()`` drawn from the seed, then a
+in-memory event log, every fault of ``SimFaults.mixed()`` and records late on their way
+(``late_records``, a processor stalling after such a commit) drawn from the seed, then a
 quiet period; the history checker must find no slot missed or doubled, no grant
 overlapping another and no stale report accepted. A failing seed replays exactly:
 ``pytest tests/unit/test_sim_scenarios.py -k 'seed-17'`` (the message names the seed
@@ -8,6 +9,7 @@ and the faults injected)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -61,7 +63,7 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 def run_scenario(seed: int) -> tuple[SimCluster, str]:
     name, setup, kw = MIXES[seed % len(MIXES)]
-    c = SimCluster(seed, faults=SimFaults.mixed(), standbys=seed % 3 != 0, step_ms=200, **kw)
+    c = SimCluster(seed, faults=replace(SimFaults.mixed(), late_records=0.01), standbys=seed % 3 != 0, step_ms=200, **kw)
     setup(c)
     c.run_for(FAULT_MS)
     c.heal(SETTLE_MS)

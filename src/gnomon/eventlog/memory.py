@@ -17,9 +17,12 @@
 * No threads and no wall clock: time is the injected ``Clock`` (a ``FakeClock``).
 
 Faults are injected from outside (``gnomon.sim``): ``fail_next_commit`` makes a
-transactional id's next commit fail (abortable), ``stale_view`` makes an expired member
-serve one more batch as if it had not noticed (a zombie), and ``PlainFaults`` duplicate
-or reorder the records of plain producers (as producer retries could).
+transactional id's next commit fail (abortable), ``slow_markers`` answers a commit whose
+records become readable later, ``late_records`` answers a commit whose records are still
+on their way (in their logs only once flushed, or when it ends), ``stale_view`` makes an
+expired member serve one more batch as if it had not noticed (a zombie), and
+``PlainFaults`` duplicate or reorder the records of plain producers (as producer retries
+could).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class _Txn:
     offsets: dict[TP, int] = field(default_factory=dict)
     group: str | None = None
     complete_at_ms: int | None = None  # PREPARED: when its markers are written
+    # ``late_records``: its records are on their way, written at ``flush`` or when it ends
+    late_ms: int | None = None
+    held: list[tuple[str, bytes | None, bytes | None, int | None, Headers]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -138,6 +144,10 @@ class MemoryEventLog:
         self.fail_next_commit: set[str] = set()  # transactional ids whose next commit fails (abortable)
         # transactional id -> ms: its next commit is answered, its markers written that much later
         self.slow_markers: dict[str, int] = {}
+        # transactional id -> ms: its next transaction's records are still on their way when
+        # its commit is answered (a process starved, a broker slow): each is in its log once
+        # ``flush`` returned, or else only when the transaction ends, that much later
+        self.late_records: dict[str, int] = {}
         self.plain_faults: PlainFaults | None = None
         self.refuse_writes: dict[str, str] = {}  # topic -> the error plain producers are told
         self.fenced: list[str] = []  # what refused a commit, and why (for tests)
@@ -280,6 +290,10 @@ class MemoryEventLog:
         return self._epochs[tid]
 
     def _end(self, txn: _Txn, state: str) -> None:
+        if state == COMMITTED:  # records still on their way land before the markers
+            for topic, key, value, partition, headers in txn.held:
+                self.append(topic, key, value, partition, txn, headers)
+        txn.held.clear()
         txn.state = state
         self._open.pop(txn.tid, None)
         for topic, p in sorted(txn.tps):
@@ -526,7 +540,8 @@ class MemoryTransactionalProducer:
             raise TransactionError("a transaction is already open", fatal=True)
         if self._txn is not None and self._txn.state == PREPARED:  # its markers first (Kafka retries)
             self.log._end(self._txn, COMMITTED)
-        self._txn = _Txn(self.tid, self.epoch, self.log.clock.now_ms(), self.timeout_ms)
+        self._txn = _Txn(self.tid, self.epoch, self.log.clock.now_ms(), self.timeout_ms,
+                         late_ms=self.log.late_records.pop(self.tid, None))
         self.log._open[self.tid] = self._txn
 
     def _current(self) -> _Txn:
@@ -537,7 +552,11 @@ class MemoryTransactionalProducer:
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
                 headers: Headers = ()) -> None:
-        self.log.append(topic, key, value, partition, self._current(), headers)
+        txn = self._current()
+        if txn.late_ms is not None:
+            txn.held.append((topic, key, value, partition, headers))
+            return
+        self.log.append(topic, key, value, partition, txn, headers)
 
     def partitions(self, topic: str, timeout_s: float) -> int:
         return self.log.partitions_of(topic)
@@ -557,6 +576,8 @@ class MemoryTransactionalProducer:
             self.log.fail_next_commit.discard(self.tid)
             raise TransactionError(f"commit of {self.tid} failed (injected)")
         delay_ms = self.log.slow_markers.pop(self.tid, None)
+        if txn.late_ms is not None:  # answered; its records still on their way, if not flushed
+            delay_ms = txn.late_ms
         if delay_ms is not None:  # answered; visible only once its markers are written (tick)
             txn.state, txn.complete_at_ms = PREPARED, self.log.clock.now_ms() + delay_ms
             return
@@ -569,6 +590,11 @@ class MemoryTransactionalProducer:
         self._txn = None
 
     def flush(self, timeout_s: float) -> int:
+        txn = self._txn
+        if txn is not None and txn.state == OPEN and txn.held:  # acknowledged: in their logs now
+            for topic, key, value, partition, headers in txn.held:
+                self.log.append(topic, key, value, partition, txn, headers)
+            txn.held.clear()
         return 0
 
 

@@ -5,7 +5,9 @@ record to its partition's ``PartitionTask`` (the pure core plus RocksDB state), 
 partitions' ticks, then produce every output, the changelog records and the consumed
 offsets in ONE Kafka transaction. A zombie that lost its partitions cannot commit:
 ``send_offsets_to_transaction`` carries the consumer group generation (KIP-447), so the
-broker refuses it. Why not Faust: docs/adr/0001-stack.md.
+broker refuses it; the records are flushed before it, so that offsets the group accepts
+come with every record already in its log (``_commit``). Why not Faust:
+docs/adr/0001-stack.md.
 
 State is restored from the compacted changelogs (gnomon.jobs, gnomon.runs) when a
 partition is assigned, and after an aborted transaction.
@@ -914,6 +916,17 @@ class Processor:
             if not tps:
                 # a tick-only transaction still carries the group generation for fencing
                 tps = {tp: off for tp, off in self.consumer.position(self.consumer.assignment()).items() if off >= 0}
+            # Every record is in its partition's log before the offsets go: the offsets
+            # are what the group refuses from a member it dropped (KIP-447), and offsets
+            # it accepts come before any new owner's assignment, so that owner's restore
+            # finds these records as an open transaction and waits for its end. Offsets
+            # sent with records still on their way (a process starved, or a broker slow,
+            # past the 3 s session) let those records land after the group had moved
+            # their partitions and the new owner had restored without them; the commit
+            # then made them count: a decision taken twice.
+            unsent = self.producer.flush(max(0.1, deadline - time.monotonic()))
+            if unsent:
+                raise TransactionError(f"{unsent} records not acknowledged within the transaction's time")
             if tps:
                 meta = self.consumer.group_metadata()
                 self._txn(lambda t: self.producer.send_offsets(tps, meta, t), deadline)
