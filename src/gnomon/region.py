@@ -19,6 +19,12 @@ A region's topic is the default one with ``<region>.`` after its leading ``gnomo
 group that joins or commits gets ``.<region>`` after its id (:func:`group_id`:
 ``gnomon-processor`` -> ``gnomon-processor.a``). Groups only assigned, never committed,
 keep their ids. ``gnomon.topology.regional`` renames a whole topology.
+
+Coordinators: Kafka coordinates a group or a transactional id from the leader of one
+partition of ``__consumer_offsets`` or ``__transaction_state``, the one its id hashes to
+(:func:`coordinator_partition`). ``gnomon infra up`` leads a region's partitions from its
+own site (``gnomon.infra.coordinators``); a processor running in a region picks its
+transactional id so that it hashes there too (:func:`transactional_id`).
 """
 
 from __future__ import annotations
@@ -99,3 +105,46 @@ def group_id(base: str, region: str | None) -> str:
     if region is None:
         return base
     return f"{base}.{validate(region)}"
+
+
+TXN_PARTITIONS = 16  # transaction.state.log.num.partitions (infra/kafka/server.properties.template)
+TXN_SUFFIX_MAX = 10_000  # transactional ids tried for one that hashes to the region's partition
+
+
+def java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit wrap-around), signed."""
+    h = 0
+    raw = text.encode("utf-16-be")
+    for i in range(0, len(raw), 2):
+        h = (31 * h + int.from_bytes(raw[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinator_partition(key: str, partitions: int) -> int:
+    """The partition of ``__consumer_offsets`` (a group id) or ``__transaction_state`` (a
+    transactional id) whose leader coordinates ``key``: Kafka's
+    ``abs(key.hashCode()) % partitions``, its ``Utils.abs`` counting Integer.MIN_VALUE as 0."""
+    h = java_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def txn_anchor(runs_in: str) -> str:
+    """The key whose ``__transaction_state`` partition the transactional ids of processes
+    running in region ``runs_in`` hash to (infra leads it from that region's site)."""
+    return f"gnomon-transactions.{validate(runs_in)}"
+
+
+def transactional_id(base: str, runs_in: str | None, partitions: int = TXN_PARTITIONS) -> str:
+    """``base``, or for a process running in region ``runs_in`` the first of ``base``,
+    ``base~1``, ``base~2``... that Kafka coordinates from the same ``__transaction_state``
+    partition as :func:`txn_anchor`: from the region's own site, so that a cut of another
+    site leaves its transactions a coordinator (the same id each time: a restarted
+    process fences its earlier self)."""
+    if runs_in is None:
+        return base
+    target = coordinator_partition(txn_anchor(runs_in), partitions)
+    for k in range(TXN_SUFFIX_MAX):
+        candidate = base if k == 0 else f"{base}~{k}"
+        if coordinator_partition(candidate, partitions) == target:
+            return candidate
+    raise AssertionError(f"no transactional id for {base} hashes to partition {target} of {partitions}")

@@ -53,3 +53,46 @@ def test_the_plan_counts_the_partitions_the_brokers_are_given() -> None:
 
     template = (REPO_ROOT / "infra" / "kafka" / "server.properties.template").read_text()
     assert f"offsets.topic.num.partitions={co.OFFSETS_PARTITIONS}\n" in template
+
+
+def test_the_template_gives_the_transaction_log_the_partitions_the_ids_are_picked_for() -> None:
+    from gnomon.config import REPO_ROOT
+
+    template = (REPO_ROOT / "infra" / "kafka" / "server.properties.template").read_text()
+    assert f"transaction.state.log.num.partitions={co.TXN_PARTITIONS}\n" in template
+
+
+@given(st.from_regex(r"[a-z0-9-]{1,20}", fullmatch=True), st.sampled_from(["a", "b", "east", "west2"]))
+def test_a_processors_transactional_id_is_coordinated_from_its_regions_partition(instance: str, where: str) -> None:
+    from gnomon import region
+
+    base = f"gnomon-processor-{instance}.{where}"
+    tid = region.transactional_id(base, where)
+    assert tid == base or tid.startswith(base + "~")  # (the processors' PREFIXED ACL admits it)
+    assert co.partition_for(tid, co.TXN_PARTITIONS) == co.partition_for(region.txn_anchor(where), co.TXN_PARTITIONS)
+    assert region.transactional_id(base, where) == tid  # the same id each time: a restart fences its earlier self
+    assert region.transactional_id(base, None) == base  # no regions: as before
+
+
+def test_each_regions_transactions_are_led_from_its_site() -> None:
+    from gnomon import region
+
+    plan = co.txn_plan({"a": 1, "b": 2})
+    assert plan.clashes == ()
+    for name, host in (("a", 1), ("b", 2)):
+        assert plan.leaders[co.partition_for(region.txn_anchor(name), co.TXN_PARTITIONS)] == host
+    replicas = co.assignment(plan, brokers=3, partitions=co.TXN_PARTITIONS)
+    assert all(sorted(rs) == [1, 2, 3] for rs in replicas)
+    assert co.txn_config(2)["min.insync.replicas"] == "2"
+
+
+def test_two_regions_whose_anchors_share_a_partition_are_named() -> None:
+    from gnomon import region
+
+    names = [f"r{i}" for i in range(40)]
+    by_partition: dict[int, list[str]] = {}
+    for n in names:
+        by_partition.setdefault(co.partition_for(region.txn_anchor(n), co.TXN_PARTITIONS), []).append(n)
+    first, second = next(ns for ns in by_partition.values() if len(ns) > 1)[:2]
+    plan = co.txn_plan({first: 1, second: 2})
+    assert len(plan.leaders) == 1 and len(plan.clashes) == 1 and second in plan.clashes[0]

@@ -14,6 +14,14 @@ region's own site (``plan``); the rest keep Kafka's spread. Where two regions' g
 hash to one partition, the processors' group wins and the other is named in ``clashes``
 (it is coordinated from the other region's site, and a cut of that site stalls it).
 After a heal, Kafka's preferred-leader balancing moves the leaderships back.
+
+Transactions likewise: a transactional id is coordinated from the leader of the
+``__transaction_state`` partition it hashes to. A processor running in a region picks its
+id so that it hashes to that region's anchor partition (``gnomon.region.transactional_id``),
+and ``gnomon infra up`` creates ``__transaction_state`` with each region's anchor
+partition led from its site (``txn_plan``): a cut of the other region's site leaves a
+region's processors their transaction coordinator (without it, a rebuilt producer's
+``init_transactions`` and every commit wait for the coordinator to move).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gnomon import region as regions
+from gnomon.region import java_hash as java_hash
 
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSETS_PARTITIONS = 16  # offsets.topic.num.partitions (infra/kafka/server.properties.template)
@@ -33,24 +42,9 @@ OFFSETS_CONFIG = {"cleanup.policy": "compact", "compression.type": "producer", "
 GROUPS = ("gnomon-processor", "gnomon-history", "gnomon-alerter")
 
 
-def java_hash(text: str) -> int:
-    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit wrap-around), signed."""
-    h = 0
-    for unit in _utf16_units(text):
-        h = (31 * h + unit) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def _utf16_units(text: str) -> list[int]:
-    raw = text.encode("utf-16-be")
-    return [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
-
-
 def partition_for(group_id: str, partitions: int = OFFSETS_PARTITIONS) -> int:
-    """The ``__consumer_offsets`` partition whose leader coordinates ``group_id``
-    (Kafka's ``Utils.abs``: Integer.MIN_VALUE counts as 0)."""
-    h = java_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % partitions
+    """The ``__consumer_offsets`` partition whose leader coordinates ``group_id``."""
+    return regions.coordinator_partition(group_id, partitions)
 
 
 @dataclass(frozen=True)
@@ -74,6 +68,32 @@ def plan(hosts: Mapping[str, int], partitions: int = OFFSETS_PARTITIONS,
                 clashes.append(f"{group} (partition {p}, led from {owner[p]})")
                 continue
             leaders[p], owner[p] = host, name
+    return Plan(leaders, tuple(clashes))
+
+
+TXN_TOPIC = "__transaction_state"
+TXN_PARTITIONS = regions.TXN_PARTITIONS
+
+
+def txn_config(min_insync_replicas: int) -> dict[str, str]:
+    """What Kafka gives the transaction log it makes itself (``TransactionLog``'s enforced
+    properties; ``min.insync.replicas`` is the broker's transaction.state.log.min.isr)."""
+    return {"cleanup.policy": "compact", "compression.type": "uncompressed", "segment.bytes": "104857600",
+            "unclean.leader.election.enable": "false", "min.insync.replicas": str(min_insync_replicas)}
+
+
+def txn_plan(hosts: Mapping[str, int], partitions: int = TXN_PARTITIONS) -> Plan:
+    """Which ``__transaction_state`` partition each region's site should lead: the one its
+    processes' transactional ids hash to (``hosts``: region -> its host number)."""
+    leaders: dict[int, int] = {}
+    owner: dict[int, str] = {}
+    clashes: list[str] = []
+    for name, host in sorted(hosts.items()):
+        p = regions.coordinator_partition(regions.txn_anchor(name), partitions)
+        if p in leaders and leaders[p] != host:
+            clashes.append(f"transactions of region {name} (partition {p}, led from {owner[p]})")
+            continue
+        leaders[p], owner[p] = host, name
     return Plan(leaders, tuple(clashes))
 
 

@@ -83,18 +83,25 @@ def leaders(namespace: str | None, specs: list[TopicSpec],
 
 
 def _place_coordinators(settings: Settings, kafka_nodes: int, layout: sites.Regions) -> None:
-    """Each region's consumer groups coordinated from its own site (gnomon.infra.coordinators)."""
+    """Each region's consumer groups and processors' transactions coordinated from its own
+    site (gnomon.infra.coordinators)."""
     from gnomon.infra import coordinators
     from gnomon.infra.topics import create_with_assignment
 
-    plan = coordinators.plan({r: layout.host(r) for r in layout.names})
-    made = create_with_assignment(kafka.bootstrap(settings, kafka_nodes), coordinators.OFFSETS_TOPIC,
-                                  coordinators.assignment(plan, kafka_nodes), coordinators.OFFSETS_CONFIG,
-                                  credentials_dir=settings.credentials_dir)
-    if made:
-        say(f"{coordinators.OFFSETS_TOPIC}: each region's consumer groups coordinated from its own site")
-    for clash in plan.clashes:
-        say(f"warning: group {clash}: a cut of that site stalls it until its coordinator moves")
+    hosts = {r: layout.host(r) for r in layout.names}
+    _, min_isr = kafka.replication(kafka_nodes)
+    for topic, plan, partitions, config, what, kind in (
+            (coordinators.OFFSETS_TOPIC, coordinators.plan(hosts), coordinators.OFFSETS_PARTITIONS,
+             coordinators.OFFSETS_CONFIG, "consumer groups", "group "),
+            (coordinators.TXN_TOPIC, coordinators.txn_plan(hosts), coordinators.TXN_PARTITIONS,
+             coordinators.txn_config(min_isr), "processors' transactions", "")):
+        made = create_with_assignment(kafka.bootstrap(settings, kafka_nodes), topic,
+                                      coordinators.assignment(plan, kafka_nodes, partitions), config,
+                                      credentials_dir=settings.credentials_dir)
+        if made:
+            say(f"{topic}: each region's {what} coordinated from its own site")
+        for clash in plan.clashes:
+            say(f"warning: {kind}{clash}: a cut of that site stalls it until its coordinator moves")
 
 
 def _operator_key(settings: Settings) -> None:
@@ -178,7 +185,7 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassand
             kafka.wait_ready(settings, kafka_nodes)
             rf, _ = kafka.replication(kafka_nodes)
             layout = sites.load(settings.state_dir) if kafka_nodes == 3 else None
-            if layout is not None:  # before any group makes the offsets topic itself
+            if layout is not None:  # before any group or transaction makes the topics itself
                 _place_coordinators(settings, kafka_nodes, layout)
                 _operator_key(settings)
             for namespace, specs in _namespace_specs(settings):  # the default one, then each region's

@@ -243,9 +243,11 @@ class Processor:
         self._calendars_gate.read_done(start_ms)
 
     def _new_producer(self) -> TransactionalProducer:
-        return self.log.transactional_producer(
-            region.group_id(f"gnomon-processor-{self.cfg.instance_id}", self.topo.region), client_id=f"proc-{self.cfg.instance_id}",
-            transaction_timeout_ms=self.cfg.transaction_timeout_ms)
+        # in a region, an id its region's site coordinates (gnomon.region.transactional_id)
+        tid = region.transactional_id(region.group_id(f"gnomon-processor-{self.cfg.instance_id}", self.topo.region),
+                                      (region.runs_in() or self.topo.region) if self.topo.region is not None else None)
+        return self.log.transactional_producer(tid, client_id=f"proc-{self.cfg.instance_id}",
+                                               transaction_timeout_ms=self.cfg.transaction_timeout_ms)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
