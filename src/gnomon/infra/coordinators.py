@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gnomon import region as regions
-from gnomon.region import java_hash as java_hash
 
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSETS_PARTITIONS = 16  # offsets.topic.num.partitions (infra/kafka/server.properties.template)
@@ -53,22 +52,32 @@ class Plan:
     clashes: tuple[str, ...] = field(default=())  # groups coordinated from another region's site
 
 
-def plan(hosts: Mapping[str, int], partitions: int = OFFSETS_PARTITIONS,
-         groups: Sequence[str] = GROUPS) -> Plan:
-    """Which ``__consumer_offsets`` partitions each region's site should lead
-    (``hosts``: region -> its host number)."""
+def _place(keys: Sequence[tuple[str, str, str]], hosts: Mapping[str, int], partitions: int) -> Plan:
+    """Each ``(label, region, key)`` in turn: the partition ``key`` hashes to, led from
+    ``region``'s site, unless an earlier key of another region took it (named in clashes)."""
     leaders: dict[int, int] = {}
     owner: dict[int, str] = {}
     clashes: list[str] = []
-    for base in groups:  # the processors' groups of every region first, then the others
-        for name, host in sorted(hosts.items()):
-            group = regions.group_id(base, name)
-            p = partition_for(group, partitions)
-            if p in leaders and leaders[p] != host:
-                clashes.append(f"{group} (partition {p}, led from {owner[p]})")
-                continue
-            leaders[p], owner[p] = host, name
+    for label, name, key in keys:
+        p = regions.coordinator_partition(key, partitions)
+        if p in leaders and leaders[p] != hosts[name]:
+            clashes.append(f"{label} (partition {p}, led from {owner[p]})")
+            continue
+        leaders[p], owner[p] = hosts[name], name
     return Plan(leaders, tuple(clashes))
+
+
+def plan(hosts: Mapping[str, int], partitions: int = OFFSETS_PARTITIONS,
+         groups: Sequence[str] = GROUPS) -> Plan:
+    """Which ``__consumer_offsets`` partitions each region's site should lead
+    (``hosts``: region -> its host number): the processors' groups of every region
+    first, then the others."""
+    keys = []
+    for base in groups:
+        for name in sorted(hosts):
+            group = regions.group_id(base, name)
+            keys.append((group, name, group))
+    return _place(keys, hosts, partitions)
 
 
 TXN_TOPIC = "__transaction_state"
@@ -85,16 +94,8 @@ def txn_config(min_insync_replicas: int) -> dict[str, str]:
 def txn_plan(hosts: Mapping[str, int], partitions: int = TXN_PARTITIONS) -> Plan:
     """Which ``__transaction_state`` partition each region's site should lead: the one its
     processes' transactional ids hash to (``hosts``: region -> its host number)."""
-    leaders: dict[int, int] = {}
-    owner: dict[int, str] = {}
-    clashes: list[str] = []
-    for name, host in sorted(hosts.items()):
-        p = regions.coordinator_partition(regions.txn_anchor(name), partitions)
-        if p in leaders and leaders[p] != host:
-            clashes.append(f"transactions of region {name} (partition {p}, led from {owner[p]})")
-            continue
-        leaders[p], owner[p] = host, name
-    return Plan(leaders, tuple(clashes))
+    keys = [(f"transactions of region {name}", name, regions.txn_anchor(name)) for name in sorted(hosts)]
+    return _place(keys, hosts, partitions)
 
 
 def assignment(p: Plan, brokers: int, partitions: int = OFFSETS_PARTITIONS) -> list[list[int]]:
