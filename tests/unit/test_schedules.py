@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -232,12 +233,35 @@ def test_the_preview_shows_jitter_bounds_and_the_end() -> None:
     once = state_of(spec_of(runAt="2026-05-01T09:00:00Z", timezone="Europe/London"))
     assert [f["local"] for f in fires_view(once, T0, 10)["fires"]] == ["2026-05-01 10:00:00 BST"]
     assert fires_view(once, iso_to_ms("2026-06-01T00:00:00Z"), 10)["fires"] == []
-    # triggered in the lookahead, before its instant: done, and the preview says why (not "maxRuns")
+    # triggered in the lookahead, before its instant: done, but its run is still ahead,
+    # so the preview shows it (as it did before the tick); once past, it says why it ended
     (ahead,) = J.decide_tick(once, iso_to_ms("2026-05-01T08:59:50Z"))
     done = J.evolve(once, ahead)
     assert done is not None and done.status is J.JobStatus.DONE
     shown = fires_view(done, iso_to_ms("2026-05-01T08:59:55Z"), 10)
+    assert [f["local"] for f in shown["fires"]] == ["2026-05-01 10:00:00 BST"] and shown["ends"] == "one time"
+    assert shown["endedBecause"] == "its one-time slot was triggered"
+    shown = fires_view(done, iso_to_ms("2026-05-01T09:00:00Z"), 10)
     assert shown["fires"] == [] and shown["ends"] == shown["endedBecause"] == "its one-time slot was triggered"
+
+
+@pytest.mark.parametrize("bounds", [{"maxRuns": 3}, {"endAt": "2026-01-01T00:00:20Z"}])
+def test_a_job_done_in_the_lookahead_still_previews_its_runs_ahead(bounds: dict[str, Any]) -> None:
+    # every 10 s, 3 runs (by maxRuns or by endAt): one tick at T0 with a 30 s lookahead
+    # triggers all three and ends the job; the preview at T0 is the one it gave before
+    state = state_of(spec_of(every="10s", **bounds))
+    before = fires_view(state, T0 - 1, 10)
+    state, triggered, _ = run_ticks(state, T0, cfg=J.SchedulerConfig(lookahead_ms=30_000))
+    assert [ev.slot_ms - T0 for ev in triggered] == [0, 10_000, 20_000]
+    assert state.status is J.JobStatus.DONE and state.last_slot_ms == T0 + 20_000
+    after = fires_view(state, T0 - 1, 10)
+    assert (after["fires"], after["ends"]) == (before["fires"], before["ends"]) and after["endedBecause"]
+    assert [iso_to_ms(f["slot"]) - T0 for f in fires_view(state, T0 + 5_000, 10)["fires"]] == [10_000, 20_000]
+    gone = fires_view(state, T0 + 20_000, 10)
+    assert gone["fires"] == [] and gone["ends"] == gone["endedBecause"]
+    # moved away: its slots are the other region's, none shown here
+    moved = replace(state, moved_to="b")
+    assert fires_view(moved, T0 - 1, 10)["fires"] == []
 
 
 # ---- property: every bounded slot exactly once -------------------------------------------

@@ -44,12 +44,27 @@ def job_view(state: JobState) -> dict[str, Any]:
 FIRES_SHOWN = 10
 
 
+def _done_preview(state: JobState, ended: str, after_ms: int, count: int, calendars: Sequence[Calendar]) -> Preview:
+    """A done job's preview: the slots after ``after_ms`` its schedule triggered before it
+    ended (its last ones, in the lookahead: runs still ahead), with the end the preview
+    gave while it was active; none, and why it ended, once they are past. None for a job
+    moved away either (runs staged here before the move still run here, but its slots
+    are the new region's)."""
+    last = state.last_slot_ms
+    if state.moved_to is not None or last is None or last <= after_ms:
+        return Preview((), ended)
+    ahead = preview(state.spec.schedule, after_ms=after_ms, count=count, job_id=state.job_id,
+                    jitter_s=state.spec.jitter_s, runs_left=0, counted_before_ms=last + 1, calendars=calendars)
+    fires = tuple(f for f in ahead.fires if f.slot_ms <= last)
+    return Preview(fires, ahead.ends or ended) if fires else Preview((), ended)
+
+
 def fires_view(state: JobState, after_ms: int, count: int, calendars: Sequence[Calendar] = ()) -> dict[str, Any]:
     """``GET /v1/jobs/{id}/fires``: the job's next ``count`` slots after ``after_ms``."""
     spec = state.spec
     ended = ended_because(state)
-    if ended is not None:  # done: no slot follows, and endedBecause says why (not a preview's guess)
-        shown = Preview((), ended)
+    if ended is not None:  # done: endedBecause says why (not a preview's guess); no slot follows
+        shown = _done_preview(state, ended, after_ms, count, calendars)
     elif spec.schedule.after_upstreams:  # its slots come when its upstreams' runs end
         shown = Preview((), "no schedule of its own: a run after each run of its upstreams")
     else:

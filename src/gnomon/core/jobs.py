@@ -84,6 +84,9 @@ class JobState:
     # the region the job moved to (``MoveJob``): here it is DONE and schedules nothing
     # more; its runs staged before the move still run here. None: it was never moved away
     moved_to: str | None = None
+    # the latest slot the schedule reached (triggered, in the lookahead too, or recorded
+    # skipped): a done job's slots still ahead of now are its preview's (``api.views``)
+    last_slot_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -927,6 +930,7 @@ def evolve(state: JobState | None, event: JobEvent) -> JobState | None:
             return state if counted == state.scheduled_runs else replace(state, scheduled_runs=counted)
         nxt = event.advance_to_ms
         status = state.status if nxt is not None else JobStatus.DONE
-        return replace(state, next_run_at_ms=nxt, status=status, scheduled_runs=counted)
+        last = event.slot_ms if state.last_slot_ms is None else max(state.last_slot_ms, event.slot_ms)
+        return replace(state, next_run_at_ms=nxt, status=status, scheduled_runs=counted, last_slot_ms=last)
     raise AssertionError(f"unknown event {event!r}")
 
