@@ -30,7 +30,7 @@ from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.codec import DecodeError
 from gnomon.command_keys import operator_headers
 from gnomon.config import load
-from gnomon.core.jobs import DeleteJob, JobState, RegisterJob
+from gnomon.core.jobs import DeleteJob, JobState, JobStatus, RegisterJob
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.infra import placement
 from gnomon.topology import load_topology
@@ -375,6 +375,25 @@ class Scenario:
         """Run ids starting with ``prefix`` tombstoned on the ledger during the scenario."""
         return {(k or b"").decode() for k, v in self.tap.records(self.topo.runs)
                 if v is None and (k or b"").decode().startswith(prefix)}
+
+    def settle(self, job_ids: list[str], max_s: float, poll_s: float = 1.0) -> float:
+        """After ``job_ids`` were sent a pause: until the jobs topic shows each one paused
+        (or done) and every run of the scenario is terminal, the runs the lookahead
+        triggered before the pause included; at most ``max_s`` (then the check names what
+        is unfinished). Returns the seconds waited."""
+        began = time.monotonic()
+        wanted = set(job_ids)
+        while time.monotonic() - began < max_s:
+            runs, jobs, _ = self.history()
+            last = {j.job_id: j.status for j in jobs if j.job_id in wanted}
+            held = len(last) == len(wanted) and all(s in (JobStatus.PAUSED, JobStatus.DONE) for s in last.values())
+            latest = {r.run_id: r.status for r in runs}
+            if held and all(s.terminal for s in latest.values()):
+                break
+            time.sleep(poll_s)
+        waited = time.monotonic() - began
+        log(f"settled in {waited:.1f} s (at most {max_s:.0f} s)")
+        return waited
 
     def check(self, now_ms: int) -> tuple[CheckReport, list[RunState], dict[str, JobState]]:
         runs, jobs, inbox = self.history()

@@ -180,7 +180,7 @@ def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[
         for job_id in sorted(jobs):
             sc.send(PauseJob(job_id, "chaos", now))
         sc.flush()
-        time.sleep(sc.lookahead_s + sc.lease_s + 8)
+        sc.settle(list(jobs), sc.lookahead_s + sc.lease_s + 8)
         report, runs, _ = sc.check(int(time.time() * 1000))
         sc.dump_stacks()  # (a process that went silent shows where it waits)
     finally:

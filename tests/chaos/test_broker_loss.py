@@ -118,7 +118,7 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         for job_id in jobs:
             sc.send(PauseJob(job_id, "chaos", now))
         sc.flush()
-        time.sleep(sc.lookahead_s + sc.lease_s + 8)
+        sc.settle(list(jobs), sc.lookahead_s + sc.lease_s + 8)
         end_ms = int(time.time() * 1000)
         report, runs, _ = sc.check(end_ms)
     finally:

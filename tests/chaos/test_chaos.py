@@ -94,7 +94,7 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
             sc.send(PauseJob(job_id, "chaos", now))
         sc.flush()
         log("paused every job; draining the lookahead")
-        time.sleep(sc.lookahead_s + sc.lease_s + 10)
+        sc.settle(list(jobs), sc.lookahead_s + sc.lease_s + 10)
         end_ms = int(time.time() * 1000)
     finally:
         sc.stop_all()

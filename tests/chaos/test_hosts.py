@@ -257,7 +257,7 @@ def _pause_and_check(sc: Scenario, ids: list[str], poller: ApiPoller) -> Outcome
     for j in ids:
         sc.send(PauseJob(j, "chaos", int(time.time() * 1000)))
     sc.flush()
-    time.sleep(sc.lookahead_s + sc.lease_s + 8)
+    sc.settle(ids, sc.lookahead_s + sc.lease_s + 8)
     report, runs, _ = sc.check(int(time.time() * 1000))
     final = {r.run_id: r for r in runs}
     done = {rid: r for rid, r in final.items() if r.status is RunStatus.SUCCEEDED}
@@ -478,7 +478,7 @@ def test_a_live_system_grows_from_8_to_16_partitions(tmp_path: Path, cluster: Cl
         for j in ids:
             sc.send(PauseJob(j, "chaos", int(time.time() * 1000)))
         sc.flush()
-        time.sleep(sc.lookahead_s + sc.lease_s + 8)
+        sc.settle(ids, sc.lookahead_s + sc.lease_s + 8)
         report, runs, _ = sc.check(int(time.time() * 1000))
         # (a partition whose handover's transaction failed logs it again when it is redone)
         handed = {int(p) for h in (1, 2, 3) for p in re.findall(rf"partition (\d+) grown from 8 to {GROW_TO} partitions",
