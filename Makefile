@@ -23,7 +23,8 @@ CHAOS_ALONE := $(CHAOS) tests/chaos/test_history_outage.py tests/chaos/test_brok
 # it, even at idle priority, the sweeps pushed the broker-outage test's start lag p99 to
 # 0.94 s of its 1 s bound).
 SWEEPS := "tests/idle.sh $(BIN)/python -m pytest tests/unit -q -n 2 -m sweep"
-REAL_STACK := "$(BIN)/python -m pytest tests/integration tests/security -q -m integration --durations=10 \
+# (the Faust stack proofs of ADR 0001/0002, marker adr_evidence, run in `make test-long` only)
+REAL_STACK := "$(BIN)/python -m pytest tests/integration tests/security -q -m 'integration and not adr_evidence' --durations=10 \
 	&& $(BIN)/python -m pytest tests/e2e -q -m integration --durations=15"
 
 .DEFAULT_GOAL := help
@@ -85,8 +86,9 @@ chaos-lanes:
 	tests/lanes.sh $(CHAOS_PAIR)
 	$(CHAOS_ALONE)
 
-test-long: setup ## the chaos suite with its faults at full length (2-minute outages), outside CI, one test at a time
+test-long: setup ## outside CI: the chaos suite with its faults at full length (2-minute outages), one test at a time; the Faust stack proofs (ADR 0001)
 	GNOMON_CHAOS_LONG=1 $(BIN)/python -m pytest tests/chaos -q -m chaos -s
+	$(BIN)/python -m pytest tests/integration -q -m adr_evidence
 
 test-security: setup sysdeps ## the security suite that needs no services (sandboxes, SSRF, API contract)
 	$(BIN)/python -m pytest tests/security -q -m "not integration"

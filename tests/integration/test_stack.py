@@ -603,6 +603,7 @@ def faust_runner(tmp_path: Path) -> Iterator[FaustRunner]:
     ("guarantee", "store", "table"),
     [("at_least_once", "memory://", False), ("exactly_once", "rocksdb://", True)],
 )
+@pytest.mark.adr_evidence
 def test_faust_worker_consumes_and_produces(
     kafka: Kafka, faust_runner: FaustRunner, guarantee: str, store: str, table: bool
 ) -> None:
@@ -648,6 +649,7 @@ def test_faust_worker_consumes_and_produces(
 
 
 @pytest.mark.parametrize("subscribe_sink", [False, True], ids=["plain", "sink-subscribed"])
+@pytest.mark.adr_evidence
 def test_faust_exactly_once_which_writes_are_transactional(
     kafka: Kafka, faust_runner: FaustRunner, subscribe_sink: bool
 ) -> None:
@@ -709,6 +711,7 @@ def test_faust_exactly_once_which_writes_are_transactional(
         assert committed_out == n  # output bypassed the transaction
 
 
+@pytest.mark.adr_evidence
 def test_faust_two_instances_rebalance(kafka: Kafka, faust_runner: FaustRunner) -> None:
     """Instance b joins (partitions split), then a leaves (b takes every partition)."""
     n_parts = 4
