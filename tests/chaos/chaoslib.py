@@ -66,6 +66,7 @@ def read_range(bootstrap: str, start: list[TopicPartition], timeout_s: float = 9
 
 OPEN_TAPS: list[Tap] = []
 TAP_STALL_S = 15.0  # closed after each test (conftest)
+STOP_WAIT_S = 30.0  # for the scenario's processes to stop on SIGTERM, all together
 
 
 class Tap:
@@ -329,12 +330,19 @@ class Scenario:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGCONT)
                 os.killpg(p.pid, signal.SIGTERM)
+        began = time.monotonic()
         for name, p in list(self.procs.items()):
             try:
-                p.wait(30)
+                p.wait(max(1.0, STOP_WAIT_S - (time.monotonic() - began)))
             except subprocess.TimeoutExpired:
+                # where it waits goes to its log (SIGUSR1: every thread's stack), then SIGKILL
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGUSR1)
+                time.sleep(0.5)
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+                log(f"{name} (pid {p.pid}) did not stop within {STOP_WAIT_S:.0f} s of SIGTERM: killed; "
+                    f"its threads' stacks are at the end of {self.logs / (name + '.log')}")
             del self.procs[name]
 
     def close_producer(self) -> None:

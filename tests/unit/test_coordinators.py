@@ -3,10 +3,16 @@ the partition Kafka picks for a group, and the leaders planned for them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gnomon.config import Settings
 from gnomon.infra import coordinators as co
+from gnomon.infra import manager, topics
 from gnomon.region import java_hash
 
 
@@ -97,3 +103,34 @@ def test_two_regions_whose_anchors_share_a_partition_are_named() -> None:
     first, second = next(ns for ns in by_partition.values() if len(ns) > 1)[:2]
     plan = co.txn_plan({first: 1, second: 2})
     assert len(plan.leaders) == 1 and len(plan.clashes) == 1 and second in plan.clashes[0]
+
+
+def test_a_topic_made_before_the_placement_is_found_and_the_fix_written(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = co.txn_plan({"a": 1, "b": 2})
+    pa, pb = (next(p for p, h in plan.leaders.items() if h == host) for host in (1, 2))
+    placed = co.assignment(plan, 3, co.TXN_PARTITIONS)
+    assert co.misplaced(plan, placed) == {}
+    # Kafka's own spread (leader 1 + partition % 3): whichever of a's and b's partitions it puts elsewhere
+    spread = [topics.preferred(1 + i % 3, 3, i) for i in range(co.TXN_PARTITIONS)]
+    wrong = co.misplaced(plan, spread)
+    assert wrong == {p: h for p, h in ((pa, 1), (pb, 2)) if spread[p][0] != h} and wrong
+    fix = co.reassignment(plan, spread, co.TXN_TOPIC)
+    for move in fix["partitions"]:  # type: ignore[attr-defined]
+        p = move["partition"]
+        assert move["replicas"][0] == plan.leaders[p] and sorted(move["replicas"]) == sorted(spread[p])
+    # infra up on such a cluster: a warning naming the partitions, and the reassignment file
+    said: list[str] = []
+    monkeypatch.setattr(manager, "say", said.append)
+    monkeypatch.setattr(topics, "replicas_of", lambda *_a, **_k: spread)
+    settings = Settings(state_dir=tmp_path)
+    manager._check_placement(settings, "b:1", co.TXN_TOPIC, plan, "processors' transactions", {1: "a", 2: "b"})
+    (line,) = said
+    assert line.startswith(f"warning: {co.TXN_TOPIC} existed before gnomon placed it: partition ")
+    assert all(f"partition {p} (region" in line for p in wrong)
+    written = json.loads((tmp_path / "reassign-transaction_state.json").read_text())
+    assert written == fix
+    said.clear()
+    monkeypatch.setattr(topics, "replicas_of", lambda *_a, **_k: placed)
+    manager._check_placement(settings, "b:1", co.TXN_TOPIC, plan, "processors' transactions", {1: "a", 2: "b"})
+    assert said == []

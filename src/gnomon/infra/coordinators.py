@@ -104,3 +104,24 @@ def assignment(p: Plan, brokers: int, partitions: int = OFFSETS_PARTITIONS) -> l
     from gnomon.infra.topics import preferred
 
     return [preferred(p.leaders.get(i, 1 + i % brokers), brokers, i) for i in range(partitions)]
+
+
+def misplaced(p: Plan, replicas: Sequence[Sequence[int]]) -> dict[int, int]:
+    """Of ``p``'s partitions, those that an existing topic (``replicas``: each partition's
+    replicas, the first its preferred leader) leads from another site: partition -> the
+    host number that should lead it. A topic made before gnomon placed it, by Kafka on
+    first use or by an older ``infra up``, keeps its own placement."""
+    return {i: lead for i, lead in sorted(p.leaders.items())
+            if i < len(replicas) and (not replicas[i] or replicas[i][0] != lead)}
+
+
+def reassignment(p: Plan, replicas: Sequence[Sequence[int]], topic: str) -> dict[str, object]:
+    """The ``kafka-reassign-partitions.sh --reassignment-json-file`` document that moves
+    the ``misplaced`` partitions' preferred leader to their planned site (the same
+    replicas, reordered); a preferred-leader election then moves their leadership."""
+    moves = []
+    for i, lead in misplaced(p, replicas).items():
+        now = list(replicas[i])
+        moves.append({"topic": topic, "partition": i, "replicas": [lead, *(b for b in now if b != lead)]})
+    return {"version": 1, "partitions": moves}
+

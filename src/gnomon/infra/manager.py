@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnomon.adapters.kafka import kafka_stack
 from gnomon.config import Settings
@@ -40,6 +40,9 @@ from gnomon.infra.errors import InfraError
 from gnomon.infra.progress import say
 from gnomon.infra.topics import TopicSpec, ensure_topics, namespace_label, namespace_specs
 from gnomon.topology import SHARED_ROLES, load_topology
+
+if TYPE_CHECKING:
+    from gnomon.infra import coordinators
 
 COMPONENTS: tuple[str, ...] = ("kafka", "cassandra", "registry")  # what `up` starts by default
 # Kafka Connect is opt-in (`up --only connect`, after Kafka; it starts PostgreSQL, its JDBC
@@ -95,13 +98,39 @@ def _place_coordinators(settings: Settings, kafka_nodes: int, layout: sites.Regi
              coordinators.OFFSETS_CONFIG, "consumer groups", "group "),
             (coordinators.TXN_TOPIC, coordinators.txn_plan(hosts), coordinators.TXN_PARTITIONS,
              coordinators.txn_config(min_isr), "processors' transactions", "")):
-        made = create_with_assignment(kafka.bootstrap(settings, kafka_nodes), topic,
-                                      coordinators.assignment(plan, kafka_nodes, partitions), config,
-                                      credentials_dir=settings.credentials_dir)
+        bootstrap = kafka.bootstrap(settings, kafka_nodes)
+        made = create_with_assignment(bootstrap, topic, coordinators.assignment(plan, kafka_nodes, partitions),
+                                      config, credentials_dir=settings.credentials_dir)
         if made:
             say(f"{topic}: each region's {what} coordinated from its own site")
+        else:
+            _check_placement(settings, bootstrap, topic, plan, what, {h: r for r, h in hosts.items()})
         for clash in plan.clashes:
             say(f"warning: {kind}{clash}: a cut of that site stalls it until its coordinator moves")
+
+
+def _check_placement(settings: Settings, bootstrap: str, topic: str, plan: coordinators.Plan, what: str,
+                     region_of: dict[int, str]) -> None:
+    """An existing coordinators' topic (made by Kafka on first use, or by an ``infra up``
+    older than its placement) led from the wrong sites: say which partitions, what it
+    risks, and write the reassignment that fixes it (docs/runbooks.md)."""
+    import json
+
+    from gnomon.infra import coordinators
+    from gnomon.infra.topics import replicas_of
+
+    replicas = replicas_of(bootstrap, topic, credentials_dir=settings.credentials_dir)
+    wrong = coordinators.misplaced(plan, replicas)
+    if not wrong:
+        return
+    path = settings.state_dir / f"reassign-{topic.strip('_')}.json"
+    path.write_text(json.dumps(coordinators.reassignment(plan, replicas, topic), indent=2) + "\n")
+    where = ", ".join(f"partition {i} (region {region_of.get(h, '?')}'s, led from host {replicas[i][0] if replicas[i] else '?'})"
+                      for i, h in wrong.items())
+    say(f"warning: {topic} existed before gnomon placed it: {where}; a cut of that host stalls those "
+        f"{what} until their coordinator moves. To place them: kafka-reassign-partitions.sh --execute "
+        f"--reassignment-json-file {path}, then kafka-leader-election.sh --election-type preferred "
+        "(docs/runbooks.md, 'A region lost')")
 
 
 def _operator_key(settings: Settings) -> None:

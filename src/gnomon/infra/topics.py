@@ -168,6 +168,23 @@ def create_with_assignment(bootstrap: str, name: str, replicas: list[list[int]],
     return True
 
 
+def replicas_of(bootstrap: str, name: str, *, credentials_dir: Path | None = None,
+                timeout_s: float = 30.0) -> list[list[int]]:
+    """Topic ``name``'s replicas per partition (the first is the preferred leader); empty
+    when it does not exist."""
+    from confluent_kafka import KafkaException
+
+    from gnomon.infra.kafka import admin
+
+    try:
+        topic = admin(bootstrap, credentials_dir=credentials_dir).list_topics(name, timeout=timeout_s).topics.get(name)
+    except KafkaException as exc:
+        raise InfraError(f"cannot read topic {name}'s partitions on {bootstrap}: {exc}") from exc
+    if topic is None or topic.error is not None:
+        return []
+    return [list(topic.partitions[i].replicas) for i in sorted(topic.partitions)]
+
+
 def preferred(leader: int, brokers: int, partition: int) -> list[int]:
     """Partition ``partition``'s replicas: ``leader`` first, then the other brokers
     (1..``brokers``) rotating with the partition, so followers share the load."""
