@@ -20,6 +20,7 @@ listener SASL_SSL, Cassandra's clients and nodes encrypted, the API on HTTPS.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -175,16 +176,23 @@ def _group(cl: Cluster, host: int) -> Path | None:
 class ApiPoller:
     """The API on host 1, read once a second all through a fault: answers by status."""
 
-    def __init__(self, url: str, token: str, job_id: str) -> None:
+    def __init__(self, url: str, token: str, job_id: str, api_pid: int | None = None) -> None:
         self.statuses: dict[str, int] = {}
+        self.slow: list[float] = []  # the seconds of each read that took over SLOW_S
+        self._api_pid = api_pid
+        self._asked_at: float | None = None  # when the read in flight was sent
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, args=(url, token, job_id), daemon=True)
         self._thread.start()
 
+    SLOW_S = 5.0
+
     def _poll(self, url: str, token: str, job_id: str) -> None:
         api = Client(url, token)
+        threading.Thread(target=self._dump_when_slow, daemon=True).start()
         try:
             while not self._stop.is_set():
+                self._asked_at = time.monotonic()
                 try:
                     api.get_job(job_id)
                     key = "200"
@@ -192,10 +200,28 @@ class ApiPoller:
                     key = str(exc.status)
                 except (ApiUnavailable, httpx.HTTPError) as exc:  # (the API restarting, or gone)
                     key = type(exc).__name__
+                took = time.monotonic() - self._asked_at
+                self._asked_at = None
+                if took > self.SLOW_S:
+                    self.slow.append(round(took, 1))
+                    log(f"API read took {took:.1f} s ({key})")
                 self.statuses[key] = self.statuses.get(key, 0) + 1
                 self._stop.wait(1.0)
         finally:
             api.close()
+
+    def _dump_when_slow(self) -> None:
+        """A read waiting over SLOW_S: the API's threads' stacks into its log (SIGUSR1),
+        once per read, so a hang shows where it waits."""
+        dumped_for: float | None = None
+        while not self._stop.wait(0.5):
+            asked = self._asked_at
+            if asked is not None and asked != dumped_for and time.monotonic() - asked > self.SLOW_S \
+                    and self._api_pid is not None:
+                dumped_for = asked
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._api_pid, signal.SIGUSR1)
+                log(f"API read waiting over {self.SLOW_S:.0f} s: its stacks are in api.log")
 
     def stop(self) -> None:
         self._stop.set()
@@ -350,7 +376,7 @@ def test_a_host_lost_and_back_misses_and_doubles_nothing(tmp_path: Path, cluster
     poller: ApiPoller | None = None
     try:
         url, ids = _load(sc, cluster, tag)
-        poller = ApiPoller(url, cluster.token, ids[0])
+        poller = ApiPoller(url, cluster.token, ids[0], sc.procs["api"].pid)
         owned3 = _owned_partitions(sc, "p3")
         led3 = _led_by(settings, topo.runs, 3)
         kill_at = int(time.time() * 1000)
@@ -406,7 +432,7 @@ def test_a_host_cut_off_and_healed_misses_and_doubles_nothing(tmp_path: Path, cl
         url, ids = _load(sc, cluster, tag)
         for name in ("p2", "w2"):
             assert placement.group_of(sc.procs[name].pid) == g2, name
-        poller = ApiPoller(url, cluster.token, ids[0])
+        poller = ApiPoller(url, cluster.token, ids[0], sc.procs["api"].pid)
         owned2 = _owned_partitions(sc, "p2")
         led2 = _led_by(settings, topo.runs, 2)
         assert netcut.reaches(g2, HOSTS[0], KAFKA_PORT) and netcut.reaches(g1, HOSTS[1], KAFKA_PORT)

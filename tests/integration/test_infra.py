@@ -40,6 +40,14 @@ def test_topics_match_topology(infra: Settings) -> None:
             assert configs[spec.name]["retention.ms"].value == str(spec.retention_ms), spec.name
 
 
+def test_replicas_of_reads_each_partitions_replicas(infra: Settings) -> None:
+    # what infra up compares with its coordinators' placement (regions layout)
+    specs = topics.topic_specs(infra.topology_path)
+    got = topics.replicas_of(infra.kafka_bootstrap, specs[0].name)
+    assert got == [[1]] * specs[0].partitions  # one node: every partition's only replica
+    assert topics.replicas_of(infra.kafka_bootstrap, f"gnomon.no-such-topic-{uuid.uuid4().hex[:6]}") == []
+
+
 def test_up_again_is_idempotent(infra: Settings) -> None:
     before = manager.status(infra)
     started = time.monotonic()

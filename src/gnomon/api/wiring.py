@@ -121,7 +121,18 @@ class _TcpConfig(uvicorn.Config):
 
 def app_from_env() -> FastAPI:
     """The production app from the environment alone (``gnomon.config.load()``; dev mode
-    from ``GNOMON_DEV``): what every API worker process builds."""
+    from ``GNOMON_DEV``): what every API worker process builds. SIGUSR1 writes every
+    thread's stack to its stderr (its log) and goes on, as for the other processes:
+    where a request that hangs waits."""
+    import faulthandler
+    import io
+    import signal
+    import sys
+
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # stderr with no file descriptor
+        log.debug("no stack dump on SIGUSR1: stderr has no file descriptor")
     return build_app(load())
 
 
