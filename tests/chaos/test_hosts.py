@@ -263,8 +263,31 @@ def _load(sc: Scenario, cl: Cluster, tag: str, env: Mapping[str, str] | None = N
         sc.send(RegisterJob(job_id, "chaos", spec, int(time.time() * 1000)))
     sc.flush()
     sc.wait_runs(succeeded=3 * len(ids), timeout_s=90)
+    _wait_api_serves(url, cl.token, ids[0])
     time.sleep(5)  # steady load before the fault
     return url, ids
+
+
+def _wait_api_serves(url: str, token: str, job_id: str, timeout_s: float = 60) -> None:
+    """Until the API answers ``job_id`` from history: its history store connected (the
+    API connects on a thread of its own after it starts listening) and the projector has
+    written the job. The fault comes to a system that was whole: an API whose first
+    connection to Cassandra is made during a cut queues its reads behind it, and a job the
+    projector has not written yet is a 404 (CI of af4ba3b, and a run here: api.log)."""
+    api = Client(url, token)
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    try:
+        while time.monotonic() < deadline:
+            try:
+                api.get_job(job_id)
+                return
+            except (ApiError, ApiUnavailable, httpx.HTTPError) as exc:
+                last = str(exc)
+            time.sleep(1)
+    finally:
+        api.close()
+    raise AssertionError(f"the API did not serve job {job_id} within {timeout_s:.0f} s before the fault: {last}")
 
 
 @dataclass
