@@ -65,3 +65,42 @@ def test_a_synchronous_refusal_stops_sending_the_batch() -> None:
     with pytest.raises(HistoryStoreError, match="1 of 1000 statements failed"):
         store_with(session)._run_all("write batch", [("s", ())] * 1000)
     assert session.sent == 1
+
+
+def test_a_caller_waits_for_another_ones_connect_at_most_a_request_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the API's early connect hangs (a node cut off mid-handshake): a request must not
+    # queue behind it for longer than a request's time; it fails as unavailable (503)
+    import threading
+    import time
+
+    import gnomon.history.cassandra as mod
+
+    release = threading.Event()
+
+    def hanging_connect(*_a: Any, **_k: Any) -> tuple[Any, Any]:
+        release.wait(10)
+        raise HistoryStoreError("cut off")
+
+    monkeypatch.setattr(mod, "connect", hanging_connect)
+    store = CassandraHistoryStore(["127.0.0.1"], request_timeout_s=0.3)
+    failed: list[BaseException] = []
+
+    def connect_early() -> None:
+        try:
+            store.connect()
+        except HistoryStoreError as exc:
+            failed.append(exc)
+
+    early = threading.Thread(target=connect_early, daemon=True)
+    early.start()
+    time.sleep(0.1)  # the early connect holds the store
+    began = time.monotonic()
+    with pytest.raises(HistoryStoreError, match="still connecting after 0 s"):
+        store.get_job("j")
+    assert time.monotonic() - began < 2
+    release.set()
+    early.join(5)
+    assert [str(e) for e in failed] == ["cut off"]
+    # once the connect gave up, the next caller connects itself (and fails here: no Cassandra)
+    with pytest.raises(HistoryStoreError, match="cut off"):
+        store.get_job("j")

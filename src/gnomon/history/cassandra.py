@@ -37,7 +37,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,6 +328,15 @@ def _status_filter(wanted: RunStatus | None) -> Callable[[Any], bool] | None:
     return lambda row: bool(row.status == value)
 
 
+@contextlib.contextmanager
+def _held(lock: threading.Lock) -> Iterator[None]:
+    """Release ``lock`` (acquired by the caller) when the block ends."""
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class CassandraHistoryStore:
     """HistoryStore on Cassandra. Thread-safe. Connects on first use (or ``connect()``);
     ``ensure_schema=True`` applies the ``schemas/cql`` migrations when connecting."""
@@ -379,7 +388,13 @@ class CassandraHistoryStore:
         st = self._st
         if st is not None:
             return self._session, st
-        with self._lock:
+        # another thread connecting (the API's early connect, or a request's): wait for it
+        # at most a request's time, then fail like a request would, rather than queue
+        # every caller behind a connection that a slow or cut-off node keeps waiting
+        if not self._lock.acquire(timeout=self.request_timeout_s):
+            raise HistoryStoreError(f"cassandra at {','.join(self.hosts)}:{self.port}: still connecting "
+                                    f"after {self.request_timeout_s:.0f} s (another caller is connecting)")
+        with _held(self._lock):
             if self._closed:
                 raise HistoryStoreError("cassandra history store is closed")
             if self._st is None:
