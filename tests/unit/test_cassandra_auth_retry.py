@@ -86,3 +86,36 @@ def test_ensure_auth_does_not_retry_a_refused_login(tmp_path: Path, monkeypatch:
     with pytest.raises(InfraError, match="refuses"):
         cassandra.ensure_auth(_settings(tmp_path), timeout_s=60.0)
     assert calls == [1]
+
+
+def test_the_default_superuser_refused_on_a_node_that_lacks_its_row_is_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # three fresh nodes: the default superuser logs in, but a node without its role row yet
+    # refuses it as a superuser (seen here: "User cassandra does not have sufficient
+    # privileges"); the next try, a few seconds later, creates the admin role
+    from cassandra import Unauthorized
+
+    executed: list[str] = []
+
+    class Session:
+        def execute(self, cql: str) -> None:
+            if cql.startswith("CREATE ROLE") and not any(c.startswith("CREATE ROLE") for c in executed):
+                executed.append(cql)
+                raise Unauthorized("User cassandra does not have sufficient privileges")
+            executed.append(cql)
+
+    class Cluster:
+        def shutdown(self) -> None:
+            pass
+
+    admin_logins = iter([None, None, ("admin-cluster", "admin-session")])
+
+    def login(settings: Any, cred: Any) -> Any:
+        return next(admin_logins) if cred is not cassandra.DEFAULT_SUPERUSER else (Cluster(), Session())
+
+    monkeypatch.setattr(cassandra, "_login", login)
+    monkeypatch.setattr(cassandra, "layout", lambda s: 1)
+    monkeypatch.setattr(cassandra.time, "sleep", lambda s: None)
+    admin = cassandra.credentials.Credential("gnomon_admin", "pw")
+    assert cassandra._admin_session(_settings(tmp_path), admin, 60.0) == ("admin-cluster", "admin-session")
+    assert [c.split(" ")[0] for c in executed] == ["CREATE", "CREATE"]

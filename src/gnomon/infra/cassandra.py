@@ -334,6 +334,8 @@ def _admin_session(settings: Settings, admin: credentials.Credential, timeout_s:
             return got
         default = _login(settings, DEFAULT_SUPERUSER)
         if default is not None:
+            from cassandra import Unauthorized
+
             cluster, session = default
             try:
                 if layout(settings) >= 3:  # (see ensure_auth: first, before the role is written)
@@ -344,6 +346,15 @@ def _admin_session(settings: Settings, admin: credentials.Credential, timeout_s:
                     f"WITH SUPERUSER = true AND LOGIN = true AND PASSWORD = {pw}"
                 )
                 say(f"Cassandra: created superuser {admin.username} (credentials/{credentials.CASSANDRA_ADMIN}.json)")
+            except Unauthorized as exc:
+                # three fresh nodes: the default superuser is made by one of them, in a
+                # system_auth of one replica, so a node that has not got its row yet logs
+                # it in but refuses it as a superuser (seen: "User cassandra does not
+                # have sufficient privileges"); it learns it within seconds
+                if time.monotonic() > deadline:
+                    raise
+                say(f"Cassandra: the default superuser is not known on every node yet; retrying ({exc})")
+                time.sleep(AUTH_RETRY_INTERVAL_S)
             finally:
                 cluster.shutdown()
             time.sleep(0.5)  # let the role caches see it
