@@ -45,7 +45,11 @@ def test_replicas_of_reads_each_partitions_replicas(infra: Settings) -> None:
     specs = topics.topic_specs(infra.topology_path)
     got = topics.replicas_of(infra.kafka_bootstrap, specs[0].name)
     assert got == [[1]] * specs[0].partitions  # one node: every partition's only replica
-    assert topics.replicas_of(infra.kafka_bootstrap, f"gnomon.no-such-topic-{uuid.uuid4().hex[:6]}") == []
+    missing = f"gnomon.no-such-topic-{uuid.uuid4().hex[:6]}"
+    assert topics.replicas_of(infra.kafka_bootstrap, missing) == []
+    # and asking made no such topic (a metadata request naming it would, with the broker's
+    # auto.create.topics.enable: it did in CI)
+    assert missing not in kafka.admin(infra.kafka_bootstrap).list_topics(timeout=10).topics
 
 
 def test_up_again_is_idempotent(infra: Settings) -> None:

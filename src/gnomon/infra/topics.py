@@ -177,7 +177,9 @@ def replicas_of(bootstrap: str, name: str, *, credentials_dir: Path | None = Non
     from gnomon.infra.kafka import admin
 
     try:
-        topic = admin(bootstrap, credentials_dir=credentials_dir).list_topics(name, timeout=timeout_s).topics.get(name)
+        # (every topic's metadata, not the one topic's: a request naming a topic that does
+        # not exist makes the broker create it when auto.create.topics.enable is on)
+        topic = admin(bootstrap, credentials_dir=credentials_dir).list_topics(timeout=timeout_s).topics.get(name)
     except KafkaException as exc:
         raise InfraError(f"cannot read topic {name}'s partitions on {bootstrap}: {exc}") from exc
     if topic is None or topic.error is not None:
