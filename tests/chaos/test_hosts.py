@@ -178,7 +178,6 @@ class ApiPoller:
 
     def __init__(self, url: str, token: str, job_id: str, api_pid: int | None = None) -> None:
         self.statuses: dict[str, int] = {}
-        self.slow: list[float] = []  # the seconds of each read that took over SLOW_S
         self._api_pid = api_pid
         self._asked_at: float | None = None  # when the read in flight was sent
         self._stop = threading.Event()
@@ -203,7 +202,6 @@ class ApiPoller:
                 took = time.monotonic() - self._asked_at
                 self._asked_at = None
                 if took > self.SLOW_S:
-                    self.slow.append(round(took, 1))
                     log(f"API read took {took:.1f} s ({key})")
                 self.statuses[key] = self.statuses.get(key, 0) + 1
                 self._stop.wait(1.0)

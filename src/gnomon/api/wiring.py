@@ -124,15 +124,9 @@ def app_from_env() -> FastAPI:
     from ``GNOMON_DEV``): what every API worker process builds. SIGUSR1 writes every
     thread's stack to its stderr (its log) and goes on, as for the other processes:
     where a request that hangs waits."""
-    import faulthandler
-    import io
-    import signal
-    import sys
+    from gnomon import stacks
 
-    try:
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    except (AttributeError, ValueError, io.UnsupportedOperation):  # stderr with no file descriptor
-        log.debug("no stack dump on SIGUSR1: stderr has no file descriptor")
+    stacks.dump_on_sigusr1()
     return build_app(load())
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import faulthandler
 import importlib
-import io
 import logging
 import os
 import signal
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gnomon import stacks
 from gnomon.cli.common import command, console, fail, require_server_extra
 from gnomon.config import REPO_ROOT, load
 from gnomon.core.errors import ValidationError
@@ -117,10 +116,7 @@ def _stop_on_signals(stop: threading.Event | object) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    try:
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    except (AttributeError, ValueError, io.UnsupportedOperation):  # stderr with no file descriptor (a test's)
-        logging.getLogger("gnomon.cli").debug("no stack dump on SIGUSR1: stderr has no file descriptor")
+    stacks.dump_on_sigusr1()
 
 
 @command

@@ -124,4 +124,3 @@ def reassignment(p: Plan, replicas: Sequence[Sequence[int]], topic: str) -> dict
         now = list(replicas[i])
         moves.append({"topic": topic, "partition": i, "replicas": [lead, *(b for b in now if b != lead)]})
     return {"version": 1, "partitions": moves}
-
