@@ -204,6 +204,27 @@ def test_directory_counts_slots_per_start_second_and_judges_liveness_by_receipt_
     assert d.pick("p", 20_000) is None and d.lost(20_000) == ["a"]
 
 
+def test_a_gap_in_the_processors_own_reading_is_not_the_workers_silence() -> None:
+    d = WorkerDirectory()  # advert every 1 s: lost after 4 s of silence
+    d.listening(10_000)
+    d.observe(WorkerAdvert("a", "p", 2, 0, 0, 1000, at_ms=0), now_ms=10_000)
+    d.listening(11_000)
+    # the processor is stopped 12 s (SIGSTOP, a long restore): it reads nothing, and
+    # wakes up with no advert yet: a is not lost, its runs are not moved
+    d.listening(23_000)
+    assert d.lost(23_000) == [] and d.pick("p", 23_000) == "a"
+    # silence while it listens counts: 4.5 s of it (1 s before the gap, 3.5 s after)
+    for t in range(23_500, 26_501, 500):
+        d.listening(t)
+    assert d.lost(26_500) == ["a"]
+    # a fresh advert after a deaf gap is judged from its own receipt
+    d.observe(WorkerAdvert("b", "p", 2, 0, 0, 1000, at_ms=0), now_ms=26_000)
+    d.listening(40_000)
+    assert d.alive("b", 40_000)
+    d.listening(40_500)
+    assert not d.alive("b", 44_600)
+
+
 def test_a_worker_busy_with_long_runs_takes_nothing() -> None:
     d = WorkerDirectory()
     d.observe(WorkerAdvert("busy", "p", 8, 8, 0, 1000, at_ms=0, long_running=8), now_ms=0)

@@ -58,6 +58,8 @@ class _Entry:
     staged_since: int = 0  # grants made here since the advert
     buckets: dict[int, int] = field(default_factory=dict)  # start second -> grants made here
     lost: bool = False
+    deaf_mark_ms: int = 0  # the directory's deaf time when this advert came
+
 
     def free_at(self, second: int) -> int:
         """Slots free for attempts starting in ``second``. Near the advert every running
@@ -80,6 +82,9 @@ class WorkerDirectory:
 
     dead_after_intervals: int = 4  # silent this many advert intervals = lost
     dead_after_min_ms: int = 3_000
+    # a gap longer than this between two reads of the adverts is the processor's own
+    # (stopped, starved, restoring), not the workers' silence: it is not counted
+    deaf_gap_ms: int = 1_500
     workers_max: int = 100_000  # adverts beyond this many distinct workers are ignored
     _by_id: dict[str, _Entry] = field(default_factory=dict)
     _pools: dict[str, list[str]] = field(default_factory=dict)
@@ -88,6 +93,17 @@ class WorkerDirectory:
     # or a pass over the waiting runs leaves some (``processor.waiting``), cleared by a pass
     # that leaves none. A run released meanwhile queues behind them, not before.
     queued_pools: set[str] = field(default_factory=set)
+    _listened_ms: int | None = None
+    _deaf_ms: int = 0  # the sum of the gaps not counted as silence
+
+    def listening(self, now_ms: int) -> None:
+        """The processor reads the adverts at ``now_ms``. If it read none for longer than
+        ``deaf_gap_ms`` (SIGSTOPped, starved of CPU, restoring a partition), that gap
+        is not counted as any worker's silence: a processor that wakes up must not
+        declare every worker lost and move their staged runs because *it* was away."""
+        last, self._listened_ms = self._listened_ms, now_ms
+        if last is not None and now_ms - last > self.deaf_gap_ms:
+            self._deaf_ms += now_ms - last
 
     def observe(self, advert: WorkerAdvert, now_ms: int) -> None:
         entry = self._by_id.get(advert.worker_id)
@@ -102,14 +118,16 @@ class WorkerDirectory:
                 self._pools.setdefault(advert.pool, []).append(advert.worker_id)
             now_s = now_ms // 1000
             buckets = {s: n for s, n in entry.buckets.items() if s >= now_s}
-        self._by_id[advert.worker_id] = _Entry(advert, now_ms, buckets=buckets, lost=advert.leaving)
+        self._by_id[advert.worker_id] = _Entry(advert, now_ms, buckets=buckets, lost=advert.leaving,
+                                               deaf_mark_ms=self._deaf_ms)
 
     def _dead_after_ms(self, e: _Entry) -> int:
         return max(self.dead_after_min_ms, self.dead_after_intervals * e.advert.interval_ms)
 
     def alive(self, worker_id: str, now_ms: int) -> bool:
         e = self._by_id.get(worker_id)
-        return e is not None and not e.lost and now_ms - e.seen_ms <= self._dead_after_ms(e)
+        return (e is not None and not e.lost
+                and now_ms - e.seen_ms - (self._deaf_ms - e.deaf_mark_ms) <= self._dead_after_ms(e))
 
     def pools(self) -> list[str]:
         return sorted(p for p, ids in self._pools.items() if ids)

@@ -40,6 +40,7 @@ class AdvertFeed:
         """Observe the adverts that arrived (non-blocking); how many."""
         n = 0
         now = self.clock.now_ms()
+        self.directory.listening(now)
         for msg in self.consumer.consume(self.batch_max, 0):
             raw = msg.value
             if raw is None:
