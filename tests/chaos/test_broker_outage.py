@@ -57,4 +57,7 @@ def test_single_broker_down_then_back_then_processor_frozen(tmp_path: Path) -> N
     assert any("assigned partitions" in line for line in after), "the thawed processor did not rejoin"
     lags = res.freeze["lags_s"]
     assert isinstance(lags, list) and len(lags) >= 100 and res.freeze["not_started"] == 0
-    assert pct(lags, 99) <= LAG_P99_S, pct(lags, 99)
+    # (a failure shows what the processor and the worker did after the thaw: CI keeps no logs)
+    story = [line[:240] for name in ("p1", "w1")
+             for line in res.log_after(name, int(res.freeze["thawed_at_ms"]))[:40]]  # type: ignore[call-overload]
+    assert pct(lags, 99) <= LAG_P99_S, f"p99 {pct(lags, 99)} s; after the thaw:\n" + "\n".join(story)
