@@ -161,6 +161,36 @@ def test_a_grant_that_comes_after_its_slot_to_a_full_worker_waits_before_it_goes
     wait_for(lambda: ran == ["j@1", "j@2"])
 
 
+class _Gate:
+    """A region gate that only says the namespace is still this region's."""
+
+    def still_mine(self) -> bool:
+        return True
+
+
+def test_runs_held_by_the_write_fence_are_not_handed_back_and_start_when_writes_are_taken() -> None:
+    # region b's worker, while a's cut made its writes wait 10 s for a's replica to leave
+    # the ISR: its runs due then were held (right), then handed back after 1 s as if it
+    # had no free slot (wrong): the processor granted them again and they started 9 s late
+    w, clock, prod, ex, ran = make(concurrency=4)
+    w.gate = _Gate()  # type: ignore[assignment]
+    w.fence_ms = 10_000
+    w._acked(None, 0, 0)  # the last write the cluster took
+    slot = clock.now_ms() + 10_500
+    w._on_inbox(grant("j@1", slot), ex)
+    clock.set(slot)
+    w._fire_due(ex)
+    assert not w._running and "j@1" in w._staged  # no write taken for 10.5 s: held
+    clock.set(slot + 3_000)
+    w._fire_due(ex)
+    assert prod.of(ReturnGrant) == [] and "j@1" in w._staged  # held, not handed back
+    w._acked(None, 0, 0)  # the cluster answers again
+    w._fire_due(ex)
+    assert "j@1" in w._running and prod.of(ReturnGrant) == []
+    w.release.set()  # type: ignore[attr-defined]
+    wait_for(lambda: ran == ["j@1"])
+
+
 def test_a_grant_whose_lease_lapsed_before_its_start_is_dropped() -> None:
     w, clock, prod, ex, _ran = make()
     slot = clock.now_ms() + 1_000

@@ -619,6 +619,12 @@ class Worker:
                 self._launch(att)
                 continue
             break
+        if self._fence_said:
+            # held by the fence, not for want of a slot: a hand-back now would be one more
+            # write the cluster does not take, and would send the run to the processor for
+            # a new grant seconds after the cluster answers (the region test: 45 of b's
+            # runs due in the cut's 10th second started 9 s late, on their second grant)
+            return
         # full: attempts that waited past handback_after_ms go back to the processor
         while self._due and now - self._due[0][0] > self.handback_after_ms:
             _, run_id, token = self._due.popleft()
