@@ -79,3 +79,25 @@ def test_the_caller_passes_errors_on_and_its_idle_thread_ends() -> None:
         assert time.monotonic() < deadline, "the idle thread did not end"
         time.sleep(0.05)
     assert c.call(lambda: None, 1)  # started again when needed
+
+
+class FencedProducer:
+    """Stands for librdkafka's producer fenced while its records were on their way."""
+
+    def flush(self, _timeout_s: float) -> int:
+        from confluent_kafka import KafkaError, KafkaException
+        raise KafkaException(KafkaError(KafkaError._FENCED, "ProduceRequest failed: old epoch", fatal=True))
+
+    def __len__(self) -> int:
+        return 15
+
+
+def test_a_flush_that_finds_the_producer_fenced_is_a_fatal_transaction_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the processor flushes a transaction's records before its offsets; a fenced producer
+    # raised librdkafka's own exception out of that flush, past the processor's handling
+    # (it stopped instead of rebuilding its producer: region test, b's processor mid-cut)
+    p, _stuck = producer(monkeypatch)
+    p._p = FencedProducer()  # type: ignore[assignment]
+    with pytest.raises(TransactionError) as err:
+        p.flush(1)
+    assert err.value.fatal and "flush" in str(err.value)

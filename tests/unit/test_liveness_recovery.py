@@ -73,3 +73,27 @@ def test_the_processor_rides_out_a_broker_outage_and_resumes(monkeypatch: pytest
     c.heal(10_000)
     rep = c.history_report()
     assert rep.ok and rep.missed == 0 and rep.duplicates == 0, rep.summary()
+
+
+def test_a_producer_fenced_in_the_flush_before_the_offsets_is_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the region test: b's processor's transaction outlived its timeout mid-cut, the
+    # coordinator bumped its epoch, and the flush that sends the records before the
+    # offsets raised "fenced"; the processor must rebuild its producer, not stop
+    real = MemoryTransactionalProducer.flush
+    fenced = {"left": 1}
+
+    def flush(self: MemoryTransactionalProducer, timeout_s: float) -> int:
+        if fenced["left"] and self._txn is not None:
+            fenced["left"] -= 1
+            raise TransactionError("flush: This instance has been fenced by a newer instance", fatal=True)
+        return real(self, timeout_s)
+
+    monkeypatch.setattr(MemoryTransactionalProducer, "flush", flush)
+    c = SimCluster(3, processors=1, workers=1)
+    c.register("a", "* * * * * *")
+    c.run_for(10_000, faults=False)
+    p0 = c.processor("p0")
+    assert fenced["left"] == 0 and p0.aborts >= 1 and not p0.recovering and p0.transactions > 0
+    c.heal(10_000)
+    rep = c.history_report()
+    assert rep.ok and rep.missed == 0 and rep.duplicates == 0, rep.summary()

@@ -365,7 +365,10 @@ class KafkaTransactionalProducer:
     def flush(self, timeout_s: float) -> int:
         if self._wedged is not None:
             return len(self._p)  # another thread is inside librdkafka's transaction API
-        return int(self._p.flush(timeout_s))
+        try:
+            return int(self._p.flush(timeout_s))
+        except KafkaException as exc:  # e.g. fenced while records were on their way (an epoch bump)
+            raise _txn_error(exc, "flush") from exc
 
 
 class KafkaProducer:
