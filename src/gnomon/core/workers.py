@@ -60,7 +60,6 @@ class _Entry:
     lost: bool = False
     deaf_mark_ms: int = 0  # the directory's deaf time when this advert came
 
-
     def free_at(self, second: int) -> int:
         """Slots free for attempts starting in ``second``. Near the advert every running
         attempt counts; further ahead only the long-running ones (short ones will have
