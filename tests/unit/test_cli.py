@@ -145,6 +145,8 @@ def test_ids_are_whole_on_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch,
         [LONG_JOB] if args[0] == "jobs" else [f"{LONG_JOB}@2026-12-01T10:00:00Z"])
     for run_id in ids:
         assert run_id in res.stdout, res.stdout  # on one line, uncut: it can be pasted
+    if args[0] == "jobs":
+        assert "2026-12-02T02:00:00Z" in res.stdout, res.stdout  # the next run whole, not "2026-12-02T0…"
 
 
 @pytest.mark.parametrize("columns", [200, 80])

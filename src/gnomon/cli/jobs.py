@@ -167,8 +167,11 @@ def list_(limit: int = 100, json_: JsonOpt = False) -> None:
         return
     table = Table()
     table.add_column("id", no_wrap=True, min_width=max((len(clean(j["id"])) for j in page["items"]), default=2))
-    for name in ("name", "status", "schedule", "next run (UTC)"):
-        table.add_column(name)
+    table.add_column("name", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("schedule", overflow="fold")
+    # a time cut to "2026-12-06T1…" says nothing: the name and schedule wrap instead
+    table.add_column("next run (UTC)", no_wrap=True, min_width=len("2026-12-06T17:02:30Z"))
     for j in page["items"]:
         when = j.get("schedule") or (f"every {j['every']}" if j.get("every") else j.get("runAt")) or (
             "after " + ", ".join(u["job"] for u in j.get("after") or []))
