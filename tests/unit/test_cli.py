@@ -147,6 +147,7 @@ def test_ids_are_whole_on_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch,
         assert run_id in res.stdout, res.stdout  # on one line, uncut: it can be pasted
     if args[0] == "jobs":
         assert "2026-12-02T02:00:00Z" in res.stdout, res.stdout  # the next run whole, not "2026-12-02T0…"
+    assert "…" not in res.stdout, res.stdout  # nothing cut: what does not fit folds
 
 
 @pytest.mark.parametrize("columns", [200, 80])

@@ -375,13 +375,19 @@ def dead_list(limit: int = 50, cursor: Annotated[str | None, typer.Option(help="
     if json_:
         print_json(page)
         return
-    table = Table()
+    # on a narrow terminal the finish time is left out (`gnomon runs get ID` shows it) and
+    # the error folds over lines, rather than every column ending in "…"
+    wide = console.width >= WIDE_COLUMNS
+    table = Table(box=None if not wide else box.HEAVY_HEAD, pad_edge=wide)
     table.add_column("run", no_wrap=True, min_width=max((len(clean(r["id"])) for r in page["items"]), default=3))
-    for name in ("attempt", "finished", "exit", "error"):
-        table.add_column(name)
+    table.add_column("attempt", no_wrap=True, min_width=len("attempt"))
+    if wide:
+        table.add_column("finished", no_wrap=True)
+    table.add_column("exit", no_wrap=True)
+    table.add_column("error", overflow="fold")
     for r in page["items"]:
-        _row(table, r["id"], f"{r['attempt']}/{r['maxAttempts']}", r["finishedAt"], r["exitCode"],
-             r["error"] or r["reason"])
+        finished = [r["finishedAt"]] if wide else []
+        _row(table, r["id"], f"{r['attempt']}/{r['maxAttempts']}", *finished, r["exitCode"], r["error"] or r["reason"])
     console.print(table)
     if page.get("cursor"):
         console.print(Text.assemble("more: --cursor ", safe(page["cursor"])), highlight=False)
