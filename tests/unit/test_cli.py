@@ -73,7 +73,10 @@ def test_job_data_is_printed_literally(monkeypatch: pytest.MonkeyPatch, args: li
     from gnomon.cli import jobs as cli_jobs
 
     monkeypatch.setattr(cli_jobs, "Client", FakeClient)
-    res = runner.invoke(app, args, env={"COLUMNS": "400"})
+    # the console's width is fixed when it is made (COLUMNS then): set it, so a wrapped cell
+    # cannot split the text looked for
+    monkeypatch.setattr(cli_jobs.console, "width", 400)
+    res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "[bold red]pwned[/bold red]" in res.stdout  # markup shown, not applied
     assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "\u202e" not in res.stdout
@@ -138,7 +141,8 @@ def test_ids_are_whole_on_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch,
     from gnomon.cli import jobs as cli_jobs
 
     monkeypatch.setattr(cli_jobs, "Client", ManyRunsClient)
-    res = runner.invoke(app, args, env={"COLUMNS": "80"})
+    monkeypatch.setattr(cli_jobs.console, "width", 80)  # (fixed when the console was made)
+    res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
     ids = [f"{LONG_JOB}@2026-12-01T10:0{i}:00Z" for i in range(3)] if args[0] == "runs" else (
