@@ -110,8 +110,29 @@ def test_lateness_is_the_jobs_own_setting_and_an_absent_processor_uses_catch_up(
     # the processor was not there at the slot: the catch-up policy, as after an outage
     away = J.decide_tick(_state(spec), T0 + 90_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0 + 1)
     assert isinstance(away[0], J.RunSkipped) and away[0].reason == "catch-up policy once"
-    assert J.decide_tick(_state(spec), T0 + 90_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0 + 1,
+    # with the budget spent the catch-up waits for it, but no longer than the job's lateness
+    # bound past the processor's return
+    assert J.decide_tick(_state(spec), T0 + 5_000, J.SchedulerConfig(lookahead_ms=0), present_since_ms=T0 + 1,
                          triggers=False) == []
+
+
+def test_an_outage_backlog_the_budget_never_reaches_is_given_up_as_overload() -> None:
+    """Found by the stricter history checker (issue 49): after a processor's restart, low
+    jobs whose slots were missed before it came back waited for the catch-up policy, which
+    waits for budget; under overload that never came, and the jobs stood still with their
+    slots neither run nor recorded (50 s in ``test_sim_overload``'s faults scenario). Once
+    the processor has been back for the job's lateness bound, the slots past it are late by
+    overload and given up as such."""
+    spec = JobSpec(name="n", schedule=Schedule(cron="* * * * * *"), target=SPEC.target, late_max_s=5)
+    back = T0 + 60_000
+    cfg = J.SchedulerConfig(lookahead_ms=0)
+    assert J.decide_tick(_state(spec), back + 5_000 - 1, cfg, present_since_ms=back, triggers=False) == []
+    events = J.decide_tick(_state(spec), back + 30_000, cfg, present_since_ms=back, triggers=False)
+    assert len(events) == 1 and isinstance(events[0], J.RunSkipped)
+    given_up = events[0]
+    assert given_up.reason == J.OVERLOAD_REASON
+    assert (given_up.from_ms, given_up.slot_ms, given_up.count) == (T0, back + 25_000, 86)
+    assert given_up.advances and given_up.advance_to_ms == back + 26_000
 
 
 def _task() -> PartitionTask:
@@ -180,13 +201,33 @@ def test_the_ui_banner_names_an_overload_and_is_silent_otherwise() -> None:
 
 def test_deleting_a_job_behind_records_its_untriggered_slots() -> None:
     state = _state(next_ms=T0)  # deferred: 10 slots due and not triggered
-    events = J.decide(state, J.DeleteJob("j", "t", T0 + 9_500), T0 + 9_500)
+    events = J.decide(state, J.DeleteJob("j", "t", T0 + 9_500))
     skipped, deleted = events
     assert isinstance(skipped, J.RunSkipped) and skipped.reason == "job deleted"
     assert (skipped.from_ms, skipped.slot_ms, skipped.count) == (T0, T0 + 9_000, 10)
     assert isinstance(deleted, J.JobDeleted)
     # a job on time has nothing behind it
-    assert [type(e) for e in J.decide(_state(next_ms=T0 + 1_000), J.DeleteJob("j", "t", T0), T0)] == [J.JobDeleted]
+    assert [type(e) for e in J.decide(_state(next_ms=T0 + 1_000), J.DeleteJob("j", "t", T0))] == [J.JobDeleted]
+
+
+def test_pausing_a_job_behind_records_its_untriggered_slots_and_moves_past_them() -> None:
+    """Found by the stricter history checker (issue 49): a job behind (overload) paused and
+    never resumed left its due slots neither run nor recorded; a resume recorded them later
+    as if they had fallen while paused."""
+    state = _state(next_ms=T0)  # deferred: 10 slots due and not triggered
+    skipped, paused = J.decide(state, J.PauseJob("j", "t", T0 + 9_500))
+    assert isinstance(skipped, J.RunSkipped) and skipped.reason == "paused"
+    assert (skipped.from_ms, skipped.slot_ms, skipped.count) == (T0, T0 + 9_000, 10)
+    assert skipped.advances and skipped.advance_to_ms == T0 + 10_000
+    assert isinstance(paused, J.JobPaused)
+    after = J.evolve(J.evolve(state, skipped), paused)
+    assert after is not None and (after.status, after.next_run_at_ms) == (J.JobStatus.PAUSED, T0 + 10_000)
+    # the resume records the slots of the pause alone, from where the pause left the job
+    gap, resumed = J.decide(after, J.ResumeJob("j", "t", T0 + 20_500))
+    assert isinstance(gap, J.RunSkipped) and (gap.from_ms, gap.slot_ms) == (T0 + 10_000, T0 + 20_000)
+    assert isinstance(resumed, J.JobResumed)
+    # a job on time has nothing behind it
+    assert [type(e) for e in J.decide(_state(next_ms=T0 + 1_000), J.PauseJob("j", "t", T0))] == [J.JobPaused]
 
 
 class _Overloaded:

@@ -495,7 +495,22 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
         return [_updated(state, _patched(state, cmd, pools), now)]
     if isinstance(cmd, PauseJob):
         _check(state, JobStatus.PAUSED)
-        return [] if state.status is JobStatus.PAUSED else [JobPaused(cmd.job_id, now)]
+        if state.status is JobStatus.PAUSED:
+            return []
+        # slots already due and not triggered (a job behind: deferred by an overloaded
+        # processor, or in a catch-up not reached yet) are recorded now, as a delete does,
+        # not left for a resume that may never come; the job moves past them
+        overdue = _skip_range(state, state.next_run_at_ms, now - 1, "paused", now, cfg) if (
+            state.status is JobStatus.ACTIVE and state.next_run_at_ms is not None
+            and state.next_run_at_ms < now) else []
+        if overdue:
+            last = overdue[-1]
+            assert isinstance(last, RunSkipped)
+            nxt = _next_slot(state.spec, last.slot_ms)
+            overdue[-1] = replace(last, advances=True, advance_to_ms=nxt)
+            if nxt is None:
+                return overdue  # (no slot left: the job is done, nothing to pause)
+        return [*overdue, JobPaused(cmd.job_id, now)]
     if isinstance(cmd, ResumeJob):
         _check(state, JobStatus.ACTIVE)
         if state.status is not JobStatus.PAUSED:
@@ -749,6 +764,25 @@ def late_max_ms(spec: JobSpec, cfg: SchedulerConfig) -> int:
     return spec.late_max_s * 1000 if spec.late_max_s is not None else cfg.misfire_grace_ms
 
 
+def _give_up(state: JobState, give_up_to: int, now_ms: int, cfg: SchedulerConfig) -> tuple[list[JobEvent], int | None]:
+    """The job's slots from its next one to ``give_up_to`` given up under overload (one
+    range recorded skipped, reason ``overload``; a one-time job: its slot), and its next
+    slot after them."""
+    spec, first = state.spec, state.next_run_at_ms
+    assert first is not None and first <= give_up_to
+    if spec.schedule.run_at_ms is not None:
+        return [RunSkipped(slot_run_id(state.job_id, first), state.job_id, state.tenant, spec, first,
+                           OVERLOAD_REASON, now_ms, advances=True)], None
+    events = _skip_range(state, first, give_up_to, OVERLOAD_REASON, now_ms, cfg)
+    if not events:
+        return [], first
+    given_up = events[-1]
+    assert isinstance(given_up, RunSkipped)
+    slot = _next_slot(spec, given_up.slot_ms)
+    events[-1] = replace(given_up, advances=True, advance_to_ms=slot)
+    return events, slot
+
+
 def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None,
                 present_since_ms: int | None = None, *, triggers: bool = True,
                 calendars: Sequence[Calendar] = ()) -> list[JobEvent]:
@@ -789,22 +823,21 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         )
 
     slot: int | None = first
+    give_up_to = now_ms - late_max_ms(spec, cfg)  # under overload, slots at or before this are given up
     if present_since_ms is not None and first >= present_since_ms:
-        give_up_to = now_ms - late_max_ms(spec, cfg)  # slots at or before this are given up
         if first <= give_up_to:
-            if spec.schedule.run_at_ms is not None:
-                return [RunSkipped(slot_run_id(state.job_id, first), state.job_id, state.tenant, spec, first,
-                                   OVERLOAD_REASON, now_ms, advances=True)]
-            events.extend(_skip_range(state, first, give_up_to, OVERLOAD_REASON, now_ms, cfg))
-            if events:
-                given_up = events[-1]
-                assert isinstance(given_up, RunSkipped)
-                slot = _next_slot(spec, given_up.slot_ms)
-                events[-1] = replace(given_up, advances=True, advance_to_ms=slot)
+            events, slot = _give_up(state, give_up_to, now_ms, cfg)
+            if slot is None and events and spec.schedule.run_at_ms is not None:
+                return events
         if not triggers:
             return events
     elif not triggers:
-        return []
+        # Missed while no processor ticked, and the budget is spent: the catch-up policy
+        # waits for budget, but no longer than the job's lateness bound past the processor's
+        # return. Past that, the slots are late by overload, like those missed after it.
+        if present_since_ms is None or give_up_to < present_since_ms or first > give_up_to:
+            return []
+        return _give_up(state, give_up_to, now_ms, cfg)[0]
     elif first < missed_before:
         # Catch-up: the processors were away. Decide which missed slots run.
         if spec.schedule.run_at_ms is not None:
