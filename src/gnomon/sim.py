@@ -64,7 +64,7 @@ import heapq
 import json
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,7 +73,7 @@ from typing import Any
 from gnomon import codec
 from gnomon.alerts.sender import AlertDeliveryError
 from gnomon.alerts.service import Alerter
-from gnomon.checker import CheckReport, HistoryChecker
+from gnomon.checker import STUCK_MS, CheckReport, HistoryChecker
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.alerts import Alert, AlertBook, AlertConfig, AlertMemory, DeliveryPolicy
@@ -409,6 +409,8 @@ class SimCluster:
         self.workers = [_Worker(i) for i in range(workers)]
         self.events: list[str] = []  # the faults injected, in order (for a failing seed's message)
         self.counts: dict[str, int] = {}
+        self.registered: list[str] = []  # every job a RegisterJob was submitted for (the checker's roll)
+        self.paused_at: dict[str, int] = {}  # job -> when the scenario last sent it a pause
         self.keys = SimKeys(seed)
         self.client = _OperatorSigned(self.log.producer(client_id="sim-client"), self.keys, self.topo.job_commands)
         self._faulting = False
@@ -589,6 +591,10 @@ class SimCluster:
 
     def submit(self, cmd: Any) -> None:
         """A job command, as the API or the SDK would produce it."""
+        if isinstance(cmd, J.RegisterJob):
+            self.registered.append(cmd.job_id)
+        elif isinstance(cmd, J.PauseJob):
+            self.paused_at[cmd.job_id] = self.clock.now_ms()  # (its slots before are due, wherever it points)
         key, value = cmd.job_id.encode(), codec.encode(cmd)
         self.client.produce(self.topo.job_commands, key, value,
                             headers=self.keys.sign(cmd.tenant, self.topo.job_commands, key, value))
@@ -885,14 +891,40 @@ class SimCluster:
             out[(r.key or b"").decode()] = None if r.value is None else codec.decode(r.value, topic=self.topo.jobs)
         return {k: v for k, v in out.items() if v is not None}
 
-    def history_report(self) -> CheckReport:
+    def job_history(self) -> tuple[dict[str, int | None], dict[str, J.JobState]]:
+        """Each job's first slot (its first state's next run) and its last state, from every
+        record of the jobs topic. A deleted job: its last state before the delete, DELETED,
+        updated when its tombstone was written (the checker's account of it ends there)."""
+        first: dict[str, int | None] = {}
+        last: dict[str, J.JobState] = {}
+        for r in self.log.records(self.topo.jobs):
+            if growth.is_control(r.key):
+                continue
+            if r.value is None:
+                job_id = (r.key or b"").decode()
+                if job_id in last:
+                    last[job_id] = replace(last[job_id], status=J.JobStatus.DELETED, updated_at_ms=r.timestamp_ms)
+                continue
+            state = codec.decode(r.value, topic=self.topo.jobs)
+            first.setdefault(state.job_id, state.next_run_at_ms)
+            last[state.job_id] = state
+        return first, last
+
+    def history_report(self, *, never_due: Collection[str] = (), due_until: Mapping[str, int] | None = None,
+                       stuck_ms: int = STUCK_MS) -> CheckReport:
+        """The history checker over every committed ledger and inbox record, for every job
+        the scenario registered, each from its first slot (``never_due``: jobs the scenario
+        expects no state of, e.g. refused registrations)."""
         checker = HistoryChecker()
         for state in self.ledger():
             checker.observe(state)
         for r in self.log.records(self.topo.worker_inbox):
             if r.value is not None:
                 checker.observe(codec.decode(r.value))
-        return checker.check(list(self.jobs().values()), self.clock.now_ms())
+        first, last = self.job_history()
+        return checker.check(list(last.values()), self.clock.now_ms(), first_slots=first,
+                             registered=self.registered, never_due=never_due,
+                             due_until={**self.paused_at, **(due_until or {})}, stuck_ms=stuck_ms)
 
     def history_gaps(self) -> list[str]:
         """Where the projected history differs from what was committed: every run's last

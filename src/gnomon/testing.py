@@ -367,13 +367,17 @@ class InMemoryCluster:
     def job_state(self, job_id: str) -> J.JobState | None:
         return self.tasks[partition_for(job_id, self.partitions)].job(job_id)
 
-    def history_report(self, job_ids: list[str]) -> CheckReport:
-        """The history checker over every record of this run, for these jobs (as they are now)."""
+    def history_report(self, job_ids: list[str], *, never_due: list[str] | tuple[str, ...] = ()) -> CheckReport:
+        """The history checker over every record of this run, for these jobs (the ones the
+        scenario registered), each from its first slot (its first state's next run)."""
         checker = HistoryChecker()
+        first: dict[str, int | None] = {}
         for _, rec in self.log:
             checker.observe(rec[1] if isinstance(rec, tuple) else rec)
+            if isinstance(rec, tuple) and isinstance(rec[1], J.JobState):
+                first.setdefault(rec[1].job_id, rec[1].next_run_at_ms)
         jobs = [s for s in (self.job_state(j) for j in job_ids) if s is not None]
-        return checker.check(jobs, self.clock.now_ms())
+        return checker.check(jobs, self.clock.now_ms(), first_slots=first, registered=job_ids, never_due=never_due)
 
     def runs_of(self, job_id: str) -> list[R.RunState]:
         out: dict[str, R.RunState] = {}

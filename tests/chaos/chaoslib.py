@@ -30,7 +30,7 @@ from gnomon.checker import CheckReport, HistoryChecker
 from gnomon.codec import DecodeError
 from gnomon.command_keys import operator_headers
 from gnomon.config import load
-from gnomon.core.jobs import DeleteJob, JobState, JobStatus, RegisterJob
+from gnomon.core.jobs import DeleteJob, JobState, JobStatus, PauseJob, RegisterJob
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.infra import placement
 from gnomon.topology import load_topology
@@ -195,6 +195,7 @@ class Scenario:
     processor_args: tuple[str, ...] = ()  # extra `gnomon processor` options for every processor
     worker_tenants: tuple[str, ...] = ("chaos",)  # the tenants every worker serves (`--tenant`)
     registered: dict[str, str] = field(default_factory=dict)  # job id -> tenant, of the jobs sent
+    paused_at: dict[str, int] = field(default_factory=dict)  # job id -> when the scenario sent its pause
     _log_from: dict[str, int] = field(default_factory=dict)  # where each process's latest start begins in its log
 
     def __post_init__(self) -> None:
@@ -356,6 +357,8 @@ class Scenario:
     def send(self, command: Any) -> None:
         if isinstance(command, RegisterJob):
             self.registered[command.job_id] = command.tenant
+        elif isinstance(command, PauseJob):
+            self.paused_at.setdefault(command.job_id, int(time.time() * 1000))
         self._produce_command(command)
         self.producer.poll(0)
 
@@ -416,17 +419,21 @@ class Scenario:
             time.sleep(poll_s)
 
     def check(self, now_ms: int) -> tuple[CheckReport, list[RunState], dict[str, JobState]]:
+        """The history checker over every ledger and inbox record of the scenario, for every
+        job it registered (each must have a state), each from its first slot; a job the
+        scenario paused has every slot before the pause was sent accounted for, wherever
+        its state points."""
         runs, jobs, inbox = self.history()
         checker = HistoryChecker()
         for rec in [*runs, *inbox]:
             checker.observe(rec)
-        first: dict[str, int] = {}
+        first: dict[str, int | None] = {}
         last: dict[str, JobState] = {}
         for j in jobs:
-            if j.job_id not in first and j.next_run_at_ms is not None:
-                first[j.job_id] = j.next_run_at_ms
+            first.setdefault(j.job_id, j.next_run_at_ms)
             last[j.job_id] = j
-        report = checker.check(list(last.values()), now_ms, first_slots=first)
+        report = checker.check(list(last.values()), now_ms, first_slots=first, registered=list(self.registered),
+                               due_until=self.paused_at)
         log("checker: " + report.summary())
         for problem in report.problems[:20]:
             log("problem: " + problem)

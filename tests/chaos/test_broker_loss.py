@@ -128,6 +128,6 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
     assert sorted(stopped) == ["kafka-1", "kafka-2", "kafka-3"]
     assert manager.status(settings)["kafka"]["state"] == "down"
     assert report.ok, report.verdict()
-    assert report.slots > 200
+    assert set(report.jobs) == set(jobs) and not report.jobs_short_of(10), report.jobs_short_of(10)
     during = {r.run_id: r for r in runs if killed_at + 5_000 <= r.slot_ms < back_at and r.status is RunStatus.SUCCEEDED}
     assert len(during) > 50, f"scheduling should continue with one broker down; {len(during)} runs succeeded"

@@ -35,6 +35,8 @@ def assert_rode_out(res: Result) -> None:
         assert len(o.lags_s) >= 100 and o.not_started == 0, o.summary()
         assert pct(o.lags_s, 99) <= LAG_P99_S, o.summary()
     assert res.report.ok, res.report.verdict()
+    # every per-second job accounted for through the outages and the 45 s after each
+    assert len(res.report.jobs) == 20 and not res.report.jobs_short_of(30), res.report.jobs_short_of(30)
     caught_up = [r for r in res.runs if r.status is RunStatus.SKIPPED and r.reason and "catch-up" in r.reason]
     assert caught_up, "the outage's missed slots should be skipped by the catch-up policy"
     assert all(res.alive.values()), res.alive

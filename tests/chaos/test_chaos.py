@@ -102,7 +102,9 @@ def test_processors_and_workers_killed_under_load(tmp_path_factory: pytest.TempP
     assert takeover and all("from a warm standby" in ln for ln in takeover), takeover
     report, runs, _last = sc.check(end_ms)
     assert report.ok, report.verdict()
-    assert report.slots > 1000 and report.duplicates == 0 and report.missed == 0
+    # every job accounted for, each from its first slot to its pause (over two minutes:
+    # at least 24 slots of the sparsest schedule, every 5 s)
+    assert set(report.jobs) == set(jobs) and not report.jobs_short_of(20), report.jobs_short_of(20)
     assert report.stale_rejected > 0, "worker 2's late completions should have been rejected"
     final = {r.run_id: r for r in runs}
     retried = [r for r in final.values() if r.attempt >= 2]

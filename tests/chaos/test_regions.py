@@ -205,15 +205,18 @@ def _check_moved(homes: dict[str, tuple[Scenario, Scenario]], now_ms: int) -> Ch
         for rec in _decoded(sc.tap.records(sc.topo.worker_inbox)):
             if getattr(rec, "run_id", "").partition("@")[0] in homes:
                 checker.observe(rec)
-    first: dict[str, int] = {}
+    first: dict[str, int | None] = {}
     live: dict[str, JobState] = {}
+    paused: dict[str, int] = {}
     for job_id, (old, new) in homes.items():
+        if job_id in new.paused_at:
+            paused[job_id] = new.paused_at[job_id]
         states = _moved_states(old, job_id)
         first[job_id] = next(j.next_run_at_ms for j in states if j.next_run_at_ms is not None)
         there = [j for j in _decoded(new.tap.records(new.topo.jobs)) if isinstance(j, JobState) and j.job_id == job_id]
         assert there, f"{job_id} never arrived in its new region"
         live[job_id] = there[-1]
-    report = checker.check(list(live.values()), now_ms, first_slots=first)
+    report = checker.check(list(live.values()), now_ms, first_slots=first, registered=list(homes), due_until=paused)
     log(f"checker of the moved jobs, over both regions: {report.summary()}; problems {report.problems[:5]}")
     return report
 

@@ -257,7 +257,7 @@ class Scenario:
                 start = J.first_slot_after(j.spec, j.created_at_ms - 1)
                 if start is not None:
                     first[j.job_id] = start
-        return checker.check(jobs, c.clock.now_ms(), first_slots=first)
+        return checker.check(jobs, c.clock.now_ms(), first_slots=first, registered=F.GOOD_JOBS)
 
     def late_good_runs(self, ledger: list[R.RunState]) -> list[str]:
         """Every slot of a good job from the warm-up on, up to a second ago, started on time."""

@@ -13,7 +13,7 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.model import Priority
 from gnomon.processor.task import _in_flight
-from gnomon.sim import SimCluster, SimFaults
+from gnomon.sim import TENANT, SimCluster, SimFaults
 
 HIGH, NORMAL, LOW = 3, 24, 6  # per-second jobs: 33 slots a second
 BUDGET_PER_TICK = 2  # normal/low triggers per 200 ms tick: 10 a second of the 30 asked
@@ -81,13 +81,35 @@ def test_high_starts_on_time_the_rest_run_late_or_are_given_up_as_overload() -> 
     assert len(lows) < len(normal_started)
 
 
+def test_jobs_paused_while_behind_account_for_every_slot_due_before_the_pause() -> None:
+    """Found by the stricter history checker (issue 49), which holds a paused job to every
+    slot due before its pause was sent: 30 jobs behind under overload, paused and never
+    resumed, left 162 slots neither run nor recorded."""
+    c = _overloaded(5, processors=1)
+    c.run_for(12_000, faults=False)
+    now = c.clock.now_ms()
+    behind = [j for j, s in c.jobs().items() if s.next_run_at_ms is not None and s.next_run_at_ms < now - 2_000]
+    assert len(behind) >= 10, behind
+    for job_id in behind:
+        c.submit(J.PauseJob(job_id, TENANT, now))
+    c.run_for(10_000, faults=False)
+    c.heal(5_000)
+    rep = c.history_report()
+    assert rep.ok, rep.verdict()
+    paused = [r for r in _final(c).values() if r.job_id in behind and r.reason == "paused"]
+    assert paused and all(r.slot_ms < now for r in paused)
+
+
 @pytest.mark.parametrize("seed", range(12), ids=lambda s: f"seed-{s}")
 def test_overload_under_faults_accounts_for_every_slot(seed: int) -> None:
     """Overload and processor kills, stalls and lost commits together: every slot exactly
     once (a slot missed while a processor was away takes its job's catch-up policy)."""
     c = _overloaded(seed, SimFaults.mixed())
     c.run_for(20_000)
-    c.heal(15_000)
+    # (long enough for a low job's backlog from before its processor's last restart to pass
+    # its lateness bound, 20 s, after the restart: the checker wants every slot older than
+    # 30 s accounted for)
+    c.heal(30_000)
     rep = c.history_report()
     assert rep.missed == 0 and rep.duplicates == 0 and not rep.problems, \
         f"{rep.summary()}\n{c.describe()}\nproblems: {rep.problems[:10]}"
