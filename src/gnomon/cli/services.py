@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gnomon.logs import configure
+
+    configure(logging.DEBUG if verbose else logging.INFO)
 
 
 MetricsPort = Annotated[int | None, typer.Option(

@@ -98,6 +98,8 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
         _check_at(cmd.at_ms, now_ms)
         if isinstance(cmd, R.CancelRun) and len(cmd.reason) > CANCEL_REASON_MAX_CHARS:
             raise ValidationError("reason", f"is {len(cmd.reason)} characters; at most {CANCEL_REASON_MAX_CHARS}")
+        if isinstance(cmd, R.CancelRun):
+            reject_control_chars(cmd.reason, "reason")  # (it reaches the worker's log and the run's error)
         return cmd
     if not isinstance(cmd, J.JOB_COMMANDS):
         raise ValidationError("body", f"{type(cmd).__name__} is not a job command")

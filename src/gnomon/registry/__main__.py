@@ -23,6 +23,7 @@ import sys
 from typing import NoReturn
 
 from gnomon.core.errors import GnomonError
+from gnomon.logs import configure
 
 MARKER_PREFIX = "-Dgnomon.component="  # gnomon.infra.procs tags its processes so; ignored here
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-auth", action="store_true",
                    help="serve without credentials (anyone who can connect may register schemas)")
     args = p.parse_args(args_in)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure(logging.INFO)
 
     import uvicorn
 
