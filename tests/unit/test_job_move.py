@@ -68,7 +68,7 @@ def test_a_paused_job_arrives_paused() -> None:
 @pytest.mark.parametrize(("state", "cmd", "region", "error", "words"), [
     (registered(), J.MoveJob("j", "acme", "b", T0), None, TransitionError, "default namespace"),
     (registered(), J.MoveJob("j", "acme", "a", T0), "a", ValidationError, "in region a already"),
-    (registered(), J.MoveJob("j", "other", "b", T0), "a", JobNotFound, "another tenant"),
+    (registered(), J.MoveJob("j", "other", "b", T0), "a", JobNotFound, "does not exist"),
     (registered(spec(after=(Upstream("up"),))), J.MoveJob("j", "acme", "b", T0), "a", TransitionError,
      "upstreams or downstreams"),
 ])

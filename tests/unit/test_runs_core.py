@@ -218,9 +218,9 @@ def dead_letter() -> R.RunState:
 def test_cancel_and_replay_of_another_tenants_run_are_refused() -> None:
     running, _ = step(ready(), R.ClaimRun(RID, "w1", T0 + 5))
     assert running is not None
-    with pytest.raises(TransitionError, match="another tenant"):
+    with pytest.raises(TransitionError, match=r"^no run "):  # (as an unknown run)
         R.decide(running, R.CancelRun(RID, "intruder", T0 + 6))
-    with pytest.raises(TransitionError, match="another tenant"):
+    with pytest.raises(TransitionError, match=r"^no run "):
         R.decide(dead_letter(), R.ReplayRun(RID, "intruder", T0 + 300_000))
 
 

@@ -460,6 +460,13 @@ def _check(state: JobState, target: JobStatus) -> None:
 # ---- decide ----------------------------------------------------------------------------
 
 
+def not_found(job_id: str) -> str:
+    """The one answer for a job a command cannot act on because it is not there for the
+    command's tenant: never registered, deleted, or another tenant's (the same words, so a
+    refusal tells nothing of other tenants' ids)."""
+    return f"job {job_id} does not exist"
+
+
 def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None = None, *,
            pools: frozenset[str] = DEFAULT_POOLS, region: str | None = None) -> list[JobEvent]:
     """Events caused by a command. The command's own ``at_ms`` is "now". ``pools``: the
@@ -479,11 +486,9 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
             raise TransitionError(f"job {cmd.job_id} already exists")
         nxt = first_slot_after(cmd.spec, now - 1)
         return [JobRegistered(cmd.job_id, cmd.tenant, cmd.spec, nxt, now)]
-    if state is None or state.status is JobStatus.DELETED:
-        raise JobNotFound(f"job {cmd.job_id} does not exist")
-    if state.tenant != cmd.tenant:
-        raise JobNotFound(f"{type(cmd).__name__} refused: job {cmd.job_id} belongs to another tenant "
-                          f"(not {cmd.tenant!r})")
+    if state is None or state.status is JobStatus.DELETED or state.tenant != cmd.tenant:
+        # (another tenant's job gets the words an unknown one does: its ids cannot be probed)
+        raise JobNotFound(not_found(cmd.job_id))
     if isinstance(cmd, UpdateJob):
         _check(state, state.status)
         return [_updated(state, cmd.spec, now)]
@@ -591,7 +596,7 @@ def _adopt(state: JobState | None, cmd: AdoptJob, region: str | None) -> list[Jo
             raise TransitionError(f"job {cmd.job_id} did not move to region {cmd.from_region}; its return from "
                                   "there is refused")
         if state.tenant != cmd.tenant:
-            raise JobNotFound(f"AdoptJob refused: job {cmd.job_id} belongs to another tenant (not {cmd.tenant!r})")
+            raise JobNotFound(not_found(cmd.job_id))
     elif cmd.returned:
         raise TransitionError(f"job {cmd.job_id} did not move from here; its return is refused")
     return [JobAdopted(cmd.job_id, cmd.tenant, cmd.spec, cmd.next_run_at_ms, cmd.paused, cmd.scheduled_runs,

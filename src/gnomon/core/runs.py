@@ -39,7 +39,7 @@ from enum import StrEnum
 from gnomon.core import dependencies as D
 from gnomon.core import schedule as schedule_slots
 from gnomon.core.clock import ms_to_iso as _iso
-from gnomon.core.errors import TransitionError
+from gnomon.core.errors import RunNotFound, TransitionError
 from gnomon.core.jobs import (
     JobState,
     JobStatus,
@@ -628,7 +628,7 @@ def _reopen(state: RunState, cmd: RunTriggered, now: int) -> list[RunEvent]:
     if state.status is not RunStatus.SKIPPED or state.manual:
         return []
     if state.tenant != cmd.tenant or state.job_id != cmd.job_id:
-        raise TransitionError(f"backfill of run {state.run_id} refused: it belongs to another job or tenant")
+        raise TransitionError(f"backfill of run {state.run_id} refused: no such run of this job")
     _guard(state, RunStatus.SCHEDULED)
     was = state.reason or "no reason recorded"
     if state.skipped_from_ms is not None:
@@ -684,7 +684,7 @@ def _check_tenant(state: RunState, cmd: CancelRun | ReplayRun) -> None:
         raise TransitionError(f"{what}: it carries no tenant (written before run commands carried one); "
                               "send it again")
     if cmd.tenant != state.tenant:
-        raise TransitionError(f"{what}: the run belongs to another tenant (not {cmd.tenant!r})")
+        raise RunNotFound(f"no run {cmd.run_id!r}")  # (another tenant's: as an unknown one)
 
 
 def _job_changed(state: RunState, job: JobState | None, now: int) -> list[RunEvent]:

@@ -761,7 +761,34 @@ class PartitionTask:
             if refused is not None:
                 self.stats.replays_refused += 1
                 raise TransitionError(f"{type(cmd).__name__} {cmd.run_id} refused: {refused}")
+        if isinstance(cmd, R.ReplayRun):
+            return self._replay(cmd, cmd.at_ms if now_ms is None else now_ms)
         return self._handle_run(cmd, now_ms)
+
+    def _replay(self, cmd: R.ReplayRun, now_ms: int) -> list[Output]:
+        """A dead letter run again: new work, so it passes the admission a manual trigger
+        does (overload, the tenant's trigger rate and backlog) and counts as a trigger.
+        A replay of a run that is not a dead letter changes nothing and is not counted."""
+        run = self.run(cmd.run_id)
+        if run is None or run.status is not R.RunStatus.FAILED:
+            return self._handle_run(cmd, now_ms)
+        if self.overloaded:
+            self.stats.admissions_refused += 1
+            raise LimitExceeded("overload", f"the scheduler is overloaded (partition {self.partition} defers due "
+                                "jobs): replays are refused for now; retry later", retry_after_s=OVERLOAD_RETRY_AFTER_S)
+        if self.quota is not None:
+            limits = self.quota.effective_limits(run.tenant)
+            n, oldest = self.quota.triggers(run.tenant, now_ms)
+            try:
+                A.check_trigger(limits, backlog=self.quota.count(Q.Family.BACKLOG, run.tenant), triggers_last_min=n,
+                                oldest_trigger_ms=oldest, now_ms=now_ms)
+            except GnomonError:
+                self.stats.admissions_refused += 1
+                raise
+        out = self._handle_run(cmd, now_ms)
+        if self.quota is not None:
+            self.quota.trigger_accepted(self.partition, run.tenant, now_ms)
+        return out
 
     def handle_command(self, cmd: Any, now_ms: int, partition: int, offset: int,
                        signed: CommandKey | Unauthenticated | None = None) -> list[Output]:
@@ -862,10 +889,8 @@ class PartitionTask:
         place, so this is a replay or a forgery) must not create its unknown run: its slot
         is already decided, and its run may have been purged. None: it may."""
         job = self.job(cmd.job_id)
-        if job is None:
+        if job is None or job.tenant != cmd.tenant:
             return "the job does not exist (deleted or never registered)"
-        if job.tenant != cmd.tenant:
-            return "the job belongs to another tenant"
         if isinstance(cmd, J.RunTriggered) and cmd.manual:
             if now_ms - cmd.at_ms >= self.run_cfg.manual_key_retention_ms:
                 return "a manual trigger older than the idempotency-key retention"
