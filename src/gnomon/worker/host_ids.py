@@ -28,7 +28,7 @@ import os
 import pwd
 import shutil
 import subprocess
-import tempfile
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +68,40 @@ def read_range(path: Path, user: str, uid: int) -> SubIdRange | None:
 
 
 def lock_dir() -> Path:
-    """Where the workers of this user on this host lock the ids they hand out."""
-    return Path(tempfile.gettempdir()) / f"gnomon-host-ids-{os.geteuid()}"
+    """Where the workers of this user on this host lock the ids they hand out: a place only
+    this user can create it in. Its private runtime directory (``$XDG_RUNTIME_DIR``, when
+    it is the user's own and closed to others), else gnomon's state directory (private to
+    the service's user). Never the shared temp directory: anyone may make a name there
+    first, and a worker that found its lock directory taken ran commands as its own uid."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        try:
+            st = os.lstat(runtime)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return Path(runtime) / "gnomon-host-ids"
+    from gnomon.config import load
+
+    return load().state_dir / "host-ids"
+
+
+def _private_dir(path: Path, uid: int) -> str | None:
+    """Why ``path`` (made if missing, 0700) cannot hold the id locks: not a directory of
+    its own (a link is not followed), another user's, or open to others; None when it can."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot make {path} for the id locks: {exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory (a link is not followed)"
+    if st.st_uid != uid:
+        return f"{path} belongs to another user"
+    if st.st_mode & 0o077:
+        return f"{path} is open to others (mode {stat.S_IMODE(st.st_mode):o}; it must be 0700)"
+    return None
 
 
 @dataclass
@@ -155,12 +187,9 @@ class AttemptIds:
             if shutil.which(tool) is None:
                 return None, f"{tool} is not installed (apt-get install {package})"
         locks = lock_dir()
-        try:
-            locks.mkdir(mode=0o700, exist_ok=True)
-            if locks.stat().st_uid != uid:
-                return None, f"{locks} belongs to another user"
-        except OSError as exc:
-            return None, f"cannot make {locks} for the id locks: {exc}"
+        unusable = _private_dir(locks, uid)
+        if unusable is not None:
+            return None, unusable
         ids = cls(uids, gids, locks)
         probe = [*ids.prefix(1), "true"]
         try:
