@@ -116,23 +116,35 @@ def test_lateness_is_the_jobs_own_setting_and_an_absent_processor_uses_catch_up(
                          triggers=False) == []
 
 
-def test_an_outage_backlog_the_budget_never_reaches_is_given_up_as_overload() -> None:
+def test_an_outage_backlog_the_budget_never_reaches_records_what_its_catch_up_skips() -> None:
     """Found by the stricter history checker (issue 49): after a processor's restart, low
-    jobs whose slots were missed before it came back waited for the catch-up policy, which
+    jobs whose slots were missed before it came back waited for their catch-up, which
     waits for budget; under overload that never came, and the jobs stood still with their
-    slots neither run nor recorded (50 s in ``test_sim_overload``'s faults scenario). Once
-    the processor has been back for the job's lateness bound, the slots past it are late by
-    overload and given up as such."""
-    spec = JobSpec(name="n", schedule=Schedule(cron="* * * * * *"), target=SPEC.target, late_max_s=5)
-    back = T0 + 60_000
-    cfg = J.SchedulerConfig(lookahead_ms=0)
-    assert J.decide_tick(_state(spec), back + 5_000 - 1, cfg, present_since_ms=back, triggers=False) == []
-    events = J.decide_tick(_state(spec), back + 30_000, cfg, present_since_ms=back, triggers=False)
-    assert len(events) == 1 and isinstance(events[0], J.RunSkipped)
-    given_up = events[0]
-    assert given_up.reason == J.OVERLOAD_REASON
-    assert (given_up.from_ms, given_up.slot_ms, given_up.count) == (T0, back + 25_000, 86)
-    assert given_up.advances and given_up.advance_to_ms == back + 26_000
+    slots neither run nor recorded (50 s in ``test_sim_overload``'s faults scenario). With
+    the budget spent, the slots the policy skips are recorded at once (they cost no
+    trigger); the runs it keeps wait for budget as before."""
+    back = T0 + 90_000
+    cfg = J.SchedulerConfig(lookahead_ms=0, misfire_grace_ms=20_000)
+    once = JobSpec(name="n", schedule=Schedule(cron="* * * * * *"), target=SPEC.target)  # catch-up: once
+    events = J.decide_tick(_state(once), back, cfg, present_since_ms=back, triggers=False)
+    assert len(events) == 1 and isinstance(events[0], J.RunSkipped), events
+    skipped = events[0]
+    assert skipped.reason == "catch-up policy once"
+    assert (skipped.from_ms, skipped.slot_ms, skipped.count) == (T0, back - 1_000, 90)
+    assert skipped.advances and skipped.advance_to_ms == back  # the kept slot waits for budget
+    after = J.evolve(_state(once), skipped)
+    assert after is not None and after.next_run_at_ms == back
+    assert J.decide_tick(after, back + 1_000, cfg, present_since_ms=back, triggers=False) == []  # (in the grace)
+    # with budget, the kept slot runs as the catch-up would have run it
+    ran = J.decide_tick(after, back + 500, cfg, present_since_ms=back)
+    assert isinstance(ran[0], J.RunTriggered) and ran[0].slot_ms == back
+    # skip: the whole backlog, the job moved past now
+    skip = JobSpec(name="n", schedule=Schedule(cron="* * * * * *"), target=SPEC.target, catch_up=J.CatchUp.SKIP)
+    (all_skipped,) = J.decide_tick(_state(skip), back, cfg, present_since_ms=back, triggers=False)
+    assert isinstance(all_skipped, J.RunSkipped) and all_skipped.reason == "catch-up policy skip"
+    assert (all_skipped.slot_ms, all_skipped.advance_to_ms) == (back, back + 1_000)
+    # within the grace nothing is missed yet: nothing is decided without budget
+    assert J.decide_tick(_state(once, next_ms=back - 5_000), back, cfg, present_since_ms=back, triggers=False) == []
 
 
 def _task() -> PartitionTask:

@@ -460,6 +460,15 @@ def _check(state: JobState, target: JobStatus) -> None:
 # ---- decide ----------------------------------------------------------------------------
 
 
+def deleted_owner(state: JobState, at_ms: int) -> JobState:
+    """What the processor keeps of a job deleted at ``at_ms``: its id's owner, for ever (a
+    DELETED state, on the jobs topic and in the store), so no other tenant can register
+    the id again and so read the old job's runs, logs and dead letters as its own. It
+    schedules nothing and counts toward no limit; its own tenant may register the id
+    again."""
+    return replace(state, status=JobStatus.DELETED, version=state.version + 1, updated_at_ms=at_ms)
+
+
 def not_found(job_id: str) -> str:
     """The one answer for a job a command cannot act on because it is not there for the
     command's tenant: never registered, deleted, or another tenant's (the same words, so a
@@ -480,6 +489,9 @@ def decide(state: JobState | None, cmd: JobCommand, cfg: SchedulerConfig | None 
         raise TransitionError(f"job {cmd.job_id} moved to region {state.moved_to}; send its commands there "
                               f"(or move it back from there)")
     if isinstance(cmd, RegisterJob):
+        if state is not None and state.tenant != cmd.tenant:
+            # a job id is its tenant's for ever: live, or deleted (``deleted_owner``)
+            raise TransitionError(f"job {cmd.job_id} already exists")
         if state is not None and state.status is not JobStatus.DELETED:
             if state.spec == cmd.spec and state.tenant == cmd.tenant:
                 return []  # a replayed registration is a no-op
@@ -588,6 +600,9 @@ def _adopt(state: JobState | None, cmd: AdoptJob, region: str | None) -> list[Jo
         raise TransitionError(f"job {cmd.job_id} cannot be adopted by the default namespace (no region)")
     if cmd.from_region == region:
         raise ValidationError("from_region", f"an adoption from region {region} read in region {region}")
+    if state is not None and state.status is JobStatus.DELETED and state.tenant != cmd.tenant:
+        raise Conflict(f"job {cmd.job_id} exists in region {region} already; the move from region "
+                       f"{cmd.from_region} is refused and the job goes back there")  # (another tenant's id, deleted)
     if state is not None and state.status is not JobStatus.DELETED:
         if not cmd.returned and state.moved_to is None:
             raise Conflict(f"job {cmd.job_id} exists in region {region} already; the move from region "
@@ -788,6 +803,28 @@ def _give_up(state: JobState, give_up_to: int, now_ms: int, cfg: SchedulerConfig
     return events, slot
 
 
+def _catch_keep(spec: JobSpec, now_ms: int, first: int, cfg: SchedulerConfig) -> list[int]:
+    """The missed slots (from ``first`` up to now) the job's catch-up policy runs."""
+    keep_n = {CatchUp.SKIP: 0, CatchUp.ONCE: 1, CatchUp.ALL: cfg.catch_up_all_max}[spec.catch_up]
+    latest = sorted(last_slots_at_or_before(spec, now_ms, keep_n)) if keep_n else []
+    return [s for s in latest if s >= first]
+
+
+def _catch_up_skips(state: JobState, now_ms: int, cfg: SchedulerConfig) -> list[JobEvent]:
+    """The skip part of a catch-up alone (the budget is spent): the missed slots before the
+    ones the policy keeps recorded skipped, the job moved to the first kept (or past now)."""
+    assert state.next_run_at_ms is not None
+    keep = _catch_keep(state.spec, now_ms, state.next_run_at_ms, cfg)
+    skipped = _skip_range(state, state.next_run_at_ms, (keep[0] - 1) if keep else now_ms,
+                          f"catch-up policy {state.spec.catch_up.value}", now_ms, cfg)
+    if not skipped:
+        return []
+    last = skipped[-1]
+    assert isinstance(last, RunSkipped)
+    nxt = keep[0] if keep else _next_slot(state.spec, last.slot_ms)
+    return [*skipped[:-1], replace(last, advances=True, advance_to_ms=nxt)]
+
+
 def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None,
                 present_since_ms: int | None = None, *, triggers: bool = True,
                 calendars: Sequence[Calendar] = ()) -> list[JobEvent]:
@@ -837,12 +874,13 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         if not triggers:
             return events
     elif not triggers:
-        # Missed while no processor ticked, and the budget is spent: the catch-up policy
-        # waits for budget, but no longer than the job's lateness bound past the processor's
-        # return. Past that, the slots are late by overload, like those missed after it.
-        if present_since_ms is None or give_up_to < present_since_ms or first > give_up_to:
+        # Missed while no processor ticked, and the budget is spent: the runs the catch-up
+        # policy keeps wait for budget, but the slots it skips are recorded now (a record
+        # costs no trigger), so a job the budget never reaches still accounts for its
+        # backlog and waits at its kept slots only. (A one-time or maxRuns job: all wait.)
+        if first >= missed_before or spec.schedule.run_at_ms is not None or left is not None:
             return []
-        return _give_up(state, give_up_to, now_ms, cfg)[0]
+        return _catch_up_skips(state, now_ms, cfg)
     elif first < missed_before:
         # Catch-up: the processors were away. Decide which missed slots run.
         if spec.schedule.run_at_ms is not None:
@@ -854,9 +892,7 @@ def decide_tick(state: JobState, now_ms: int, cfg: SchedulerConfig | None = None
         # backlog, up to now. (Slots inside the grace are not run one by one on top of it:
         # after an outage that would be up to grace/interval extra runs per job at once,
         # all due now, ahead of every slot that is due now.)
-        keep_n = {CatchUp.SKIP: 0, CatchUp.ONCE: 1, CatchUp.ALL: cfg.catch_up_all_max}[spec.catch_up]
-        latest = sorted(last_slots_at_or_before(spec, now_ms, keep_n)) if keep_n else []
-        latest = [s for s in latest if s >= first]
+        latest = _catch_keep(spec, now_ms, first, cfg)
         if left is not None:  # (maxRuns: the oldest of them run, the job ends after them)
             latest = latest[:left]
             left -= len(latest)

@@ -27,8 +27,8 @@ import logging
 import os
 import pwd
 import shutil
-import subprocess
 import stat
+import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
