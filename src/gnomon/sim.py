@@ -889,7 +889,7 @@ class SimCluster:
             if growth.is_control(r.key):
                 continue
             out[(r.key or b"").decode()] = None if r.value is None else codec.decode(r.value, topic=self.topo.jobs)
-        return {k: v for k, v in out.items() if v is not None}
+        return {k: v for k, v in out.items() if v is not None and v.status is not J.JobStatus.DELETED}
 
     def job_history(self) -> tuple[dict[str, int | None], dict[str, J.JobState]]:
         """Each job's first slot (its first state's next run) and its last state, from every

@@ -67,8 +67,9 @@ def test_refusals_are_answered_and_change_nothing() -> None:
 
 def test_a_backfill_refused_part_way_writes_nothing() -> None:
     """Review finding: a backfill whose later slot is refused (the skipped run of a
-    deleted job's former tenant, the id reused by another tenant) wrote the runs of its
-    earlier slots to the store, with no changelog record, before the refusal."""
+    deleted job, the id registered again: by its own tenant, since an id is its tenant's
+    for ever) wrote the runs of its earlier slots to the store, with no changelog record,
+    before the refusal."""
     from gnomon.core.runs import RunStatus
 
     c = InMemoryCluster(partitions=4)
@@ -87,13 +88,15 @@ def test_a_backfill_refused_part_way_writes_nothing() -> None:
     assert last.skipped_from_ms is not None and last.skipped_from_ms < last.slot_ms  # a range record
     c.submit(J.DeleteJob("j", "acme", c.clock.now_ms()))
     c.drain()
-    c.submit(J.RegisterJob("j", "other", every_minute, c.clock.now_ms()))
+    c.submit(J.RegisterJob("j", "other", every_minute, c.clock.now_ms()))  # refused: acme's id
+    c.submit(J.RegisterJob("j", "acme", every_minute, c.clock.now_ms()))
     c.drain()
+    assert [j.tenant for j in (c.job_state("j"),) if j is not None] == ["acme"]
     task, p = _task(c, "j")
     earlier = last.skipped_from_ms  # a slot of the range with no record of its own
     before = {r.run_id for r in c.runs_of("j")}
     now = c.clock.now_ms()
-    out = task.handle_command(J.BackfillJob("j", "other", (earlier, last.slot_ms), now), now, p, 99)
+    out = task.handle_command(J.BackfillJob("j", "acme", (earlier, last.slot_ms), now), now, p, 99)
     (res, _), = _results(out, c)
     # refused before any slot is decided: the earlier slots are before the new job existed
     # (issue 24: a backfill is bounded by the job's creation)

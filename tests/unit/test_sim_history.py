@@ -53,7 +53,8 @@ def test_history_and_alerts_converge_to_the_ledger_under_faults(seed: int) -> No
     rep = c.history_report()
     assert rep.ok and rep.slots > 0 and rep.missed == 0 and rep.duplicates == 0, f"{rep.summary()}\n{why}"
     assert c.history_gaps() == [], why
-    assert c.history is not None and c.history.get_job("d") is None and c.history.get_job("a") is not None
+    assert c.history is not None and (deleted := c.history.get_job("d")) is not None \
+        and deleted.status is J.JobStatus.DELETED and c.history.get_job("a") is not None
     final = {s.run_id for s in c.ledger() if s.status in FINAL}
     assert final, why
     exported = {codec.decode(r.value, topic=c.topo.run_exports).run_id

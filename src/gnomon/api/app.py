@@ -646,7 +646,10 @@ def create_app(
             page = await listing
         finally:
             _forget(listing)
-        return Response(run_views.page(page.items, page.cursor), media_type="application/json")
+        # (each run's own tenant too: a job id is its tenant's for ever now, but history may
+        # hold runs of an id another tenant had before that held)
+        mine = [r for r in page.items if r.tenant == tenant]
+        return Response(run_views.page(mine, page.cursor), media_type="application/json")
 
     @app.get("/v1/dead-letters", summary="This tenant's failed runs (retries exhausted), newest first",
              response_model=None,
@@ -700,7 +703,7 @@ def create_app(
     def run_logs(run_id: str, tenant: Tenant, cursor: str | None = None, limit: Limit = 500) -> dict[str, Any]:
         owned_run(tenant, run_id)
         page = history.get_logs(run_id, limit_of(limit), cursor)
-        return {"items": [log_view(x) for x in page.items], "cursor": page.cursor}
+        return {"items": [log_view(x) for x in page.items if x.tenant == tenant], "cursor": page.cursor}
 
     @app.get("/v1/runs/{run_id}", summary="Get a run", response_model=None,
              responses={200: {"model": schemas.Run}, **problem_responses(401, 404, 422, 503)})

@@ -351,6 +351,13 @@ class PartitionTask:
     # decode costs ~90 us of Avro; a busy partition reads each run several times.
 
     def job(self, job_id: str) -> J.JobState | None:
+        """The job, if it exists (a deleted job's owner record is no job: None)."""
+        state = self.stored_job(job_id)
+        return None if state is None or state.status is J.JobStatus.DELETED else state
+
+    def stored_job(self, job_id: str) -> J.JobState | None:
+        """What the store holds of the job: its state, or a deleted job's owner record
+        (``J.deleted_owner``), or None."""
         if job_id in self._jobs_cache:
             return self._jobs_cache[job_id]
         raw = self.kv.get(_job_key(job_id))
@@ -900,9 +907,10 @@ class PartitionTask:
         return None
 
     def _handle_job(self, cmd: J.JobCommand, now_ms: int) -> list[Output]:
-        state = self.job(cmd.job_id)
+        stored = self.stored_job(cmd.job_id)  # (a deleted job's owner decides who may take the id)
+        state = None if stored is None or stored.status is J.JobStatus.DELETED else stored
         # a patch is validated against the pools of this topology, like the API does
-        events = J.decide(state, cmd, self.sched_cfg, pools=frozenset(self.topo.pools), region=self.topo.region)
+        events = J.decide(stored, cmd, self.sched_cfg, pools=frozenset(self.topo.pools), region=self.topo.region)
         moves = any(isinstance(e, J.JobMovedOut) for e in events)
         key = self.operator_key() if moves and self.operator_key is not None else None
         if moves and self.operator_key is not None and key is None:
@@ -1073,7 +1081,8 @@ class PartitionTask:
             # the runs decide first (pure): a refusal (a backfill of another tenant's run
             # left from a deleted job) must come before anything is written
             R.decide(self.run(cmd.run_id), cmd, self.run_cfg, now_ms)
-        self._store_job(job_id, state, new, out)
+        kept = J.deleted_owner(state, now_ms) if new is None and state is not None else new
+        self._store_job(job_id, state, kept, out)
         for cmd in run_cmds:
             # the run lives in this same partition: apply it here, in this transaction
             out.extend(self._handle_run(cmd, now_ms))
