@@ -134,12 +134,13 @@ class HistoryChecker:
     def check(self, jobs: list[JobState], now_ms: int, *, first_slots: Mapping[str, int | None] | None = None,
               registered: Collection[str] = (), never_due: Collection[str] = (),
               due_until: Mapping[str, int] | None = None, stuck_ms: int = STUCK_MS) -> CheckReport:
-        """``jobs``: each job's final state (a deleted job: its last state before the
-        delete, with status DELETED and updated when it was deleted); ``first_slots``: each job's first slot, as its first state said (default:
+        """``jobs``: each job's final state (a deleted job: DELETED, updated when it was
+        deleted); ``first_slots``: each job's first slot, as its first state said (default:
         the earliest slot in the ledger); ``registered``: every job the scenario created,
         each of which must be in ``jobs`` unless it is in ``never_due``; ``due_until``: a
         time per job before which every slot of its schedule must be accounted for, wherever
-        its state points (e.g. when the scenario paused it)."""
+        its state points (e.g. when the scenario paused it); ``stuck_ms``: how long past its
+        time a run may still wait at the end (an active job: how far behind now it may be)."""
         assert stuck_ms >= 0, stuck_ms
         rep = CheckReport(stale_rejected=self.stale_stops)
         self._check_runs(rep, now_ms, stuck_ms)
