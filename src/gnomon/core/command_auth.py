@@ -143,3 +143,39 @@ def require(proof: CommandKey | Unauthenticated, tenant: str) -> CommandKey:
         raise Unauthenticated(f"the command is for tenant {tenant!r} but is signed with key {proof.key_id!r} of "
                               f"tenant {proof.tenant!r}; a producer may act only for its own tenant")
     return proof
+
+
+_ORIGIN_DOMAIN = b"gnomon-origin-v1\0"
+
+
+def _origin_mac(secret: bytes, topic: str, record_key: bytes | None, value: bytes | None, at: str) -> bytes:
+    parts = [topic.encode(), record_key or b"", value or b"", at.encode()]
+    msg = _ORIGIN_DOMAIN + b"".join(struct.pack(">I", len(p)) + p for p in parts)
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def sign_origin(key: CommandKey, topic: str, record_key: bytes | None, value: bytes | None, partition: int,
+                offset: int) -> bytes:
+    """The ``gnomon-origin`` header's value for a command a processor forwards after a grow
+    (where it was first written: its answer goes there), signed with ``key`` (the
+    operator's, which only processors and operators hold): ``<p>:<o>:<key id>:<hex mac>``."""
+    at = f"{partition}:{offset}"
+    return f"{at}:{key.key_id}:{_origin_mac(key.secret, topic, record_key, value, at).hex()}".encode()
+
+
+def verify_origin(keyring: Keyring, topic: str, record_key: bytes | None, value: bytes | None,
+                  header: bytes) -> tuple[int, int] | None:
+    """The (partition, offset) a ``gnomon-origin`` header names, if an operator's key
+    signed it for this record; None for an unsigned, malformed or forged one (a producer's
+    header must not take another command's answer)."""
+    try:
+        p, o, key_id, mac_hex = header.decode("ascii").split(":")
+        at, mac = (int(p), int(o)), bytes.fromhex(mac_hex)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    key = keyring.find(key_id)
+    if key is None or key.tenant != OPERATOR or len(mac) != MAC_BYTES:
+        return None
+    if not hmac.compare_digest(mac, _origin_mac(key.secret, topic, record_key, value, f"{at[0]}:{at[1]}")):
+        return None
+    return at

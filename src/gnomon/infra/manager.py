@@ -135,14 +135,15 @@ def _check_placement(settings: Settings, bootstrap: str, topic: str, plan: coord
 
 def _operator_key(settings: Settings) -> None:
     """The operator's command key, which signs a moved job's adoption between regions
-    (ADR 0013): made here if missing, since every region's processors need the same file."""
+    (ADR 0013) and the origin of a command a processor forwards after a grow (issue 50):
+    made here if missing, since every processor needs the same file."""
     from gnomon import command_keys
 
     path = command_keys.keys_dir(settings) / command_keys.OPERATOR_FILE
     if not path.exists():
         command_keys.operator_key(settings)
-        say(f"made the operator's command key {path}: the processors of every region need this file "
-            "(they sign a moved job's adoption with it)")
+        say(f"made the operator's command key {path}: every processor needs this file (they sign a moved "
+            "job's adoption and a forwarded command's origin with it)")
 
 
 @contextmanager
@@ -216,7 +217,7 @@ def _up(settings: Settings, kafka_nodes: int, components: Sequence[str], cassand
             layout = sites.load(settings.state_dir) if kafka_nodes == 3 else None
             if layout is not None:  # before any group or transaction makes the topics itself
                 _place_coordinators(settings, kafka_nodes, layout)
-                _operator_key(settings)
+            _operator_key(settings)
             for namespace, specs in _namespace_specs(settings):  # the default one, then each region's
                 created = []
                 for group, leader in leaders(namespace, specs, layout):

@@ -41,7 +41,7 @@ from gnomon.core.control import (
 )
 
 __all__ = ["CONTROL_PREFIX", "GROW_KEY", "GROW_TO_MAX", "ORIGIN_HEADER", "PARTITIONS_KEY", "check_grow",
-           "decode_count", "encode_count", "heirs", "is_control", "job_of", "origin_header", "origin_of", "owner"]
+           "decode_count", "encode_count", "heirs", "is_control", "job_of", "origin_header", "origin_of", "origin_value", "owner"]
 
 def heirs(partition: int, old: int, new: int) -> list[int]:
     """The new partitions that take jobs from old ``partition`` when ``old`` grows to ``new``."""
@@ -64,12 +64,21 @@ def origin_header(partition: int, offset: int) -> tuple[str, bytes]:
 
 
 def origin_of(headers: tuple[tuple[str, bytes], ...]) -> tuple[int, int] | None:
-    """The (partition, offset) a forwarded record was first read at, if it was forwarded."""
+    """The (partition, offset) a forwarded record was first read at, if it was forwarded
+    (unverified: ``command_auth.verify_origin`` checks a signed one)."""
+    value = origin_value(headers)
+    if value is None:
+        return None
+    p, _, rest = value.decode("ascii", "replace").partition(":")
+    try:
+        return int(p), int(rest.partition(":")[0])
+    except ValueError:
+        return None
+
+
+def origin_value(headers: tuple[tuple[str, bytes], ...]) -> bytes | None:
+    """The raw ``gnomon-origin`` header, if there is one."""
     for name, value in headers:
         if name == ORIGIN_HEADER:
-            p, _, o = value.decode("ascii", "replace").partition(":")
-            try:
-                return int(p), int(o)
-            except ValueError:
-                return None
+            return value
     return None

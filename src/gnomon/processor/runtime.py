@@ -31,7 +31,15 @@ from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.calendars import CalendarBook
 from gnomon.core.clock import Clock, SystemClock
-from gnomon.core.command_auth import CommandKey, Keyring, Unauthenticated, verify
+from gnomon.core.command_auth import (
+    CommandKey,
+    Keyring,
+    Unauthenticated,
+    sign_origin,
+    verify,
+    verify_origin,
+)
+from gnomon.core.control import ORIGIN_HEADER
 from gnomon.core.errors import (
     EventLogError,
     GnomonError,
@@ -830,17 +838,34 @@ class Processor:
         it by the old count): written there as it came, with where it was read first."""
         key = (msg.key or b"").decode("utf-8", "replace")
         headers = msg.headers
-        if growth.origin_of(headers) is None:
+        keyring = self.keyring
+        operator = keyring.operator() if keyring is not None else None
+        if keyring is not None and operator is not None:  # (signed: a producer's header takes no other answer)
+            raw = growth.origin_value(headers)
+            if raw is None or verify_origin(keyring, msg.topic, msg.key, msg.value, raw) is None:
+                # not forwarded before (or a producer's header): where it was read first is here
+                headers = (*(h for h in headers if h[0] != ORIGIN_HEADER),
+                           (ORIGIN_HEADER, sign_origin(operator, msg.topic, msg.key, msg.value, msg.partition,
+                                                       msg.offset)))
+        elif growth.origin_of(headers) is None:
             headers = (*headers, growth.origin_header(msg.partition, msg.offset))
         self.forwarded += 1
         return Output(msg.topic, key, None, growth.owner(key, task.partitions), msg.value, headers=headers)
 
     def _origin(self, task: PartitionTask, msg: Record) -> tuple[int, int] | None:
         """Where a forwarded command was first written, if its ``gnomon-origin`` header can
-        be a forward's: headers are not signed, so one naming a partition the record's key
-        was never placed on by an older count (or a later partition) is ignored, and the
-        command is answered at its own position."""
-        origin = growth.origin_of(msg.headers) if msg.topic == self.topo.job_commands else None
+        be a forward's: signed by an operator's key where commands are signed (a processor
+        signs what it forwards), and naming a partition the record's key was placed on by
+        an older count; otherwise ignored, and the command is answered at its own position."""
+        if msg.topic != self.topo.job_commands:
+            return None
+        raw = growth.origin_value(msg.headers)
+        if raw is None:
+            return None
+        if self.keyring is not None and self.keyring.operator() is not None:
+            origin = verify_origin(self.keyring, msg.topic, msg.key, msg.value, raw)
+        else:  # (no operator key to sign forwards with: the plausibility check alone, a documented gap)
+            origin = growth.origin_of(msg.headers)
         if origin is None or msg.key is None or origin[1] < 0 or not 0 <= origin[0] < msg.partition:
             return None
         key = msg.key.decode("utf-8", "replace")
