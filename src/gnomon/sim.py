@@ -884,12 +884,7 @@ class SimCluster:
     def jobs(self) -> dict[str, J.JobState]:
         """The latest committed state of every job (deleted ones left out). After a grow a
         handed-over job's last state is on its new partition, read after its old one."""
-        out: dict[str, J.JobState | None] = {}
-        for r in self.log.records(self.topo.jobs):
-            if growth.is_control(r.key):
-                continue
-            out[(r.key or b"").decode()] = None if r.value is None else codec.decode(r.value, topic=self.topo.jobs)
-        return {k: v for k, v in out.items() if v is not None and v.status is not J.JobStatus.DELETED}
+        return {k: v for k, v in self.job_history()[1].items() if v.status is not J.JobStatus.DELETED}
 
     def job_history(self) -> tuple[dict[str, int | None], dict[str, J.JobState]]:
         """Each job's first slot (its first state's next run) and its last state, from every

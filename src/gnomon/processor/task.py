@@ -780,15 +780,10 @@ class PartitionTask:
         if run is None or run.status is not R.RunStatus.FAILED:
             return self._handle_run(cmd, now_ms)
         if self.overloaded:
-            self.stats.admissions_refused += 1
-            raise LimitExceeded("overload", f"the scheduler is overloaded (partition {self.partition} defers due "
-                                "jobs): replays are refused for now; retry later", retry_after_s=OVERLOAD_RETRY_AFTER_S)
+            self._refuse_overloaded("replays are")
         if self.quota is not None:
-            limits = self.quota.effective_limits(run.tenant)
-            n, oldest = self.quota.triggers(run.tenant, now_ms)
             try:
-                A.check_trigger(limits, backlog=self.quota.count(Q.Family.BACKLOG, run.tenant), triggers_last_min=n,
-                                oldest_trigger_ms=oldest, now_ms=now_ms)
+                self._check_trigger_rate(run.tenant, now_ms)
             except GnomonError:
                 self.stats.admissions_refused += 1
                 raise
@@ -1018,11 +1013,17 @@ class PartitionTask:
             elif isinstance(ev, J.RunTriggered) and ev.manual:
                 if self.run(ev.run_id) is not None:
                     return 0  # the same idempotency key again: nothing new
-                n, oldest = self.quota.triggers(cmd.tenant, now_ms)
-                A.check_trigger(limits, backlog=backlog, triggers_last_min=n, oldest_trigger_ms=oldest,
-                                now_ms=now_ms)
+                self._check_trigger_rate(cmd.tenant, now_ms)
                 return 1
         return 0
+
+    def _check_trigger_rate(self, tenant: str, now_ms: int) -> None:
+        """A new manual run of ``tenant`` (a trigger, a replay) within its trigger rate and
+        backlog (``core.admission.check_trigger``); LimitExceeded if not."""
+        assert self.quota is not None
+        n, oldest = self.quota.triggers(tenant, now_ms)
+        A.check_trigger(self.quota.effective_limits(tenant), backlog=self.quota.count(Q.Family.BACKLOG, tenant),
+                        triggers_last_min=n, oldest_trigger_ms=oldest, now_ms=now_ms)
 
     def _admit_backfill(self, cmd: J.BackfillJob, events: list[J.JobEvent], now_ms: int) -> int:
         """A backfill's runs pass the tenant's limits together or not at all: each new run
@@ -1051,10 +1052,14 @@ class PartitionTask:
             one_off = (isinstance(ev, J.JobRegistered) and ev.spec.schedule.is_one_time) or (
                 isinstance(ev, J.RunTriggered) and (ev.manual or ev.backfill) and self.run(ev.run_id) is None)
             if one_off:
-                self.stats.admissions_refused += 1
-                raise LimitExceeded("overload", f"the scheduler is overloaded (partition {self.partition} defers "
-                                    "due jobs): new one-off work is refused for now; retry later",
-                                    retry_after_s=OVERLOAD_RETRY_AFTER_S)
+                self._refuse_overloaded("new one-off work is")
+
+    def _refuse_overloaded(self, what: str) -> None:
+        """LimitExceeded("overload") with a Retry-After, counted: ``what`` (e.g. "replays
+        are") is refused while this processor is overloaded."""
+        self.stats.admissions_refused += 1
+        raise LimitExceeded("overload", f"the scheduler is overloaded (partition {self.partition} defers "
+                            f"due jobs): {what} refused for now; retry later", retry_after_s=OVERLOAD_RETRY_AFTER_S)
 
     def _apply_job_events(self, job_id: str, state: J.JobState | None, events: list[J.JobEvent],
                           now_ms: int, *, preflight: bool = False, start: J.JobState | None = None) -> list[Output]:
