@@ -120,6 +120,25 @@ class EventLogContract:
         assert [r.value for r in log.read_to_end(topic, p, WAIT_S)] == [b"0", b"1", b"2", b"3"]
         assert [r.value for r in log.read_to_end(topic, p, WAIT_S, start=2)] == [b"2", b"3"]
 
+    def test_reads_one_after_another_return_their_own_partition_only(self, log: EventLog,
+                                                                     new_topic: Callable[[int], str]) -> None:
+        """A log may reuse its clients from read to read (on Kafka: one consumer per
+        thread): after a read given up part-way, reads of the other partition and of the
+        same one again return their own records, all of them."""
+        topic = new_topic(2)
+        producer = log.producer(client_id="contract-reuse")
+        for i in range(40):
+            producer.produce(topic, b"k%d" % i, b"%d" % i)
+        assert producer.flush(WAIT_S) == 0
+        want = {p: [(r.partition, r.value) for r in log.read_to_end(topic, p, WAIT_S)] for p in (0, 1)}
+        assert all(want.values()) and sum(len(v) for v in want.values()) == 40, want
+        assert all(part == p for p, got in want.items() for part, _ in got)
+        first = iter(log.read_to_end(topic, 0, WAIT_S))
+        assert next(first) == next(iter(log.read_to_end(topic, 0, WAIT_S)))
+        for p in (1, 0, 1):
+            assert [(r.partition, r.value) for r in log.read_to_end(topic, p, WAIT_S)] == want[p]
+        assert [log.end_offset(topic, p) for p in (0, 1)] == [len(want[0]), len(want[1])]
+
     def test_reading_to_the_end_waits_out_an_open_transaction_and_never_skips_it(
             self, log: EventLog, new_topic: Callable[[int], str]) -> None:
         """A new owner restores a changelog only once no transaction is open on it: a
