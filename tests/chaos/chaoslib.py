@@ -31,6 +31,7 @@ from gnomon.codec import DecodeError
 from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.jobs import DeleteJob, JobState, JobStatus, PauseJob, RegisterJob
+from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.infra import placement
 from gnomon.topology import load_topology
@@ -39,6 +40,26 @@ from topic_reading import end_offsets, read_messages
 LONG = os.environ.get("GNOMON_CHAOS_LONG") == "1"
 """``make test-long``: the faults at their full length (processors, Cassandra and the broker
 down for 2 minutes), outside CI; CI runs the same scenarios with shorter outages."""
+
+# The longest a scenario waits, after pausing its jobs, for every run the lookahead
+# triggered to end (``Scenario.settle`` returns as soon as they have: 2-20 s on a quiet
+# box). The CI of 6e639f0, on a box about 1.5 times slower than its last one, still had
+# 573 runs of the kill -9 test waiting for a worker when a 28 s budget ran out: a
+# backlog the catch-up policy ``all`` keeps drains at the workers' pace, and an attempt
+# may take 12 s plus retries.
+DRAIN_MAX_S = 90.0
+
+
+# The target of the load jobs in the fault scenarios (a broker, a host, Cassandra away):
+# the default worker's in-process ``noop`` handler. Those scenarios measure how the
+# scheduler rides a fault out; a sandboxed command costs ~15 ms of CPU per attempt (bwrap
+# starts 50-65 a second on this 2-core box, bench/sandbox_starts.py), so 20 per-second
+# command jobs held a worker's 64 slots full whenever the box was busy, and the start
+# lag measured the sandbox's share of the CPU instead (CI of 6e639f0: none of the slots
+# measured ran; here, beside one busy loop: p50 37 s with every slot busy). Sandboxed
+# commands under kill -9 stay in test_chaos.py (and the TLS scenario); sandboxes
+# themselves in tests/security.
+LOAD_TARGET = Target(TargetType.HANDLER, handler="noop")
 
 
 def log(msg: str) -> None:
@@ -387,7 +408,7 @@ class Scenario:
         return {(k or b"").decode() for k, v in self.tap.records(self.topo.runs)
                 if v is None and (k or b"").decode().startswith(prefix)}
 
-    def settle(self, job_ids: list[str], max_s: float, poll_s: float = 1.0) -> float:
+    def settle(self, job_ids: list[str], max_s: float = DRAIN_MAX_S, poll_s: float = 1.0) -> float:
         """After ``job_ids`` were sent a pause: until the jobs topic shows each one paused
         (or done) and every run of the scenario is terminal, the runs the lookahead
         triggered before the pause included; at most ``max_s`` (then the check names what

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from chaoslib import Scenario, log
+from chaoslib import LOAD_TARGET, Scenario, log
 
 from gnomon.checker import CheckReport
 from gnomon.config import Settings, load
 from gnomon.core.jobs import PauseJob, RegisterJob
-from gnomon.core.model import CatchUp, JobSpec, Schedule, Target, TargetType
+from gnomon.core.model import CatchUp, JobSpec, Schedule
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.infra import fetch, kafka, manager
 
@@ -148,7 +148,7 @@ def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[
                  "--policy", str(Path(__file__).parent / "worker-policy.toml"), "--metrics-port", str(ports["w1"]))
         sc.wait_ready("p1", "w1")
         now = int(time.time() * 1000)
-        spec = JobSpec(name="out", schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
+        spec = JobSpec(name="out", schedule=Schedule(cron="* * * * * *"), target=LOAD_TARGET,
                        timeout_s=20, catch_up=CatchUp.ONCE)
         for job_id in sorted(jobs):
             sc.send(RegisterJob(job_id, "chaos", spec, now))
@@ -180,7 +180,7 @@ def run_outages(logs: Path, settings: Settings, nodes: int, outages_s: Sequence[
         for job_id in sorted(jobs):
             sc.send(PauseJob(job_id, "chaos", now))
         sc.flush()
-        sc.settle(list(jobs), sc.lookahead_s + sc.lease_s + 8)
+        sc.settle(list(jobs))
         report, runs, _ = sc.check(int(time.time() * 1000))
         sc.dump_stacks()  # (a process that went silent shows where it waits)
     finally:

@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from chaoslib import Scenario, log
+from chaoslib import LOAD_TARGET, Scenario, log
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource
 
 from gnomon.adapters.kafka import consumer_config
 from gnomon.config import Settings, load
 from gnomon.core.jobs import PauseJob, RegisterJob
-from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core.model import JobSpec, RetryPolicy, Schedule
 from gnomon.core.runs import RunStatus
 from gnomon.infra import fetch, kafka, manager, procs
 
@@ -93,7 +93,7 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         sc.worker("w1")
         sc.wait_ready("p1", "w1")
         now = int(time.time() * 1000)
-        spec = JobSpec(name="brk", schedule=Schedule(cron="*/2 * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
+        spec = JobSpec(name="brk", schedule=Schedule(cron="*/2 * * * * *"), target=LOAD_TARGET,
                        timeout_s=20, retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2))
         jobs = [f"{tag}-{i:02d}" for i in range(20)]
         for job_id in jobs:
@@ -118,7 +118,7 @@ def test_one_of_three_brokers_killed_and_back(tmp_path: Path, monkeypatch: pytes
         for job_id in jobs:
             sc.send(PauseJob(job_id, "chaos", now))
         sc.flush()
-        sc.settle(list(jobs), sc.lookahead_s + sc.lease_s + 8)
+        sc.settle(list(jobs))
         end_ms = int(time.time() * 1000)
         report, runs, _ = sc.check(end_ms)
     finally:

@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from chaoslib import LONG, Scenario, log, missing_from_history
+from chaoslib import LOAD_TARGET, LONG, Scenario, log, missing_from_history
 
 from gnomon.client import ApiError, Client
 from gnomon.config import load
 from gnomon.core.jobs import PauseJob, RegisterJob
-from gnomon.core.model import JobSpec, Schedule, Target, TargetType
+from gnomon.core.model import JobSpec, Schedule
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.history.cassandra import CassandraHistoryStore
 from gnomon.infra import manager
@@ -57,7 +57,7 @@ def test_history_survives_a_cassandra_outage(tmp_path_factory: pytest.TempPathFa
         sc.wait_ready("p1", "w1", "projector", "api")
         assert httpx.get(url + "/healthz", timeout=5).status_code == 200
         spec = JobSpec(name="outage", schedule=Schedule(cron="* * * * * *"),
-                       target=Target(TargetType.COMMAND, argv=("true",)), timeout_s=20, pool=POOL)
+                       target=LOAD_TARGET, timeout_s=20, pool=POOL)
         now = int(time.time() * 1000)
         for job_id in jobs:
             sc.send(RegisterJob(job_id, tag, spec, now))

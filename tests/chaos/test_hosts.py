@@ -37,14 +37,14 @@ from pathlib import Path
 import httpx
 import netcut
 import pytest
-from chaoslib import LONG, Scenario, log, missing_from_history
+from chaoslib import LOAD_TARGET, LONG, Scenario, log, missing_from_history
 
 from gnomon.adapters.kafka import partition_for
 from gnomon.checker import CheckReport
 from gnomon.client import ApiError, ApiUnavailable, Client
 from gnomon.config import Settings, load
 from gnomon.core.jobs import PauseJob, RegisterJob
-from gnomon.core.model import JobSpec, RetryPolicy, Schedule, Target, TargetType
+from gnomon.core.model import JobSpec, RetryPolicy, Schedule
 from gnomon.core.runs import RunState, RunStatus
 from gnomon.history.cassandra import CassandraHistoryStore
 from gnomon.infra import cassandra, fetch, kafka, manager, placement, procs, tls
@@ -254,7 +254,7 @@ def _load(sc: Scenario, cl: Cluster, tag: str, env: Mapping[str, str] | None = N
     url = _start_api(sc, cl, group=_group(cl, 1), env=env)
     sc.wait_ready("p1", "p2", "p3", "w1", "w2", "w3", "projector", "api", timeout_s=150)
     # (registered as signed commands, with ids of the scenario's: the checker reads them by prefix)
-    spec = JobSpec(name=tag, schedule=Schedule(cron="* * * * * *"), target=Target(TargetType.COMMAND, argv=("true",)),
+    spec = JobSpec(name=tag, schedule=Schedule(cron="* * * * * *"), target=LOAD_TARGET,
                    timeout_s=20, retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2))
     ids = _spread_ids(tag, 12)
     for job_id in ids:
@@ -304,7 +304,7 @@ def _pause_and_check(sc: Scenario, ids: list[str], poller: ApiPoller) -> Outcome
     for j in ids:
         sc.send(PauseJob(j, "chaos", int(time.time() * 1000)))
     sc.flush()
-    sc.settle(ids, sc.lookahead_s + sc.lease_s + 8)
+    sc.settle(ids)
     report, runs, _ = sc.check(int(time.time() * 1000))
     final = {r.run_id: r for r in runs}
     done = {rid: r for rid, r in final.items() if r.status is RunStatus.SUCCEEDED}
@@ -506,7 +506,7 @@ def test_a_live_system_grows_from_8_to_16_partitions(tmp_path: Path, cluster: Cl
             sc.worker(f"w{h}", group=_group(cluster, h))
         sc.wait_ready("p1", "p2", "p3", "w1", "w2", "w3", timeout_s=150)
         spec = JobSpec(name=tag, schedule=Schedule(cron="* * * * * *"),
-                       target=Target(TargetType.COMMAND, argv=("true",)), timeout_s=20,
+                       target=LOAD_TARGET, timeout_s=20,
                        retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2))
         ids = _spread_ids(tag, 24)
         for job_id in ids:
@@ -533,7 +533,7 @@ def test_a_live_system_grows_from_8_to_16_partitions(tmp_path: Path, cluster: Cl
         for j in ids:
             sc.send(PauseJob(j, "chaos", int(time.time() * 1000)))
         sc.flush()
-        sc.settle(ids, sc.lookahead_s + sc.lease_s + 8)
+        sc.settle(ids)
         report, runs, _ = sc.check(int(time.time() * 1000))
         # (a partition whose handover's transaction failed logs it again when it is redone)
         handed = {int(p) for h in (1, 2, 3) for p in re.findall(rf"partition (\d+) grown from 8 to {GROW_TO} partitions",
