@@ -144,7 +144,7 @@ def test_a_finished_run_becomes_a_row_and_a_json_line(stack: Stack, exporting: d
 
 def test_connects_rest_api_never_shows_the_password_and_the_sink_is_no_superuser(
         exporting: dict[str, Any], export_settings: Settings) -> None:
-    """Any local user can read Connect's REST API (127.0.0.1, no authentication): the JDBC
+    """Whoever holds Connect's REST credential can read its API: the JDBC
     sink's config there holds a FileConfigProvider reference, not the password; the role
     it logs in as (it wrote the row above) is not a superuser and owns only its table."""
     import httpx
@@ -152,12 +152,14 @@ def test_connects_rest_api_never_shows_the_password_and_the_sink_is_no_superuser
     password = postgres.export_credential(export_settings).password
     base = f"http://127.0.0.1:{exporting['port']}"
     name = exporting["names"]["postgres"]
+    auth = connect.rest_auth(connect.worker(export_settings, exporting["port"]))
     for path in (f"/connectors/{name}/config", f"/connectors/{name}", f"/connectors/{name}/tasks",
                  "/connectors?expand=info&expand=status"):
-        r = httpx.get(base + path, timeout=10)
+        assert httpx.get(base + path, timeout=10).status_code == 401, path  # (tests/security: the REST auth)
+        r = httpx.get(base + path, auth=auth, timeout=10)
         assert r.status_code == 200, (path, r.status_code)
         assert password not in r.text, f"{path} shows the PostgreSQL password"
-    config = httpx.get(f"{base}/connectors/{name}/config", timeout=10).json()
+    config = httpx.get(f"{base}/connectors/{name}/config", auth=auth, timeout=10).json()
     assert config["connection.password"].startswith("${file:") and config["connection.username"] == "gnomon_export"
     role = postgres.query(export_settings, "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles "
                                            "WHERE rolname = 'gnomon_export'")

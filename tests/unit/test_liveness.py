@@ -104,3 +104,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_stopped_watchdog_closes_its_probe_once_its_thread_ends() -> None:
+    """The processor and worker commands stop their watchdog when their loop returns, and the
+    watchdog then closes the probe's Kafka client: left running, a test that ran the command
+    in-process kept a client reconnecting to the broker for the rest of its session."""
+    import threading
+
+    closed: list[int] = []
+    ended = threading.Event()
+
+    def close() -> None:
+        closed.append(1)
+        ended.set()
+
+    dog = Watchdog(ProgressWatch(60, lambda: 0.0, lambda: 0.0), lambda: True, lambda _v: None, every_s=0.01,
+                   on_stop=close).start()
+    assert not ended.wait(0.1)  # running: the probe stays open
+    dog.stop()
+    assert ended.wait(5) and closed == [1]

@@ -86,14 +86,19 @@ def _watchdog(kind: str, registry: CollectorRegistry, progress_at: Callable[[], 
         timer.start()
 
     watch = ProgressWatch(limit_s, progress_at, time.monotonic)
-    return Watchdog(watch, lambda: probe.reachable(3.0), on_stuck, gauges=LivenessGauges(registry, kind)).start()
+    return Watchdog(watch, lambda: probe.reachable(3.0), on_stuck, gauges=LivenessGauges(registry, kind),
+                    on_stop=probe.close).start()
 
 
 def _exit_if_stalled(dog: Watchdog | None) -> None:
+    """After the loop: the watchdog stopped (its probe's client closed), and exit code
+    ``EXIT_STALLED`` if it had tripped."""
     from gnomon.metrics.liveness import EXIT_STALLED
 
-    if dog is not None and dog.tripped:
-        raise typer.Exit(EXIT_STALLED)
+    if dog is not None:
+        dog.stop()
+        if dog.tripped:
+            raise typer.Exit(EXIT_STALLED)
 
 
 def _interrupt_on_signals() -> None:

@@ -15,7 +15,12 @@ Authentication: the worker connects to Kafka as the role ``connect`` (SCRAM; rea
 rendered into ``worker.properties`` (``sasl.jaas.config`` and the ``producer.``/
 ``consumer.``/``admin.`` copies), which is therefore written 0600.
 
-REST port: ``$GNOMON_CONNECT_PORT`` (default 8083), bound to 127.0.0.1. Healthy means
+REST port: ``$GNOMON_CONNECT_PORT`` (default 8083), bound to 127.0.0.1, behind HTTP basic
+authentication (Kafka's ``BasicAuthSecurityRestExtension``): one user, ``gnomon``, whose
+password ``start`` makes once and keeps in ``<state_dir>/connect/rest-users.properties``
+(0600; the JAAS file beside it names it). Without it any local process, or a web page in
+a local browser through DNS rebinding, could read, change or delete the connectors
+(``rest_auth`` gives gnomon's own calls the credential). Healthy means
 ``GET /connectors?expand=status`` lists every configured connector with the connector
 and all its tasks RUNNING.
 
@@ -104,6 +109,16 @@ class Worker:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def rest_users(self) -> Path:
+        """The 0600 ``user=password`` file of the REST API's basic authentication."""
+        return self.home / "rest-users.properties"
+
+    @property
+    def rest_jaas(self) -> Path:
+        """The JAAS file naming ``rest_users`` for the worker's ``KafkaConnect`` login."""
+        return self.home / "rest-jaas.conf"
 
 
 def worker(settings: Settings, port: int | None = None) -> Worker:
@@ -236,6 +251,39 @@ def secrets_file(w: Worker) -> Path:
     return w.home / "secrets.properties"
 
 
+REST_USER = "gnomon"
+REST_LOGIN_MODULE = "org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule"
+
+
+def rest_auth(w: Worker) -> tuple[str, str]:
+    """(user, password) of the worker's REST API, made once (``ensure_rest_credential``)."""
+    try:
+        text = w.rest_users.read_text()
+    except FileNotFoundError as exc:
+        raise InfraError(f"no REST credential for Kafka Connect at {w.rest_users}; start it with "
+                         "`python -m gnomon.infra up --only connect`") from exc
+    users = parse_properties(text)
+    if REST_USER not in users:
+        raise InfraError(f"{w.rest_users} has no `{REST_USER}=` line")
+    return REST_USER, users[REST_USER]
+
+
+def ensure_rest_credential(w: Worker) -> None:
+    """The REST user's password file (kept across restarts: made only if missing) and
+    the JAAS file that points the worker's ``KafkaConnect`` login at it, both 0600."""
+    import secrets
+
+    from gnomon.credentials import write_secret
+
+    w.home.mkdir(parents=True, exist_ok=True)
+    if not w.rest_users.exists():
+        write_secret(w.rest_users, f"{REST_USER}={secrets.token_urlsafe(24)}\n")
+    path = str(w.rest_users)
+    if any(ch in path for ch in '"\\\n'):
+        raise InfraError(f"the state directory's path must not hold quotes or backslashes: {path}")
+    write_secret(w.rest_jaas, f'KafkaConnect {{\n  {REST_LOGIN_MODULE} required\n  file="{path}";\n}};\n')
+
+
 def connector_templates() -> list[Path]:
     """``connectors/*.properties`` except the worker's."""
     return sorted(p for p in CONNECTORS_DIR.glob("*.properties") if p != WORKER_TEMPLATE)
@@ -258,6 +306,7 @@ def render(
     from gnomon.credentials import write_secret
 
     write_secret(w.config, render_properties(WORKER_TEMPLATE.read_text(), variables))  # holds a password
+    ensure_rest_credential(w)
     from gnomon.infra import registry
     from gnomon.registry.auth import user_info
 
@@ -304,6 +353,7 @@ def command(w: Worker, java: str, lib: Path, connector_files: Sequence[Path]) ->
         "-Djava.awt.headless=true",
         f"-Dkafka.logs.dir={w.logs}",
         f"-Dlog4j.configuration=file:{CONF_DIR / 'log4j.properties'}",
+        f"-Djava.security.auth.login.config={w.rest_jaas}",  # the REST API's basic authentication
         "-cp",
         jvm.classpath(lib),
         MAIN_CLASS,
@@ -358,7 +408,7 @@ def connectors_status(w: Worker, timeout_s: float = 5.0) -> dict[str, Any]:
     """``GET /connectors?expand=status``: connector name -> its status document."""
     import httpx
 
-    response = httpx.get(f"{w.url}/connectors", params={"expand": "status"}, timeout=timeout_s)
+    response = httpx.get(f"{w.url}/connectors", params={"expand": "status"}, auth=rest_auth(w), timeout=timeout_s)
     response.raise_for_status()
     return {name: doc["status"] for name, doc in response.json().items()}
 

@@ -84,9 +84,11 @@ class Watchdog:
     whether the broker answers (bounded by its own timeout)."""
 
     def __init__(self, watch: ProgressWatch, probe: Callable[[], bool], on_stuck: Callable[[Verdict], None], *,
-                 gauges: LivenessGauges | None = None, every_s: float = 2.0) -> None:
+                 gauges: LivenessGauges | None = None, every_s: float = 2.0,
+                 on_stop: Callable[[], None] | None = None) -> None:
         self.watch = watch
         self._probe = probe
+        self._on_stop = on_stop  # (run by the thread once stopped: e.g. the probe's client closed)
         self._on_stuck = on_stuck
         self._gauges = gauges
         self._every_s = every_s
@@ -125,3 +127,5 @@ class Watchdog:
                 self.check()
             except Exception:  # the watchdog must outlive a failing probe
                 log.exception("liveness check failed")
+        if self._on_stop is not None:
+            self._on_stop()
