@@ -40,8 +40,9 @@ from gnomon.infra import fetch, kafka, manager, tls
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_brokers]
 
-PORT, CONTROLLER_PORT = 39092, 39093
-CQL_PORT, STORAGE_PORT = 39042, 37000
+# below the ephemeral range (32768-60999): tests/chaos/test_hosts.py says why
+PORT, CONTROLLER_PORT = 30092, 30093
+CQL_PORT, STORAGE_PORT = 30042, 30000
 
 
 def _peer_serial(port: int, ca: Path) -> int:

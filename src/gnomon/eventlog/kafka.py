@@ -434,53 +434,10 @@ class KafkaProducer:
 GROUP_DEBUG_ENV = "GNOMON_KAFKA_GROUP_DEBUG"
 
 
-class _OffsetClients(threading.local):
-    """The clients of one thread's end-offset look-ups and changelog reads: one
-    ``AdminClient`` and one assign-only ``Consumer``, made on first use and reused.
-
-    A client per call cost a SASL handshake and a metadata round trip each: restoring 8
-    partitions made 32 clients (an admin client and a consumer per changelog), 0.6-2.8 s
-    a partition on a box whose CPU other processes took, most of a processor's recovery
-    after a broker outage."""
-
-    admin: AdminClient | None = None
-    consumer: Consumer | None = None
-    reads: int = 0  # reads begun: the consumer's latest assignment is read number ``reads``
-
-
 class KafkaEventLog:
     def __init__(self, bootstrap: str, *, role: str | None = None) -> None:
         self.bootstrap = bootstrap
         self.role = role
-        self._clients = _OffsetClients()
-
-    def _admin(self) -> AdminClient:
-        c = self._clients
-        if c.admin is None:
-            try:
-                c.admin = AdminClient(admin_config(self.bootstrap, role=self.role))
-            except KafkaException as exc:
-                raise EventLogError(f"cannot make an admin client: {exc}") from exc
-        return c.admin
-
-    def _consumer(self) -> Consumer:
-        c = self._clients
-        if c.consumer is None:
-            c.consumer = Consumer(consumer_config(self.bootstrap, RESTORE_GROUP, role=self.role,
-                                                  **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
-        return c.consumer
-
-    def _drop_clients(self) -> None:
-        """After an error: this thread's next look-up makes new clients."""
-        c = self._clients
-        consumer, c.admin, c.consumer = c.consumer, None, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
-
-    def close(self) -> None:
-        """Close the calling thread's offset clients (the event log stays usable)."""
-        self._drop_clients()
 
     def reader(self, group_id: str, *, client_id: str | None = None,
                config: Mapping[str, Any] | None = None) -> KafkaReader:
@@ -505,26 +462,10 @@ class KafkaEventLog:
                                                                                  **(config or {})}))
 
     def end_offset(self, topic: str, partition: int) -> int:
-        try:
-            return _end_offset(self._consumer(), topic, partition)
-        except EventLogError:
-            self._drop_clients()
-            raise
+        return read_end_offset(self.bootstrap, topic, partition, role=self.role)
 
     def read_to_end(self, topic: str, partition: int, timeout_s: float, start: int | None = None) -> Iterator[Record]:
-        clients = self._clients
-        clients.reads += 1
-        mine = clients.reads
-        consumer = self._consumer()
-        try:
-            yield from _read_to_end(self._admin(), consumer, topic, partition, timeout_s, start)
-        except EventLogError:
-            self._drop_clients()
-            raise
-        finally:
-            if clients.reads == mine and clients.consumer is consumer:  # (not a later read's assignment)
-                with contextlib.suppress(KafkaException, RuntimeError):
-                    consumer.unassign()  # a reused consumer fetches nothing between reads
+        return read_partition_to_end(self.bootstrap, topic, partition, timeout_s, start, role=self.role)
 
 
 class KafkaProbe:
@@ -547,20 +488,13 @@ class KafkaProbe:
 
 
 def read_end_offset(bootstrap: str, topic: str, partition: int, *, role: str | None = None) -> int:
-    """One partition's end offset, on a consumer of its own (``KafkaEventLog.end_offset``
-    reuses one)."""
     c = Consumer(consumer_config(bootstrap, RESTORE_GROUP, role=role))
-    try:
-        return _end_offset(c, topic, partition)
-    finally:
-        c.close()
-
-
-def _end_offset(c: Consumer, topic: str, partition: int) -> int:
     try:
         return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
     except KafkaException as exc:
         raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
+    finally:
+        c.close()
 
 
 STABLE_POLL_S = 0.1  # how often a restore asks whether a transaction is still open
@@ -591,17 +525,13 @@ def wait_stable(bootstrap: str, topic: str, partition: int, timeout_s: float, *,
     nothing yet, so whatever is open is a previous owner's: it commits, or its
     coordinator aborts it within the transaction timeout. EventLogError when that takes
     longer than ``timeout_s`` (the caller's recovery tries again)."""
+    tp = TopicPartition(topic, partition)
+    timeout_s = min(timeout_s, STABLE_WAIT_MAX_S)
+    deadline = time.monotonic() + timeout_s
     try:
         admin = AdminClient(admin_config(bootstrap, role=role))
     except KafkaException as exc:
         raise EventLogError(f"cannot read the end offsets of {topic}[{partition}]: {exc}") from exc
-    return _wait_stable(admin, topic, partition, timeout_s)
-
-
-def _wait_stable(admin: AdminClient, topic: str, partition: int, timeout_s: float) -> int:
-    tp = TopicPartition(topic, partition)
-    timeout_s = min(timeout_s, STABLE_WAIT_MAX_S)
-    deadline = time.monotonic() + timeout_s
     stable = end = -1
     while True:
         left = deadline - time.monotonic()
@@ -628,59 +558,46 @@ def _wait_stable(admin: AdminClient, topic: str, partition: int, timeout_s: floa
 def read_partition_to_end(bootstrap: str, topic: str, partition: int, timeout_s: float,
                           start: int | None = None, *, role: str | None = None) -> Iterator[Record]:
     """Every committed record of one partition, from ``start`` (default: the beginning)
-    to the current end, once no transaction is open on it (:func:`wait_stable`), on
-    clients of its own (``KafkaEventLog.read_to_end`` reuses one thread's)."""
-    try:
-        admin = AdminClient(admin_config(bootstrap, role=role))
-    except KafkaException as exc:
-        raise EventLogError(f"cannot read the end offsets of {topic}[{partition}]: {exc}") from exc
+    to the current end, once no transaction is open on it (:func:`wait_stable`)."""
+    began = time.monotonic()
+    wait_stable(bootstrap, topic, partition, timeout_s, role=role)
+    timeout_s = max(1.0, timeout_s - (time.monotonic() - began))
     c = Consumer(consumer_config(bootstrap, RESTORE_GROUP, role=role,
                                  **{"enable.partition.eof": True, "fetch.wait.max.ms": 10}))
     try:
-        yield from _read_to_end(admin, c, topic, partition, timeout_s, start)
+        try:
+            low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
+        except KafkaException as exc:
+            raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
+        low = max(low, start) if start is not None else low
+        if high <= low:
+            return
+        c.assign([TopicPartition(topic, partition, low)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                batch = c.consume(5000, 0.05)
+            except KafkaException as exc:
+                raise EventLogError(f"restoring {topic}[{partition}]: {exc}") from exc
+            if not batch:
+                pos = c.position([TopicPartition(topic, partition)])[0].offset
+                if pos is not None and pos >= high:
+                    return
+                continue
+            for msg in batch:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise EventLogError(f"restoring {topic}[{partition}]: {err}")
+                offset = msg.offset()
+                assert offset is not None
+                yield Record(topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1], _headers(msg))
+                if offset + 1 >= high:
+                    return
+        raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
     finally:
         c.close()
-
-
-def _read_to_end(admin: AdminClient, c: Consumer, topic: str, partition: int, timeout_s: float,
-                 start: int | None) -> Iterator[Record]:
-    """``read_partition_to_end`` on given clients (``c``: assign-only, partition EOF on)."""
-    began = time.monotonic()
-    _wait_stable(admin, topic, partition, timeout_s)
-    timeout_s = max(1.0, timeout_s - (time.monotonic() - began))
-    try:
-        low, high = c.get_watermark_offsets(TopicPartition(topic, partition), 10)
-    except KafkaException as exc:
-        raise EventLogError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
-    low = max(low, start) if start is not None else low
-    if high <= low:
-        return
-    c.assign([TopicPartition(topic, partition, low)])
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            batch = c.consume(5000, 0.05)
-        except KafkaException as exc:
-            raise EventLogError(f"restoring {topic}[{partition}]: {exc}") from exc
-        if not batch:
-            pos = c.position([TopicPartition(topic, partition)])[0].offset
-            if pos is not None and pos >= high:
-                return
-            continue
-        for msg in batch:
-            if msg.topic() is not None and (msg.topic() != topic or msg.partition() != partition):
-                continue  # (a reused consumer: anything left of the partition it read before)
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return
-                raise EventLogError(f"restoring {topic}[{partition}]: {err}")
-            offset = msg.offset()
-            assert offset is not None
-            yield Record(topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1], _headers(msg))
-            if offset + 1 >= high:
-                return
-    raise EventLogError(f"restoring {topic}[{partition}] did not reach offset {high} in {timeout_s}s")
 
 
 def _positions(c: Consumer, tps: Sequence[TP]) -> dict[TP, int]:
