@@ -52,9 +52,10 @@ from gnomon.topology import load_topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_brokers]
 
-# below the ephemeral range (32768-60999 here): a fixed port in it may be some connection's own
-# end when a server binds it (CI of 295d933: Cassandra node 1 could not bind 127.0.0.1:49142)
-KAFKA_PORT, CONTROLLER_PORT, CQL_PORT, STORAGE_PORT, API_PORT = 31192, 31193, 31142, 31100, 31787
+# (inside the ephemeral range, 32768-60999: the fresh-clone run of 295d933 found 127.0.0.1:49142
+# held by some connection when Cassandra node 1 bound it. Ports below it, 31100-31787, made
+# the API answer 503 to most reads in the run of 796b9e8, not understood yet: these stay.)
+KAFKA_PORT, CONTROLLER_PORT, CQL_PORT, STORAGE_PORT, API_PORT = 49192, 49193, 49142, 47100, 48787
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 HOST_DOWN_S = 120 if LONG else 20  # host 3 away before its processes are started again
 AFTER_S = 60 if LONG else 20  # running after it is back (or healed)

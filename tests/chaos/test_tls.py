@@ -40,7 +40,7 @@ from gnomon.infra import fetch, kafka, manager, tls
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.own_brokers]
 
-# below the ephemeral range (32768-60999): tests/chaos/test_hosts.py says why
+# below the ephemeral range (32768-60999), where a fixed port may be some connection's own end
 PORT, CONTROLLER_PORT = 30092, 30093
 CQL_PORT, STORAGE_PORT = 30042, 30000
 
