@@ -31,8 +31,10 @@ from typing import Any
 
 from gnomon.core.errors import InfraError
 
-KAFKA_ROLES: tuple[str, ...] = ("admin", "api", "processor", "worker", "projector", "connect", "registry", "alerter")
-"""Kafka principals (``User:<role>``); admin is the super user. ACLs: gnomon.infra.acls."""
+KAFKA_ROLES: tuple[str, ...] = ("admin", "api", "processor", "worker", "projector", "connect", "registry", "alerter",
+                                 "producer")
+"""Kafka principals (``User:<role>``); admin is the super user. ACLs: gnomon.infra.acls. ``producer`` is
+the credential an operator hands a team's own service (docs/job-events.md); ``api`` stays the API's own."""
 KAFKA_BROKER = "kafka-broker"
 KAFKA_CONTROLLER = "kafka-controller"
 CASSANDRA = "cassandra"

@@ -3,7 +3,7 @@ of the job-event contract (docs/job-events.md).
 
     from gnomon.events import JobEvents
 
-    with JobEvents(tenant="acme") as events:          # GNOMON_KAFKA_BOOTSTRAP, role "api",
+    with JobEvents(tenant="acme") as events:          # GNOMON_KAFKA_BOOTSTRAP, role "producer",
                                                       # $GNOMON_COMMAND_KEY_FILE signs
         job_id = events.register({"name": "nightly close", "schedule": "0 2 * * *",
                                   "timezone": "Europe/Paris",
@@ -60,7 +60,9 @@ from gnomon.core.validation import (
 from gnomon.eventlog.port import EventLog, Producer, Reader
 from gnomon.topology import Topology, load_topology
 
-KAFKA_ROLE_DEFAULT = "api"  # only the API's principal may write the job-commands topic (docs/adr/0006)
+# a team's service: writes signed job commands, reads their answers, nothing else (docs/adr/0006,
+# decision 4); the API's own principal ("api") also writes configuration and is not handed out
+KAFKA_ROLE_DEFAULT = "producer"
 FLUSH_TIMEOUT_S = 30.0
 ERRORS_KEPT_MAX = 100  # delivery errors remembered until the next flush (the count is exact)
 RESULTS_GROUP = "gnomon-events"  # a group id librdkafka needs; nothing is committed (assigned partitions)

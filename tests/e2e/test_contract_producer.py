@@ -38,8 +38,8 @@ def producer_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _produce(classpath: str, job_id: str, cron: str, *argv: str, schemas: str | None = None,
              ) -> subprocess.CompletedProcess[str]:
     settings, topo = load(), load_topology()
-    cred = credentials.read(settings.credentials_dir, "api")
-    assert cred is not None, "no Kafka credentials for the api role (gnomon infra up writes them)"
+    cred = credentials.read(settings.credentials_dir, "producer")  # what an operator hands a team's service
+    assert cred is not None, "no Kafka credentials for the producer role (gnomon infra up writes them)"
     return subprocess.run(
         ["java", "-cp", classpath, "ContractProducer", settings.kafka_bootstrap, cred.username, cred.password,
          schemas or str(REPO_ROOT / "schemas" / "avro"), topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],

@@ -75,7 +75,7 @@ def test_every_command_gets_an_answer_accepted_or_refused_with_the_reason(stack:
 
 def test_a_producer_with_one_tenants_key_cannot_act_for_another_tenant(stack: Stack) -> None:
     """ADR 0006 (b) on real Kafka: tenant ``other`` registers a job through the API (which
-    signs with other's key). A producer that holds the api Kafka credential and acme's
+    signs with other's key). A producer that holds a team's Kafka credential (``producer``) and acme's
     command key rewrites its commands' tenant to ``other`` and tries to register over,
     patch and delete that job: each is refused on the command-results topic, naming
     ``signature``, and the job is as it was."""

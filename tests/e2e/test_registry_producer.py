@@ -76,8 +76,8 @@ def test_the_producer_imports_only_confluent_kafka_and_the_standard_library(prog
 
 def _produce(job_id: str, cron: str, *argv: str) -> subprocess.CompletedProcess[str]:
     settings, topo = load(), load_topology()
-    cred = credentials.read(settings.credentials_dir, "api")  # the principal a tenant's service produces as
-    assert cred is not None, "no Kafka credentials for the api role (gnomon infra up writes them)"
+    cred = credentials.read(settings.credentials_dir, "producer")  # what an operator hands a team's service
+    assert cred is not None, "no Kafka credentials for the producer role (gnomon infra up writes them)"
     return subprocess.run(
         [sys.executable, "-c", RUN_WITHOUT_GNOMON, str(SCRIPT), registry.url(settings), settings.kafka_bootstrap,
          cred.username, cred.password, topo.job_commands, topo.command_results, job_id, "acme", cron, *argv],
@@ -139,8 +139,8 @@ def _run_batch(stack: Stack, prefix: str, kill_at: str | None) -> tuple[int, lis
     second half. Returns (exit code, its events, its stderr, when the processor was
     killed (epoch ms) or None)."""
     settings, topo = load(), load_topology()
-    cred = credentials.read(settings.credentials_dir, "api")
-    assert cred is not None, "no Kafka credentials for the api role (gnomon infra up writes them)"
+    cred = credentials.read(settings.credentials_dir, "producer")  # what an operator hands a team's service
+    assert cred is not None, "no Kafka credentials for the producer role (gnomon infra up writes them)"
     args = [sys.executable, "-c", RUN_WITHOUT_GNOMON, str(BATCH), registry.url(settings), settings.kafka_bootstrap,
             cred.username, cred.password, topo.job_commands, topo.command_results, prefix, "acme"]
     flag = {None: [], "flushed": ["--halves"], "answered": ["--halves-after-answer"]}[kill_at]

@@ -21,7 +21,7 @@ from gnomon.worker.container import ContainerExecutor, PodmanRunner
 from gnomon.worker.sandbox import MIB, SandboxLimits
 
 IMAGE = "localhost/gnomon-busybox:test"
-APPLETS = ("sh", "echo", "cat", "env", "id", "ls", "sleep", "head", "wc", "nc", "wget", "tr", "true")
+APPLETS = ("sh", "echo", "cat", "env", "id", "ls", "sleep", "head", "wc", "nc", "wget", "tr", "true", "date")
 LIMITS = SandboxLimits(memory_max_bytes=64 * MIB, pids_max=32, output_max_bytes=1 * MIB, tmp_max_bytes=8 * MIB)
 
 
@@ -166,22 +166,25 @@ sys.path.insert(0, {tests!r})
 from gnomon.worker.container import ContainerExecutor, PodmanRunner
 from test_containers import LIMITS, Run
 run = Run(("sh", "-c", "sleep 120"), timeout_s={timeout_s})
-run.executor = ContainerExecutor(LIMITS, runner=PodmanRunner(grace_s={grace_s}))
+run.executor = ContainerExecutor(LIMITS, runner=PodmanRunner(grace_s={grace_s}, guarded={guarded}))
 run()
 """
 
 
-def _worker_killed_mid_attempt(tmp_path: Path, timeout_s: float, grace_s: int, *, sweep_first: bool = True) -> str:
+def _worker_killed_mid_attempt(tmp_path: Path, timeout_s: float, grace_s: int, *, sweep_first: bool = True,
+                               guarded: bool = False) -> str:
     """A stand-in worker that starts a container attempt and is killed -9 while the
     container runs (``sweep_first``: after checking that a sweep leaves a live worker's
-    container alone); the container's name."""
+    container alone; ``guarded``: with the container's guard, else without it, to show
+    the other backstops); the container's name."""
     import os
     import signal
     import sys
     import time
 
     script = tmp_path / "stand_in_worker.py"
-    script.write_text(_WORKER.format(tests=str(Path(__file__).parent), timeout_s=timeout_s, grace_s=grace_s))
+    script.write_text(_WORKER.format(tests=str(Path(__file__).parent), timeout_s=timeout_s, grace_s=grace_s,
+                                     guarded=guarded))
     proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     name = f"gnomon-{proc.pid}-1"
     deadline = time.monotonic() + 60
@@ -232,3 +235,76 @@ def test_a_worker_identity_outlives_nothing_but_its_process() -> None:
     assert not identity_alive(f"{boot}:{pid}:{int(ticks) + 1}")  # the same pid, a later process
     assert not identity_alive(f"another-boot:{pid}:{ticks}")
     assert not identity_alive(f"{boot}:999999999:1") and not identity_alive("garbage")
+
+
+# Issue 50, finding 5: killed -9, a worker's container ran on for its whole runtime
+# deadline (the attempt's timeout + 10 s: 70 s in the audit, 32 s after the kill when it
+# was looked at) while the lease is 30 s, so the run granted again ran beside it. Now a
+# guard outside the worker (gnomon.worker.container_guard) removes it as soon as the
+# worker's pipe closes, or after one lease without a renewal. Checked against the code
+# before: the first test's container was still listed 30 s after the kill (its deadline
+# was 130 s away).
+
+LEASE_S = 30.0  # the attempt's lease (AttemptContext.lease_s, the grant's: 30 s by default)
+
+
+def test_a_killed_workers_container_is_gone_within_the_lease_and_its_next_attempt_starts_after(
+        image: str, tmp_path: Path) -> None:
+    import time
+
+    name = _worker_killed_mid_attempt(tmp_path, timeout_s=120, grace_s=10, sweep_first=False, guarded=True)
+    killed = time.monotonic()
+    while PodmanRunner().exists(name):
+        assert time.monotonic() - killed < LEASE_S, f"the container outlived its worker's lease ({LEASE_S:g} s)"
+        time.sleep(0.2)
+    gone_wall_s = time.time()  # at most this late: it was listed until the poll before
+    gone_after_s = time.monotonic() - killed
+    # the processor grants the run again once its lease lapsed, at the earliest: the next
+    # attempt (a worker of its own) starts then, and says when in its own output
+    time.sleep(max(0.0, LEASE_S - (time.monotonic() - killed)))
+    run = Run(("sh", "-c", "echo started $(date +%s)"), timeout_s=30)
+    assert run().outcome.value == "succeeded", run.lines
+    started_s = int(run.out().split()[-1])
+    assert started_s >= int(gone_wall_s), (started_s, gone_wall_s)
+    print(f"container gone {gone_after_s:.1f} s after its worker was killed; next attempt started "
+          f"{started_s - gone_wall_s:+.1f} s after that")
+    assert leftovers() == []
+
+
+def test_a_long_attempt_whose_lease_is_renewed_runs_to_its_end(image: str) -> None:
+    """The guard cuts nothing short while the worker renews: a 2 s lease renewed every
+    0.3 s, a container that runs 4 s."""
+    import threading
+
+    run = Run(("sh", "-c", "sleep 4; echo finished"), timeout_s=30)
+    run.ctx.lease_s = 2.0
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(0.3):
+            run.ctx.renewed()
+
+    beat = threading.Thread(target=renew, daemon=True)
+    beat.start()
+    try:
+        result = run()
+    finally:
+        stop.set()
+        beat.join()
+    assert result.outcome.value == "succeeded" and run.out() == "finished", (result, run.lines)
+    assert leftovers() == []
+
+
+def test_an_attempt_whose_lease_is_not_renewed_is_removed_by_its_guard(image: str) -> None:
+    """A worker alive but silent (its loop stuck: no renewal for one lease) loses the
+    container too: a 2 s lease never renewed ends a 60 s container within seconds."""
+    import time
+
+    run = Run(("sh", "-c", "sleep 60"), timeout_s=60)
+    run.ctx.lease_s = 2.0
+    started = time.monotonic()
+    result = run()
+    took_s = time.monotonic() - started
+    assert result.outcome.value == "failed", result
+    assert took_s < 30, f"ran {took_s:.1f} s: the guard did not act"
+    assert leftovers() == []

@@ -49,7 +49,14 @@ def test_processors_read_and_write_what_the_topology_says(table: list[acls.Grant
 
 def test_roles_are_least_privilege(table: list[acls.Grant]) -> None:
     topo = load_topology()
-    assert acls.roles_with(table, topo.job_commands, "WRITE") == {"api"}
+    # the API's principal and a team's producer write commands (each signed by its tenant's key);
+    # only the API's principal writes configuration, only workers (and the processor) report runs
+    assert acls.roles_with(table, topo.job_commands, "WRITE") == {"api", "producer"}
+    for config_topic in (topo.tenants, topo.alert_configs, topo.calendars):
+        assert acls.roles_with(table, config_topic, "WRITE") == {"api"}, config_topic
+    assert acls.roles_with(table, topo.run_events, "WRITE") == {"processor", "worker"}
+    producer = {(g.resource, g.name, g.operation) for g in table if g.role == "producer"}
+    assert producer == {(acls.TOPIC, topo.job_commands, "WRITE"), (acls.TOPIC, topo.command_results, "READ")}
     assert acls.roles_with(table, topo.jobs, "WRITE") == {"processor"}
     assert acls.roles_with(table, topo.runs, "WRITE") == {"processor"}
     assert acls.roles_with(table, topo.worker_inbox, "WRITE") == {"processor"}
@@ -65,7 +72,6 @@ def test_roles_are_least_privilege(table: list[acls.Grant]) -> None:
     assert {g.name for g in table if g.role == "alerter" and g.resource == acls.TOPIC} == {
         topo.runs, topo.alert_configs}
     assert {g.operation for g in table if g.role == "alerter"} == {"READ"}
-    assert acls.roles_with(table, topo.alert_configs, "WRITE") == {"api"}
     assert acls.roles_with(table, topo.command_results, "WRITE") == {"processor"}
     assert {g.role for g in table} <= set(credentials.KAFKA_ROLES) - {"admin"}
     groups = {(g.role, g.name, g.operation) for g in table if g.resource == acls.GROUP}

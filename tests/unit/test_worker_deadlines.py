@@ -157,3 +157,30 @@ def test_threads_for_staged_attempts_are_started_before_their_slot() -> None:
     w._fire_due(ex)
     wait_for(lambda: w._done.qsize() == 250)
     assert w._pool.threads == 300  # the slot created none
+
+
+def test_each_heartbeat_renews_the_attempts_listeners_with_its_lease() -> None:
+    """What feeds a container's guard (gnomon.worker.container_guard): the attempt knows
+    its grant's lease, and every heartbeat the loop sends for it calls its renewal
+    listeners, none between heartbeats."""
+    from gnomon.core.runs import Heartbeat
+
+    release = threading.Event()
+    w, clock, prod, ex = make(lambda ctx: release.wait(10))
+    slot = clock.now_ms() + 1_000
+    w._on_inbox(grant("j@1", slot), ex)
+    clock.set(slot)
+    w._fire_due(ex)
+    att = w._running["j@1"]
+    assert att.ctx.lease_s == 600.0  # lease_until_ms - max(at_ms, not_before_ms)
+    renewed: list[int] = []
+    att.ctx.renewals.append(lambda: renewed.append(clock.now_ms()))
+    clock.set(slot + att.heartbeat_every_ms - 1)
+    w._heartbeat()
+    assert renewed == [] and prod.of(Heartbeat) == []
+    clock.set(slot + att.heartbeat_every_ms)
+    w._heartbeat()
+    assert renewed == [slot + att.heartbeat_every_ms] and len(prod.of(Heartbeat)) == 1
+    release.set()
+    wait_for(lambda: not w._done.empty())
+    step(w)

@@ -13,6 +13,7 @@ the run.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +56,12 @@ class AttemptContext:
     # set by an executor that runs the handler on the attempt's own thread and leaves its
     # deadline to the worker's loop (stop at the deadline, give up ``KILL_GRACE_S`` later)
     watched: bool = False
+    # the attempt's lease (the grant's): a guard that outlives the worker ends a container
+    # this long after the last renewal (gnomon.worker.container_guard)
+    lease_s: float = 30.0
+    # called on each lease renewal (the worker's heartbeat of this attempt), from the
+    # worker's loop thread; executors add to it (a container's guard is fed from here)
+    renewals: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def slot(self) -> datetime:
@@ -69,6 +76,14 @@ class AttemptContext:
         from gnomon.worker.sandbox import base_env
 
         return base_env(self.run_id, self.job_id, self.tenant, self.attempt, json.dumps(self.payload))
+
+    def renewed(self) -> None:
+        """The worker renewed this attempt's lease: tell whoever listens (never raises)."""
+        for call in list(self.renewals):
+            try:
+                call()
+            except Exception:  # a listener's failure must not stop the worker's loop
+                logging.getLogger("gnomon.worker").exception("lease renewal listener failed")
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():

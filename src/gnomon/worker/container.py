@@ -18,6 +18,13 @@ deadline enforced by the runtime (``podman run --timeout``: the attempt's timeou
 the host's boot id, the worker's pid and that process's start time, so a reused pid is
 not mistaken for it); a worker starting on the host removes every labelled container
 whose worker is gone (``PodmanRunner.sweep_orphans``) before it takes work.
+
+Neither bounds the overlap by the lease: the runtime's deadline is the attempt's timeout
+(often far longer than the 30 s lease) and the sweep waits for a worker to start. So each
+container also has a guard (``gnomon.worker.container_guard``), a small process started
+before it in a session of its own and fed the worker's lease renewals through a pipe: when
+the worker dies (the pipe closes) or stops renewing for one lease, the guard removes the
+container. A re-granted run, granted once the lease lapsed, never runs beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import math
 import os
 import shutil
 import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,13 +57,64 @@ NAME_PREFIX = "gnomon-"
 _seq = itertools.count(1)
 
 
+GUARD_SCRIPT = Path(__file__).with_name("container_guard.py")
+GUARD_QUIT_TIMEOUT_S = 5.0
+
+
+class Guard:
+    """The worker's end of a container's guard (``container_guard``): ``renew()`` on each
+    lease renewal, ``close()`` once the container is removed. Thread-safe: renewals come
+    from the worker's loop, the close from the attempt's thread. Never raises."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self._proc = proc
+        self._lock = threading.Lock()
+
+    def renew(self) -> None:
+        self._write(b"h")
+
+    def close(self) -> None:
+        """The attempt is over and its container removed: the guard leaves without acting."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(b"q")
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(GUARD_QUIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None:
+                return
+            try:
+                proc.stdin.write(data)
+                proc.stdin.flush()
+            except OSError as exc:  # the guard is gone: nothing ends the container if we die now
+                log.warning("container guard of pid %d is gone: %s", proc.pid, exc)
+                self._proc = None
+
+
 class PodmanRunner:
     """Builds ``podman run`` argv and removes containers; one place knows podman's flags."""
 
-    def __init__(self, podman: str | None = None, runtime: str = RUNTIME, grace_s: int = RUNTIME_GRACE_S) -> None:
+    def __init__(self, podman: str | None = None, runtime: str = RUNTIME, grace_s: int = RUNTIME_GRACE_S,
+                 guarded: bool = True) -> None:
+        """``guarded``: start a guard per container (False only in tests of the other
+        backstops: the runtime's deadline, the sweep)."""
         self.podman = podman or shutil.which("podman") or ""
         self.runtime = runtime
         self.grace_s = grace_s
+        self.guarded = guarded
 
     def check(self) -> None:
         if not self.podman:
@@ -84,6 +144,23 @@ class PodmanRunner:
         for key in env:  # names only: podman takes the values from its own environment (not argv)
             args += ["--env", key]
         return [*args, image, *argv]
+
+    def guard(self, name: str, silence_s: float) -> Guard:
+        """Start the guard of container ``name`` (before the container): it removes the
+        container if this process dies or the returned ``Guard`` is not renewed for
+        ``silence_s``. A guard that cannot start is logged, and the attempt runs unguarded
+        (the runtime's deadline and the next worker's sweep still end the container)."""
+        if not self.guarded:
+            return Guard(None)
+        argv = [sys.executable, "-I", str(GUARD_SCRIPT), self.podman, self.runtime, name, f"{silence_s:g}"]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    start_new_session=True, close_fds=True, bufsize=0,
+                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        except OSError as exc:
+            log.warning("cannot start the guard of container %s: %s", name, exc)
+            return Guard(None)
+        return Guard(proc)
 
     def remove(self, name: str) -> None:
         """Kill and remove the container; never raises (it runs on the kill path)."""
@@ -181,11 +258,15 @@ class ContainerExecutor:
         env.update(extra)
         name = f"{NAME_PREFIX}{os.getpid()}-{next(_seq)}"
         argv = self.runner.run_argv(name, target.image, target.argv, env, self.limits, self.network, ctx.timeout_s)
+        guard = self.runner.guard(name, ctx.lease_s)  # before the container exists
+        ctx.renewals.append(guard.renew)
         try:
             podman_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env}
             return self._run(argv, podman_env, name, ctx, redactor(extra.values()))
         finally:
             self.runner.remove(name)
+            ctx.renewals.remove(guard.renew)
+            guard.close()
 
     def _run(self, argv: list[str], env: dict[str, str], name: str, ctx: AttemptContext,
              redact: Callable[[str], str]) -> AttemptResult:

@@ -684,7 +684,8 @@ class Worker:
                                                                 grant.attempt, seq, stream, line, self.clock.now_ms()))
 
         ctx = AttemptContext(grant.run_id, grant.job_id, grant.tenant, grant.attempt, payload, float(grant.spec.timeout_s),
-                             emit, secrets=grant.spec.secrets, slot_ms=grant.slot_ms)
+                             emit, secrets=grant.spec.secrets, slot_ms=grant.slot_ms,
+                             lease_s=max(1.0, (grant.lease_until_ms - max(grant.at_ms, grant.not_before_ms)) / 1000))
 
         # The handler starts first; reporting is the loop's job (_report_started), so
         # thousands of attempts due in the same second are not serialised behind their
@@ -822,6 +823,7 @@ class Worker:
             if now - att.last_heartbeat_ms >= att.heartbeat_every_ms:
                 att.last_heartbeat_ms = now
                 self._send(self.topo.run_events, g.job_id, Heartbeat(g.run_id, self.worker_id, g.token, now))
+                att.ctx.renewed()  # e.g. a container's guard (gnomon.worker.container_guard)
 
     def _drain(self, inbox: Reader, executor: Executor) -> None:
         deadline = time.monotonic() + self.drain_timeout_s

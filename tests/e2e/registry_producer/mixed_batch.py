@@ -132,7 +132,7 @@ def main(argv):
     emit(event="schema", id=int.from_bytes(records[0][2][1:5], "big"))
 
     # the answers are read from each partition's end *before* anything is sent; no group
-    # is joined and nothing is committed (the api role has no group for this topic)
+    # is joined and nothing is committed (the producer role has no group for this topic)
     consumer = Consumer({**kafka, "group.id": "gnomon-events", "enable.auto.commit": False,
                          "isolation.level": "read_committed"})
     parts = consumer.list_topics(results, timeout=10).topics[results].partitions
