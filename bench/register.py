@@ -90,7 +90,8 @@ def main() -> None:
         spec = {"name": "bulk", "schedule": "0 0 1 1 *", "target": {"type": "handler", "name": "noop"}}
         ids: list[str] = []
         cpu0 = cpu_s(proc.pid) if proc is not None else 0.0
-        with JobEvents(TENANT, settings.kafka_bootstrap, replies=True, command_key=operator_key()) as events:
+        with JobEvents(TENANT, settings.kafka_bootstrap, replies=True, command_key=operator_key(),
+                       role="admin") as events:  # an operator's tool: reads the answers topic
             t0 = time.monotonic()
             for i in range(args.jobs):
                 ids.append(events.register(spec, job_id=f"bench-reg-{i:08d}"))

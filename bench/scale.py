@@ -149,7 +149,7 @@ def register(bootstrap: str, first: int, last: int, chunk: int, pa: int) -> None
     last_print = t0
     for lo, hi in segments(first, last, chunk):
         with JobEvents(f"{TENANT}-{lo // PER_TENANT:02d}", bootstrap, replies=True, linger_ms=50,
-                       command_key=operator_key()) as events:
+                       command_key=operator_key(), role="admin") as events:  # an operator's tool: reads the answers topic
             for i in range(lo, hi):
                 events.register(plan[i % len(plan)], job_id=f"scale-{i:08d}")
                 if i % 20_000 == 0 and time.monotonic() - last_print > 10:
@@ -290,7 +290,8 @@ def main() -> None:
         print("phase 5: probes, a worker, kill -9 of pA", flush=True)
         probe_ids = probes(topo.partitions)
         every_s = JobSpec(name="probe", schedule=Schedule(cron="* * * * * *"), target=NOOP, timeout_s=30)
-        with JobEvents(TENANT, s.kafka_bootstrap, replies=True, command_key=operator_key()) as events:
+        with JobEvents(TENANT, s.kafka_bootstrap, replies=True, command_key=operator_key(),
+                       role="admin") as events:  # an operator's tool: reads the answers topic
             for jid in probe_ids:
                 events.register(every_s, job_id=jid)
             assert all(r.accepted for r in events.results(120)), "a probe job was refused"

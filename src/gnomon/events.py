@@ -22,10 +22,13 @@ the order they were sent.
 
 What the processor does with a command is decided there: admission (the tenant's
 limits), version checks and the state machine apply exactly as to the API's commands.
-It answers every command on the command-results topic (``gnomon.core.replies``). With
-``replies=True``, ``results()`` waits for those answers:
+It answers every command on the command-results topic (``gnomon.core.replies``), which
+holds every tenant's answers, so a team's credential cannot read it: a team's service
+reads its own answers through the REST API (``GET /v1/commands/{partition}-{offset}``,
+with the tenant's API token). With ``replies=True``, ``results()`` waits for them:
 
-    with JobEvents(tenant="acme", replies=True) as events:
+    with JobEvents(tenant="acme", replies=True, answers_url="https://gnomon.example",
+                   api_token=token) as events:
         events.register(spec, idempotency_key="k")
         for result in events.results():        # in the order the commands were sent
             if not result.accepted:
@@ -41,6 +44,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import httpx
+
 from gnomon import codec
 from gnomon.core import jobs as J
 from gnomon.core.clock import Clock, SystemClock
@@ -49,7 +54,7 @@ from gnomon.core.command_checks import JOB_ID_MAX_CHARS as JOB_ID_MAX_CHARS
 from gnomon.core.command_checks import check_job_id
 from gnomon.core.errors import EventLogError, GnomonError, ValidationError
 from gnomon.core.model import JobSpec, idempotent_job_id
-from gnomon.core.replies import CommandResult
+from gnomon.core.replies import CommandResult, ResultCode
 from gnomon.core.validation import (
     DEFAULT_POOLS,
     check_patch,
@@ -70,6 +75,8 @@ CLIENT_ID = "gnomon-events"
 
 
 RESULTS_TIMEOUT_S = 60.0
+ANSWER_POLL_S = 0.1  # between rounds of GET /v1/commands/{id} for the answers still pending
+API_TIMEOUT_S = 10.0
 _FAILED = ("", -1, -1)  # a command Kafka did not write (its slot in the send order)
 
 
@@ -89,12 +96,16 @@ class JobEvents:
     def __init__(self, tenant: str, bootstrap: str | None = None, *, role: str | None = KAFKA_ROLE_DEFAULT,
                  log: EventLog | None = None, topology: Topology | None = None, clock: Clock | None = None,
                  pools: frozenset[str] | None = None, linger_ms: int = 20, replies: bool = False,
-                 command_key: CommandKey | None = None) -> None:
+                 command_key: CommandKey | None = None, answers_url: str | None = None,
+                 api_token: str | None = None) -> None:
         """``log``: where the commands go (default: Kafka at ``bootstrap``, else
         ``GNOMON_KAFKA_BOOTSTRAP``, as principal ``role``; the in-memory log in tests).
         ``command_key``: the tenant's key that signs every command (default: the file
         ``$GNOMON_COMMAND_KEY_FILE``, else the tenant's file in the local keys directory;
-        ``gnomon.command_keys``). The processor refuses a command not signed by its tenant."""
+        ``gnomon.command_keys``). The processor refuses a command not signed by its tenant.
+        ``answers_url``/``api_token``: with ``replies``, where the answers are read: the
+        REST API, as the tenant (a team's service); without them, the answers topic itself
+        (the API's own principal, operators' tools, the in-memory log)."""
         if not isinstance(tenant, str) or not tenant.strip():
             raise ValidationError("tenant", "must be a non-empty string")
         reject_control_chars(tenant, "tenant")
@@ -111,6 +122,7 @@ class JobEvents:
         self.topo = topology or load_topology()
         self.clock = clock or SystemClock()
         self.pools = pools if pools is not None else frozenset(self.topo.pools) or DEFAULT_POOLS
+        log_given = log is not None
         if log is None:
             from gnomon.config import load
             from gnomon.eventlog.kafka import KafkaEventLog
@@ -127,7 +139,17 @@ class JobEvents:
         self._early: dict[tuple[int, int], CommandResult] = {}  # answers found before a results() timed out
         self._consumer: Reader | None = None
         self._started_at: dict[int, int] = {}  # results partition -> where reading began
-        if replies:
+        self._api: httpx.Client | None = None
+        if replies and answers_url is not None:
+            if not api_token:
+                raise ValidationError("api_token", "reading answers through the API needs the tenant's API token")
+            self._api = httpx.Client(base_url=answers_url.rstrip("/"), timeout=API_TIMEOUT_S,
+                                     headers={"Authorization": f"Bearer {api_token}"})
+        elif replies and log_given is False and role == KAFKA_ROLE_DEFAULT:
+            raise ValidationError("answers_url", "a team's producer reads its answers through the API: give "
+                                  "answers_url (the API's URL) and api_token (the tenant's token); its Kafka "
+                                  "credential cannot read the answers topic, which holds every tenant's")
+        elif replies:
             self._consumer = log.reader(RESULTS_GROUP, client_id=CLIENT_ID, config={
                 "enable.partition.eof": False, "fetch.wait.max.ms": 50})
             self._start_reading()
@@ -201,13 +223,16 @@ class JobEvents:
         behind: the commands are safe in Kafka and will be applied): call it again to
         keep waiting for the same answers. A command Kafka refused has no answer (the
         flush raised for it)."""
-        if self._consumer is None:
+        if self._consumer is None and self._api is None:
             raise ValidationError("replies", "this JobEvents was made without replies=True")
         deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         sent, self._sent = self._sent, []
         self._waiting += [e for e in sent if e is not None and e is not _FAILED]
         wanted = {(p, o): i for i, (_, p, o) in enumerate(self._waiting)}  # position -> index in send order
+        if self._api is not None:
+            return self._results_from_api(wanted, deadline, timeout_s)
+        assert self._consumer is not None
         if wanted:
             self._read_up_to(max(p for p, _ in wanted))
         found: dict[int, CommandResult] = {}
@@ -232,6 +257,49 @@ class JobEvents:
         self._waiting = []
         return [found[i] for i in sorted(found)]
 
+    def _results_from_api(self, wanted: dict[tuple[int, int], int], deadline: float,
+                          timeout_s: float) -> list[CommandResult]:
+        """``results()`` through ``GET /v1/commands/{partition}-{offset}``: each answer
+        once the API has read it (another tenant's command stays pending there)."""
+        assert self._api is not None
+        found: dict[int, CommandResult] = {}
+        for key in [k for k in self._early if k in wanted]:
+            found[wanted[key]] = self._early.pop(key)
+        while True:
+            for (partition, offset), i in wanted.items():
+                if i not in found and (res := self._answer_of(partition, offset)) is not None:
+                    found[i] = res
+            if len(found) == len(wanted):
+                break
+            if time.monotonic() >= deadline:
+                for key, i in wanted.items():  # kept for the next call, which waits for the rest
+                    if i in found:
+                        self._early[key] = found[i]
+                raise EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not "
+                                    f"arrive within {timeout_s}s (is a processor running?); call results() "
+                                    "again to keep waiting")
+            time.sleep(ANSWER_POLL_S)
+        self._waiting = []
+        return [found[i] for i in sorted(found)]
+
+    def _answer_of(self, partition: int, offset: int) -> CommandResult | None:
+        assert self._api is not None
+        try:
+            resp = self._api.get(f"/v1/commands/{partition}-{offset}")
+        except httpx.HTTPError as exc:
+            raise EventLogError(f"cannot read the answer to command {partition}-{offset} from the API: {exc}") \
+                from exc
+        if resp.status_code != 200:
+            raise EventLogError(f"the API answered {resp.status_code} for command {partition}-{offset}: "
+                                f"{resp.text[:200]}")
+        body = resp.json()
+        if body.get("status") == "pending":
+            return None
+        return CommandResult(job_id=body["jobId"], tenant=self.tenant, command=body["command"],
+                             source_partition=partition, source_offset=offset, code=ResultCode(body["code"]),
+                             at_ms=0, field=body.get("field"), reason=body.get("reason"), limit=body.get("limit"),
+                             retry_after_s=body.get("retryAfterS"), job_version=body.get("version"))
+
     def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         try:
             self.flush(timeout_s)
@@ -239,6 +307,9 @@ class JobEvents:
             if self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
+            if self._api is not None:
+                self._api.close()
+                self._api = None
 
     def __enter__(self) -> JobEvents:
         return self
@@ -254,6 +325,9 @@ class JobEvents:
                 if self._consumer is not None:
                     self._consumer.close()
                     self._consumer = None
+                if self._api is not None:
+                    self._api.close()
+                    self._api = None
 
     def _job_id(self, job_id: str) -> str:
         return check_job_id(job_id)  # the processor's own rule (core.command_checks)

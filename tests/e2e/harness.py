@@ -64,15 +64,18 @@ class Stack:
 
 
 def outside_producer_env(tenant: str = "acme") -> dict[str, str]:
-    """What an operator hands a producer outside gnomon: the tenant's command key file
-    (docs/job-events.md, "Signing a command") and the schema registry's read-only user."""
+    """What an operator hands a producer outside gnomon, beside the ``producer`` Kafka
+    credential: the tenant's command key file (docs/job-events.md, "Signing a command"),
+    the schema registry's read-only user and the tenant's API token (for the answers)."""
     from gnomon.config import load
     from gnomon.infra import registry
     from gnomon.registry.auth import user_info
 
     settings = load()
     return {"GNOMON_COMMAND_KEY_FILE": str(command_keys.tenant_file(command_keys.keys_dir(settings), tenant)),
-            "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(settings))}
+            "GNOMON_REGISTRY_USER_INFO": user_info(registry.reader(settings)),
+            # the tenant's API token: a team's service reads its answers from the REST API
+            "GNOMON_API_TOKEN": {"acme": TOKEN, "other": OTHER_TOKEN}[tenant]}
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from harness import NEVER_DUE, OTHER_TOKEN, Stack, wait_for
+from harness import NEVER_DUE, OTHER_TOKEN, TOKEN, Stack, wait_for
 
 from gnomon.client import ApiError, Client
 from gnomon.config import load
@@ -51,11 +51,14 @@ def test_jobs_registered_over_kafka_run_and_obey_later_commands(stack: Stack) ->
 
 
 def test_every_command_gets_an_answer_accepted_or_refused_with_the_reason(stack: Stack) -> None:
-    """Replies: the processor answers each command on the command-results topic; a
-    refusal names what the API would name, and no longer goes to the poison topic."""
+    """Replies: the processor answers each command on the command-results topic, and a
+    team's producer reads its answers through the API (its Kafka credential cannot read
+    that topic: docs/adr/0006, decision 4); a refusal names what the API would name, and
+    no longer goes to the poison topic."""
     key = "replies-" + secrets.token_hex(4)
     spec = {"name": key, "schedule": NEVER_DUE, "target": {"type": "command", "argv": ["true"]}}
-    with JobEvents("acme", load().kafka_bootstrap, replies=True) as events:
+    with JobEvents("acme", load().kafka_bootstrap, replies=True, answers_url=stack.api_url,
+                   api_token=TOKEN) as events:
         job_id = events.register(spec, idempotency_key=key)
         events.register(spec, idempotency_key=key)  # the same registration again: changes nothing
         events.patch(job_id, {"priority": "high"}, expected_version=1)
@@ -78,14 +81,16 @@ def test_a_producer_with_one_tenants_key_cannot_act_for_another_tenant(stack: St
     signs with other's key). A producer that holds a team's Kafka credential (``producer``) and acme's
     command key rewrites its commands' tenant to ``other`` and tries to register over,
     patch and delete that job: each is refused on the command-results topic, naming
-    ``signature``, and the job is as it was."""
+    ``signature`` (answers to commands naming ``other``: other's token reads them), and the
+    job is as it was."""
     key = "victim-" + secrets.token_hex(4)
     other = Client(stack.api_url, OTHER_TOKEN)
     created = other.create_job({"name": key, "schedule": NEVER_DUE, "target": {"type": "command", "argv": ["true"]}})
     job_id = created["id"]
     wait_for(lambda: _job_of(other, job_id), 30, f"job {job_id} in history")
     try:
-        with JobEvents("acme", load().kafka_bootstrap, replies=True) as forger:
+        with JobEvents("acme", load().kafka_bootstrap, replies=True, answers_url=stack.api_url,
+                       api_token=OTHER_TOKEN) as forger:
             forger.tenant = "other"  # the record says "other"; the signature is acme's
             forger.register({"name": "taken over", "schedule": "* * * * *",
                              "target": {"type": "command", "argv": ["true"]}}, job_id=job_id)

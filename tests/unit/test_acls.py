@@ -56,7 +56,7 @@ def test_roles_are_least_privilege(table: list[acls.Grant]) -> None:
         assert acls.roles_with(table, config_topic, "WRITE") == {"api"}, config_topic
     assert acls.roles_with(table, topo.run_events, "WRITE") == {"processor", "worker"}
     producer = {(g.resource, g.name, g.operation) for g in table if g.role == "producer"}
-    assert producer == {(acls.TOPIC, topo.job_commands, "WRITE"), (acls.TOPIC, topo.command_results, "READ")}
+    assert producer == {(acls.TOPIC, topo.job_commands, "WRITE")}  # no read: answers come through the API
     assert acls.roles_with(table, topo.jobs, "WRITE") == {"processor"}
     assert acls.roles_with(table, topo.runs, "WRITE") == {"processor"}
     assert acls.roles_with(table, topo.worker_inbox, "WRITE") == {"processor"}

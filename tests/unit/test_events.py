@@ -229,3 +229,95 @@ def test_results_from_partitions_a_grow_added_after_reading_began() -> None:
         b.answer(i)
     assert [x.job_id for x in ev.results(timeout_s=5)] == ids
     ev.close()
+
+
+# ---- answers through the REST API (a team's service: docs/adr/0006, decision 4) ----------
+
+
+@pytest.fixture
+def api_over(request: pytest.FixtureRequest) -> Any:
+    """The real API app (its ``GET /v1/commands/{id}`` and ``CommandAnswers``) reading the
+    answers of a ``Broker``'s in-memory log, served by uvicorn; tokens for acme and globex."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from gnomon.api.answers import CommandAnswers
+    from gnomon.api.app import CommandSink, create_app
+    from gnomon.history.memory import InMemoryHistoryStore
+    from gnomon.web.auth import Authenticator
+
+    servers: list[tuple[Any, threading.Thread]] = []
+
+    def serve(b: Broker) -> str:
+        answers = CommandAnswers(b.log.reader("api-answers"), b.topo.command_results, b.topo.partitions).start()
+        app = create_app(history=InMemoryHistoryStore(), commands=CommandSink(b.log.producer(client_id="api"), b.topo.job_commands),
+                         auth=Authenticator({"tok-acme-0123456789": "acme", "tok-globex-0123456789": "globex"}),
+                         topology=b.topo, answers=answers)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        servers.append((server, thread))
+        request.addfinalizer(answers.close)
+        return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+    yield serve
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_teams_producer_reads_its_answers_through_the_api(api_over: Any) -> None:
+    b = Broker()
+    url = api_over(b)
+    ev, _ = events(b, replies=True, answers_url=url, api_token="tok-acme-0123456789")
+    ids = [ev.register(JOB, job_id=f"j{i}") for i in range(4)]
+    ev.flush()
+    for i in (2, 0, 3):
+        b.answer(i)
+    b.answer(1, LimitExceeded("jobs_max", "1 of 1 jobs registered", field=None))
+    results = ev.results(timeout_s=10)
+    assert [x.job_id for x in results] == ids
+    assert [x.code for x in results] == [ResultCode.ACCEPTED, ResultCode.LIMIT, ResultCode.ACCEPTED,
+                                         ResultCode.ACCEPTED]
+    assert results[1].limit == "jobs_max" and "1 of 1" in (results[1].reason or "") and results[0].job_version == 1
+    assert [(x.source_partition, x.source_offset) for x in results] == [(r.partition, r.offset) for r in b.records]
+    ev.close()
+
+
+def test_another_tenants_answers_never_reach_a_producer_through_the_api(api_over: Any) -> None:
+    """globex's token asks for acme's answers (it learnt where acme's commands landed): they
+    stay pending, and results() times out naming how many, knowing nothing of them."""
+    b = Broker()
+    url = api_over(b)
+    acme, _ = events(b, replies=True, answers_url=url, api_token="tok-acme-0123456789")
+    acme.register(JOB, job_id="acme-secret-job")
+    acme.flush()
+    b.answer(0)
+    assert [r.job_id for r in acme.results(timeout_s=10)] == ["acme-secret-job"]
+    spy, _ = events(b, replies=True, answers_url=url, api_token="tok-globex-0123456789")
+    spy.tenant = "globex"
+    spy._waiting = [("?", b.records[0].partition, b.records[0].offset)]  # acme's command's position
+    with pytest.raises(EventLogError, match="1 of 1 command results did not arrive"):
+        spy.results(timeout_s=0.5)
+    with pytest.raises(EventLogError, match="401"):
+        _bad_token(b, url)
+
+
+def _bad_token(b: Broker, url: str) -> None:
+    ev, _ = events(b, replies=True, answers_url=url, api_token="not-a-token-0123456789")
+    ev.register(JOB, job_id="j-bad")
+    ev.flush()
+    ev.results(timeout_s=1)
+
+
+def test_a_teams_producer_must_say_where_its_answers_are() -> None:
+    b = Broker()
+    with pytest.raises(ValidationError) as exc:
+        JobEvents("acme", log=b.log, command_key=ACME_KEY, replies=True, answers_url="http://127.0.0.1:1")
+    assert exc.value.field == "api_token"

@@ -216,8 +216,8 @@ def test_grants_of_a_region_name_its_topics_and_groups(no_region: None) -> None:
     topics = {g.name for g in table_a if g.resource == acls.TOPIC}
     assert topics <= {s.name for s in a.topics} and topics & _all_names(base) == {a.regions}  # the shared one
     # a region's processors write a moved job's adoption to its new region's commands
-    assert acls.roles_with(table_a, a.job_commands, "WRITE") == {"api", "processor"}
-    assert acls.roles_with(acls.grants(base), base.job_commands, "WRITE") == {"api"}  # no moves there
+    assert acls.roles_with(table_a, a.job_commands, "WRITE") == {"api", "producer", "processor"}
+    assert acls.roles_with(acls.grants(base), base.job_commands, "WRITE") == {"api", "producer"}  # no moves there
     assert acls.roles_with(table_a, a.worker_inbox, "READ") == {"worker"}
     groups = {(g.role, g.name, g.pattern, g.operation) for g in table_a if g.resource == acls.GROUP}
     assert ("processor", "gnomon-processor.a", acls.LITERAL, "READ") in groups

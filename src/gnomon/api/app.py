@@ -470,17 +470,22 @@ def create_app(
 
     @app.get("/v1/commands/{command_id}", summary="The scheduler's answer to a write answered 202",
              response_model=None,
-             description="A write whose answer did not come in time answers 202 with a Location here. This "
-             "answers the processor's decision once this API process has read it: accepted (with the job's "
-             "version) or refused (with the problem the write would have answered); pending until then. "
-             "Answers are kept 10 minutes.",
+             description="A write whose answer did not come in time answers 202 with a Location here; a "
+             "command a team's service produced to Kafka is named by where Kafka wrote it (partition-offset). "
+             "This answers the processor's decision once this API process has read it: accepted (with the "
+             "job's version) or refused (with the problem the write would have answered, and the processor's "
+             "own code, field and reason); pending until then, and for another tenant's command. Answers are "
+             "kept 10 minutes.",
              responses={200: {"model": schemas.CommandAnswer}, **problem_responses(401, 422)})
     def command_answer(command_id: str, tenant: Tenant) -> JSONResponse:
         pos = parse_command_id(command_id)
         res = None if answers is None else answers.get(pos)
         if res is None or res.tenant != tenant:  # another tenant's answer is not shown
             return JSONResponse({"commandId": command_id, "status": "pending"})
-        body: dict[str, Any] = {"commandId": command_id, "jobId": res.job_id, "command": res.command}
+        body: dict[str, Any] = {"commandId": command_id, "jobId": res.job_id, "command": res.command,
+                                "code": res.code.value}
+        body.update({k: v for k, v in (("field", res.field), ("reason", res.reason), ("limit", res.limit),
+                                       ("retryAfterS", res.retry_after_s)) if v is not None})
         if res.accepted:
             return JSONResponse({**body, "status": "accepted", "version": res.job_version})
         refused = problems.problem_for(refusal(res))

@@ -353,6 +353,13 @@ class CommandAnswer(_Closed):
     version: int | None = Field(None, description="the job's version after it (accepted)")
     problem: dict[str, Any] | None = Field(None, description="why it was refused: the problem the write "
                                            "would have answered")
+    code: Literal["accepted", "invalid", "limit", "conflict", "refused"] | None = Field(
+        None, description="the processor's answer as it wrote it (docs/job-events.md, \"Answers\"): what a "
+        "Kafka-native producer reads here for its commands")
+    field: str | None = Field(None, description="the field the refusal names")
+    reason: str | None = Field(None, description="the processor's reason")
+    limit: str | None = Field(None, description="the tenant limit that refused it (code limit)")
+    retryAfterS: int | None = Field(None, description="when to try again (a rate or backlog limit)")
 
 
 class RunAck(_Closed):

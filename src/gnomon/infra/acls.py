@@ -45,17 +45,15 @@ TOPIC_READS: Mapping[str, tuple[str, ...]] = {
     "connect": ("run_exports",),
     "registry": ("schemas",),  # the schema registry reads its store at start (gnomon.registry)
     "alerter": ("runs", "alert_configs"),  # the ledger and the tenants' webhooks (gnomon.alerts)
-    # a team's own service (gnomon.events, docs/job-events.md): the answers to its commands.
-    # Every tenant's answers share the topic: known gap (docs/adr/0006, decision 4)
-    "producer": ("command_results",),
 }
 TOPIC_WRITES: Mapping[str, tuple[str, ...]] = {
     # commands, run commands (cancel, replay) included; tenant limits (admin endpoints,
     # api/tenants.py); alert configs: PUT /v1/alerts (api/alerts.py); calendars. Never
     # run-events: only workers report runs (docs/adr/0006, decision 4)
     "api": ("job_commands", "tenants", "alert_configs", "calendars"),
-    # a team's own service: signed job commands only (docs/adr/0006, decisions 3 and 4);
-    # never the configuration topics the API's principal writes
+    # a team's own service: signed job commands only, and no read at all: every tenant's
+    # answers share gnomon.command-results, so it reads its own through the REST API
+    # (docs/adr/0006, decisions 3 and 4); never the configuration topics the API writes
     "producer": ("job_commands",),
     "processor": ("run_events", "jobs", "runs", "worker_inbox", "dead_letters", "poison",
                   "tenant_usage", "command_results", "dependencies", "regions"),  # regions: heartbeats, takeovers

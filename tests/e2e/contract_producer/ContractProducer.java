@@ -9,7 +9,6 @@ import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
-import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
@@ -19,31 +18,26 @@ import java.util.Set;
 import java.util.HashSet;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
-import org.apache.avro.generic.GenericDatumReader;
 import org.apache.avro.generic.GenericDatumWriter;
 import org.apache.avro.generic.GenericRecord;
 import org.apache.avro.generic.GenericRecordBuilder;
 import org.apache.avro.io.BinaryEncoder;
-import org.apache.avro.io.DecoderFactory;
 import org.apache.avro.io.EncoderFactory;
-import org.apache.kafka.clients.consumer.ConsumerConfig;
-import org.apache.kafka.clients.consumer.ConsumerRecord;
-import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
-import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * Registers a gnomon job from Java, knowing gnomon only through its job-event contract
  * (docs/job-events.md): the schema files and ids of schemas/avro/registry.json, the topic
  * names, the key (the job id) and the Confluent framing. Then it waits for the
- * processor's answer on the command-results topic and prints it.
+ * processor's answer, read from the REST API (GET /v1/commands/{partition}-{offset} with
+ * the tenant's token, $GNOMON_API_TOKEN: a team's Kafka credential cannot read the answers
+ * topic, which holds every tenant's), and prints it.
  *
- * <p>Arguments: bootstrap username password schemaSource commandsTopic resultsTopic jobId
+ * <p>Arguments: bootstrap username password schemaSource commandsTopic apiUrl jobId
  * tenant cron argv... where schemaSource is the schema directory (registry.json and the
  * .avsc files) or the URL of gnomon's schema registry (Confluent REST API: the latest
  * version of each subject and the versions it references). Exit 0: accepted; 3:
@@ -79,25 +73,21 @@ public final class ContractProducer {
   public static void main(String[] args) throws Exception {
     String bootstrap = args[0], user = args[1], password = args[2];
     File dir = new File(args[3]);
-    String commandsTopic = args[4], resultsTopic = args[5], jobId = args[6], tenant = args[7], cron = args[8];
+    String commandsTopic = args[4], apiUrl = args[5], jobId = args[6], tenant = args[7], cron = args[8];
     List<String> argv = new ArrayList<>(List.of(args).subList(9, args.length));
 
-    Latest command, result;
-    Schema commandSchema, resultSchema;
+    Latest command;
+    Schema commandSchema;
     if (args[3].startsWith("http://") || args[3].startsWith("https://")) {
       String url = args[3];
       command = latestFromRegistry(url, commandsTopic + "-value");
-      result = latestFromRegistry(url, resultsTopic + "-value");
       commandSchema = parseFromRegistry(url, command.entry, new Schema.Parser(), new HashSet<>());
-      resultSchema = parseFromRegistry(url, result.entry, new Schema.Parser(), new HashSet<>());
     } else {
       JsonNode registry = JSON.readTree(new File(dir, "registry.json")).get("schemas");
       command = latest(registry, commandsTopic + "-value");
-      result = latest(registry, resultsTopic + "-value");
       commandSchema = parse(registry, dir, command.entry);
-      resultSchema = parse(registry, dir, result.entry);
     }
-    System.out.println("schema ids " + command.id + " and " + result.id + " from " + args[3]);
+    System.out.println("schema id " + command.id + " from " + args[3]);
 
     Schema body = commandSchema.getField("body").schema();
     Schema register = body.getTypes().stream().filter(s -> s.getName().equals("RegisterJob")).findFirst()
@@ -128,48 +118,36 @@ public final class ContractProducer {
     common.put("sasl.jaas.config", "org.apache.kafka.common.security.scram.ScramLoginModule required username=\""
         + user + "\" password=\"" + password + "\";");
 
-    Properties cp = new Properties();
-    cp.putAll(common);
-    cp.put(ConsumerConfig.GROUP_ID_CONFIG, "gnomon-events");
-    cp.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
-    cp.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
-    try (KafkaConsumer<byte[], byte[]> results =
-             new KafkaConsumer<>(cp, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
-      // read every partition of the results topic from its end *before* sending
-      List<TopicPartition> parts = new ArrayList<>();
-      results.partitionsFor(resultsTopic).forEach(p -> parts.add(new TopicPartition(resultsTopic, p.partition())));
-      results.assign(parts);
-      Map<TopicPartition, Long> ends = results.endOffsets(parts);
-      ends.forEach(results::seek);
+    Properties pp = new Properties();
+    pp.putAll(common);
+    pp.put(ProducerConfig.ACKS_CONFIG, "all");
+    pp.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
+    RecordMetadata md;
+    try (KafkaProducer<byte[], byte[]> producer =
+             new KafkaProducer<>(pp, new ByteArraySerializer(), new ByteArraySerializer())) {
+      // the key is the job id: the Java client's murmur2 partitioner is the one gnomon uses
+      byte[] key = jobId.getBytes(StandardCharsets.UTF_8);
+      ProducerRecord<byte[], byte[]> record = new ProducerRecord<>(commandsTopic, key, value);
+      record.headers().add("gnomon-sig", signature(commandsTopic, key, value));
+      md = producer.send(record).get();
+    }
+    System.out.println("sent " + jobId + " to " + md.topic() + "[" + md.partition() + "]@" + md.offset());
 
-      Properties pp = new Properties();
-      pp.putAll(common);
-      pp.put(ProducerConfig.ACKS_CONFIG, "all");
-      pp.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
-      RecordMetadata md;
-      try (KafkaProducer<byte[], byte[]> producer =
-               new KafkaProducer<>(pp, new ByteArraySerializer(), new ByteArraySerializer())) {
-        // the key is the job id: the Java client's murmur2 partitioner is the one gnomon uses
-        byte[] key = jobId.getBytes(StandardCharsets.UTF_8);
-        ProducerRecord<byte[], byte[]> record = new ProducerRecord<>(commandsTopic, key, value);
-        record.headers().add("gnomon-sig", signature(commandsTopic, key, value));
-        md = producer.send(record).get();
+    // the answer, once the API has read it: {"status": "accepted"|"refused", "code", ...}
+    HttpRequest poll = HttpRequest.newBuilder(URI.create(apiUrl + "/v1/commands/" + md.partition() + "-" + md.offset()))
+        .header("Authorization", "Bearer " + System.getenv("GNOMON_API_TOKEN")).build();
+    long deadline = System.currentTimeMillis() + 60_000;
+    while (System.currentTimeMillis() < deadline) {
+      HttpResponse<String> r = HTTP.send(poll, HttpResponse.BodyHandlers.ofString());
+      if (r.statusCode() != 200) {
+        throw new IllegalStateException("GET " + poll.uri() + ": " + r.statusCode() + " " + r.body());
       }
-      System.out.println("sent " + jobId + " to " + md.topic() + "[" + md.partition() + "]@" + md.offset());
-
-      long deadline = System.currentTimeMillis() + 60_000;
-      while (System.currentTimeMillis() < deadline) {
-        for (ConsumerRecord<byte[], byte[]> rec : results.poll(Duration.ofMillis(200))) {
-          GenericRecord answer = unframe(result.id, resultSchema, rec.value());
-          if (answer == null) {
-            continue;
-          }
-          if ((Long) answer.get("source_partition") == md.partition() && (Long) answer.get("source_offset") == md.offset()) {
-            System.out.println("answer " + answer);
-            System.exit("accepted".equals(answer.get("code").toString()) ? 0 : 3);
-          }
-        }
+      JsonNode answer = JSON.readTree(r.body());
+      if (!"pending".equals(answer.get("status").asText())) {
+        System.out.println("answer " + answer);
+        System.exit("accepted".equals(answer.get("code").asText()) ? 0 : 3);
       }
+      Thread.sleep(200);
     }
     System.out.println("no answer within 60 s");
     System.exit(4);
@@ -257,13 +235,5 @@ public final class ContractProducer {
     new GenericDatumWriter<GenericRecord>(schema).write(record, enc);
     enc.flush();
     return out.toByteArray();
-  }
-
-  private static GenericRecord unframe(int id, Schema schema, byte[] data) throws Exception {
-    if (data == null || data.length < 5 || data[0] != 0 || ByteBuffer.wrap(data, 1, 4).getInt() != id) {
-      return null; // another version or not ours: a real reader would resolve it
-    }
-    return new GenericDatumReader<GenericRecord>(schema)
-        .read(null, DecoderFactory.get().binaryDecoder(data, 5, data.length - 5, null));
   }
 }

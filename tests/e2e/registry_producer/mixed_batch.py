@@ -1,26 +1,24 @@
 """A service outside gnomon sends one batch of job commands, valid and invalid mixed, and
-reads the answer to each (issue 21). It knows only docs/job-events.md and the schema
-registry: no gnomon import, no schema file; confluent-kafka's AvroSerializer writes the
-latest version of the commands topic's subject, AvroDeserializer reads the answers.
+reads the answer to each (issue 21). It knows only docs/job-events.md, the schema
+registry and the REST API: no gnomon import, no schema file; confluent-kafka's
+AvroSerializer writes the latest version of the commands topic's subject, and each
+answer is read from ``GET /v1/commands/{partition}-{offset}`` with the tenant's token
+($GNOMON_API_TOKEN): a team's Kafka credential cannot read the answers topic, which
+holds every tenant's (docs/adr/0006, decision 4).
 
-Arguments: registry_url bootstrap username password commands_topic results_topic
-prefix tenant [--halves | --halves-after-answer]
+Arguments: registry_url bootstrap username password commands_topic api_url
+prefix tenant [--halves]
 
 The batch is produced back to back and flushed. With ``--halves`` the first half is
 produced and flushed and the line ``{"event": "half", ...}`` is printed; the second half
-waits for a line on stdin (the test kills and restarts the processor in between). With
-``--halves-after-answer`` the line is printed once an answer to one of the first half's
-commands is written (seen by a read_uncommitted reader: the processor is applying the
-half, its transaction maybe still open).
+waits for a line on stdin (the test kills and restarts the processor in between).
 
 Output, one JSON object per line: ``schema`` (the id the serializer took), ``sent`` per
-record (label, job id, partition, offset), ``answer`` per answer read (read_committed)
-that names one of the records, and ``done`` with the labels left unanswered, those
-answered more than once, and those a read_uncommitted reader saw answered more than once
-(answers of a transaction that was aborted: a processor killed while applying). The
-reader keeps reading ``GRACE_S`` after the last awaited answer, so a repeated answer
-would be seen.
-Exit 0: every command answered exactly once; 4: some unanswered; 5: some answered twice.
+record (label, job id, partition, offset), ``answer`` per command once the API has its
+answer, and ``done`` with the labels left unanswered. (That the answers topic itself
+holds exactly one committed answer per command, a processor killed mid-batch included,
+the test checks with a reader of its own.)
+Exit 0: every command answered; 4: some unanswered.
 """
 
 import hashlib
@@ -30,14 +28,15 @@ import os
 import struct
 import sys
 import time
+import urllib.request
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 ANSWER_TIMEOUT_S = 150
-GRACE_S = 5
+POLL_S = 0.2
 DAY_MS = 86_400_000
 
 
@@ -106,14 +105,23 @@ def batch(prefix, tenant, now_ms):
     ]
 
 
+def answer_of(api_url, partition, offset):
+    """The processor's answer to the command Kafka wrote at ``partition``/``offset``, as
+    the REST API has it for this tenant (docs/job-events.md, "Answers"); None: pending."""
+    req = urllib.request.Request(f"{api_url}/v1/commands/{partition}-{offset}",
+                                 headers={"Authorization": "Bearer " + os.environ["GNOMON_API_TOKEN"]})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = json.load(resp)
+    return None if body["status"] == "pending" else body
+
+
 def main(argv):
     flags = {a for a in argv if a.startswith("--")}
-    halves, after_answer = bool(flags & {"--halves", "--halves-after-answer"}), "--halves-after-answer" in flags
-    registry_url, bootstrap, user, password, commands, results, prefix, tenant = [a for a in argv if a not in flags]
+    halves = "--halves" in flags
+    registry_url, bootstrap, user, password, commands, api_url, prefix, tenant = [a for a in argv if a not in flags]
     user_info = os.environ.get("GNOMON_REGISTRY_USER_INFO")  # the registry's reader, user:password
     sr = SchemaRegistryClient({"url": registry_url, **({"basic.auth.user.info": user_info} if user_info else {})})
     serialize = AvroSerializer(sr, conf={"auto.register.schemas": False, "use.latest.version": True})
-    deserialize = AvroDeserializer(sr)
     kafka = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
              "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password}
 
@@ -131,22 +139,6 @@ def main(argv):
         records.append((label, job_id, value))
     emit(event="schema", id=int.from_bytes(records[0][2][1:5], "big"))
 
-    # the answers are read from each partition's end *before* anything is sent; no group
-    # is joined and nothing is committed (the producer role has no group for this topic)
-    consumer = Consumer({**kafka, "group.id": "gnomon-events", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    parts = consumer.list_topics(results, timeout=10).topics[results].partitions
-    tps = []
-    for p in sorted(parts):
-        _, high = consumer.get_watermark_offsets(TopicPartition(results, p), timeout=10)
-        tps.append(TopicPartition(results, p, high))
-    consumer.assign(tps)
-    # the same from a read_uncommitted reader: it also sees answers of aborted transactions
-    # (a processor killed mid-batch), which the contract's readers never see
-    raw = Consumer({**kafka, "group.id": "gnomon-events", "enable.auto.commit": False,
-                    "isolation.level": "read_uncommitted"})
-    raw.assign([TopicPartition(results, tp.partition, tp.offset) for tp in tps])
-
     producer = Producer({**kafka, "acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"})
     acked = {}  # label -> (error, partition, offset)
 
@@ -162,9 +154,7 @@ def main(argv):
             emit(event="error", what=f"{left} records not delivered in 30 s")
             sys.exit(1)
 
-    by_position = {}  # (partition, offset) -> label
-    counts = {label: 0 for label, _, _ in records}
-    raw_counts = {label: 0 for label, _, _ in records}
+    position = {}  # label -> (partition, offset)
 
     def sent(part):
         for label, job_id, _ in part:
@@ -172,61 +162,30 @@ def main(argv):
             if err is not None:
                 emit(event="error", what=f"{label} not written: {err}")
                 sys.exit(1)
-            by_position[(partition, offset)] = label
+            position[label] = (partition, offset)
             emit(event="sent", label=label, job_id=job_id, partition=partition, offset=offset)
-
-    def read(c, timeout_s):
-        """The label and answer of one record of ``c`` naming one of ours, or None."""
-        rec = c.poll(timeout_s)
-        if rec is None or rec.error() is not None:  # e.g. GROUP_AUTHORIZATION_FAILED for the unused group id
-            return None
-        answer = deserialize(rec.value(), SerializationContext(results, MessageField.VALUE))
-        label = by_position.get((answer["source_partition"], answer["source_offset"]))
-        return None if label is None else (label, answer)  # None: another producer's command
 
     first, second = (records[:len(records) // 2], records[len(records) // 2:]) if halves else (records, [])
     send(first)
     sent(first)
     if halves:
-        # the processor is applying the first half once its first answer is written (maybe
-        # not committed yet): that is when the test kills it
-        until = time.monotonic() + (30 if after_answer else 0)
-        while not any(raw_counts.values()) and time.monotonic() < until:
-            got = read(raw, 0.05)
-            if got is not None:
-                raw_counts[got[0]] += 1
-        emit(event="half", sent=[label for label, _, _ in first], answers_written=sum(raw_counts.values()))
+        emit(event="half", sent=[label for label, _, _ in first])
         sys.stdin.readline()
         send(second)
         sent(second)
 
+    pending = set(awaited)
     deadline = time.monotonic() + ANSWER_TIMEOUT_S
-    quiet_until = None
-    while time.monotonic() < (quiet_until or deadline):
-        got = read(raw, 0)
-        if got is not None:
-            raw_counts[got[0]] += 1
-        got = read(consumer, 0.1)
-        if got is None:
-            continue
-        label, answer = got
-        counts[label] += 1
-        emit(event="answer", label=label, answer=answer)
-        if quiet_until is None and all(counts[a] for a in awaited):
-            quiet_until = time.monotonic() + GRACE_S
-    drained = time.monotonic() + 2
-    while time.monotonic() < drained:
-        got = read(raw, 0.2)
-        if got is not None:
-            raw_counts[got[0]] += 1
-    consumer.close()
-    raw.close()
-    missing = sorted(a for a in awaited if not counts[a])
-    twice = sorted(label for label, n in counts.items() if n > 1)
-    # answers a read_uncommitted reader saw more than once: the aborted transaction's
-    aborted = {label: n - 1 for label, n in sorted(raw_counts.items()) if n > 1}
-    emit(event="done", missing=missing, twice=twice, seen_uncommitted_again=aborted)
-    return 4 if missing else 5 if twice else 0
+    while pending and time.monotonic() < deadline:
+        for label in sorted(pending):
+            answer = answer_of(api_url, *position[label])
+            if answer is not None:
+                pending.discard(label)
+                emit(event="answer", label=label, answer=answer)
+        if pending:
+            time.sleep(POLL_S)
+    emit(event="done", missing=sorted(pending))
+    return 4 if pending else 0
 
 
 if __name__ == "__main__":

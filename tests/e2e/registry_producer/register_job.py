@@ -1,9 +1,10 @@
 """Register a gnomon job knowing only the schema registry and the job-event contract
 (docs/job-events.md): no gnomon import, no schema file. confluent-kafka's AvroSerializer
 takes the latest version of the commands topic's subject from the registry (it never
-registers a schema), AvroDeserializer reads the processor's answer by its schema id.
+registers a schema); the processor's answer is read from the REST API
+(``GET /v1/commands/{partition}-{offset}`` with the tenant's token, $GNOMON_API_TOKEN).
 
-Arguments: registry_url bootstrap username password commands_topic results_topic
+Arguments: registry_url bootstrap username password commands_topic api_url
 job_id tenant cron argv...  Exit 0: accepted; 3: refused; 4: no answer within 60 s.
 """
 
@@ -14,10 +15,11 @@ import os
 import struct
 import sys
 import time
+import urllib.request
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
@@ -34,13 +36,22 @@ def signature(topic, key, value):
     return [("gnomon-sig", f"v1:{newest['id']}:{mac}".encode())]
 
 
+def answer_of(api_url, partition, offset):
+    """The processor's answer to the command Kafka wrote at ``partition``/``offset``, as
+    the REST API has it for this tenant (docs/job-events.md, "Answers"); None: pending."""
+    req = urllib.request.Request(f"{api_url}/v1/commands/{partition}-{offset}",
+                                 headers={"Authorization": "Bearer " + os.environ["GNOMON_API_TOKEN"]})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = json.load(resp)
+    return None if body["status"] == "pending" else body
+
+
 def main(argv):
-    registry_url, bootstrap, user, password, commands, results, job_id, tenant, cron = argv[:9]
+    registry_url, bootstrap, user, password, commands, api_url, job_id, tenant, cron = argv[:9]
     command_argv = argv[9:]
     user_info = os.environ.get("GNOMON_REGISTRY_USER_INFO")  # the registry's reader, user:password
     sr = SchemaRegistryClient({"url": registry_url, **({"basic.auth.user.info": user_info} if user_info else {})})
     serialize = AvroSerializer(sr, conf={"auto.register.schemas": False, "use.latest.version": True})
-    deserialize = AvroDeserializer(sr)
     kafka = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
              "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password}
 
@@ -53,15 +64,6 @@ def main(argv):
     command = {"body": ("gnomon.RegisterJob", {"job_id": job_id, "tenant": tenant, "spec": spec, "at_ms": now_ms})}
     value = serialize(command, SerializationContext(commands, MessageField.VALUE))
     print(f"schema id {int.from_bytes(value[1:5], 'big')} from {registry_url}")
-
-    consumer = Consumer({**kafka, "group.id": "gnomon-events", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    parts = consumer.list_topics(results, timeout=10).topics[results].partitions
-    tps = []
-    for p in parts:  # read every partition of the results topic from its end *before* sending
-        _, high = consumer.get_watermark_offsets(TopicPartition(results, p), timeout=10)
-        tps.append(TopicPartition(results, p, high))
-    consumer.assign(tps)
 
     acked = []
     producer = Producer({**kafka, "acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"})
@@ -76,14 +78,11 @@ def main(argv):
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        rec = consumer.poll(0.2)
-        if rec is None or rec.error() is not None:
-            continue
-        answer = deserialize(rec.value(), SerializationContext(results, MessageField.VALUE))
-        if (answer["source_partition"], answer["source_offset"]) == (msg.partition(), msg.offset()):
+        answer = answer_of(api_url, msg.partition(), msg.offset())
+        if answer is not None:
             print("answer " + json.dumps(answer, sort_keys=True))
-            consumer.close()
             return 0 if answer["code"] == "accepted" else 3
+        time.sleep(0.2)
     print("no answer within 60 s")
     return 4
 
