@@ -37,7 +37,6 @@ with the tenant's API token). With ``replies=True``, ``results()`` waits for the
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from gnomon.core.command_auth import OPERATOR, CommandKey, sign
 from gnomon.core.command_checks import JOB_ID_MAX_CHARS as JOB_ID_MAX_CHARS
 from gnomon.core.command_checks import check_job_id
 from gnomon.core.errors import EventLogError, GnomonError, ValidationError
-from gnomon.core.model import JobSpec, idempotent_job_id
+from gnomon.core.model import JobSpec, idempotent_job_id, is_derived_job_id, random_job_id
 from gnomon.core.replies import CommandResult, ResultCode
 from gnomon.core.validation import (
     DEFAULT_POOLS,
@@ -166,9 +165,12 @@ class JobEvents:
             raise ValidationError("job_id", "give a job id or an idempotency key, not both")
         if idempotency_key is not None:
             job_id = idempotent_job_id(self.tenant, validate_idempotency_key(idempotency_key))
-        job_id = self._job_id(job_id if job_id is not None else "job_" + secrets.token_hex(8))
+        elif job_id is not None and is_derived_job_id(job_id):
+            raise ValidationError("job_id", "ids of the form job_<16 hex digits> are derived from an idempotency "
+                                            "key: pass idempotency_key instead, or choose another id")
+        job_id = self._job_id(job_id if job_id is not None else random_job_id())
         parsed = spec if isinstance(spec, JobSpec) else parse_job_spec(spec, now, pools=self.pools)
-        self._send(J.RegisterJob(job_id, self.tenant, parsed, now))
+        self._send(J.RegisterJob(job_id, self.tenant, parsed, now, idempotency_key=idempotency_key))
         return job_id
 
     def patch(self, job_id: str, changes: Mapping[str, Any], *, expected_version: int | None = None) -> None:

@@ -6,8 +6,12 @@ tenant may register the id again, no other may), and every read of runs and logs
 each one's own tenant. Over REST and a team's producer on the job-commands topic, with the
 processor's real deciders answering (``DecidingProducer``).
 
-Not covered here (still open, issue 50): an id derived from another tenant's idempotency
-key can still be registered first over Kafka by a tenant who guesses the key."""
+Its second half: an id derived from another tenant's idempotency key could be registered
+first over Kafka by a tenant who guessed the key (the derivation is public: a hash of
+tenant and key), and the owner's ``POST /v1/jobs`` with that key then answered 409 for
+ever. A registration of an id of that form now carries its key, and the processor checks
+that the id was derived from it with the command's own tenant (checked against the code
+before: the squatter's registration was accepted and acme's create answered 409)."""
 
 from __future__ import annotations
 
@@ -80,3 +84,26 @@ def test_runs_and_logs_are_listed_for_their_own_tenant_only(gnomon_api: Any) -> 
     assert runs.status_code == 200 and [r["id"] for r in runs.json()["items"]] == [mine.run_id], runs.text
     logs = client.get(f"/v1/runs/{mine.run_id}/logs", headers=other).json()["items"]
     assert [x["line"] for x in logs] == ["mine"], logs
+
+
+def test_an_id_derived_from_another_tenants_key_cannot_be_taken_first(gnomon_api: Any) -> None:
+    from gnomon.core.model import idempotent_job_id
+    from gnomon.core.validation import parse_job_spec
+
+    client = TestClient(gnomon_api.app)
+    now = SystemClock().now_ms()
+    spec = parse_job_spec(JOB, now)
+    theirs = idempotent_job_id("acme", "billing-close")  # what other computes from acme's guessed key
+    for cmd in (J.RegisterJob(theirs, "other", spec, now),  # no key: the form is reserved
+                J.RegisterJob(theirs, "other", spec, now, idempotency_key="billing-close"),  # other's own derivation
+                J.RegisterJob(theirs, "other", spec, now, idempotency_key="guess")):  # any other key
+        taken = _kafka(gnomon_api, cmd)
+        assert not taken.accepted and taken.field == "jobId", taken  # before: the first was accepted
+    assert gnomon_api.producer.job(theirs) is None
+    made = client.post("/v1/jobs", json=JOB, headers={**gnomon_api.auth("acme"), "Idempotency-Key": "billing-close"})
+    assert made.status_code == 201 and made.json()["id"] == theirs, made.text  # before: 409
+    again = client.post("/v1/jobs", json=JOB, headers={**gnomon_api.auth("acme"), "Idempotency-Key": "billing-close"})
+    assert again.status_code == 200 and again.json()["id"] == theirs, again.text  # a retry is the same job
+    # other's own key derives another id, which other gets
+    mine = client.post("/v1/jobs", json=JOB, headers={**gnomon_api.auth("other"), "Idempotency-Key": "billing-close"})
+    assert mine.status_code == 201 and mine.json()["id"] == idempotent_job_id("other", "billing-close") != theirs

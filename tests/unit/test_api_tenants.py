@@ -37,7 +37,7 @@ from gnomon.web.auth import (
 NOW = iso_to_ms("2026-11-29T08:00:00.500Z")
 ADMIN = {"Authorization": "Bearer tok-admin"}
 ACME = {"Authorization": "Bearer tok-a"}
-JOB_ID = "job_00000000000000aa"
+JOB_ID = "job_tenants_aa"  # (an id of the derived form, job_ + 16 hex, needs its idempotency key)
 TENANTS = "gnomon.tenants"
 
 

@@ -108,3 +108,22 @@ def test_every_spec_the_api_accepts_is_accepted_unchanged_by_the_decider(
         return  # (a name the API refuses: control characters)
     assert check_spec(spec, NOW) == spec
     assert check_command(J.RegisterJob("j", "acme", spec, NOW), NOW).spec == spec
+
+
+@given(tenant=st.sampled_from(["acme", "globex", "t-1"]), other=st.sampled_from(["acme", "globex", "t-1"]),
+       key=st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True))
+@settings(max_examples=200, deadline=None)
+def test_a_derived_id_registers_only_with_its_own_key_and_tenant(tenant: str, other: str, key: str) -> None:
+    """Issue 50, finding 1: ids of the form job_<16 hex> are reserved for the registration
+    that carries the key they were derived from, by the tenant they were derived for."""
+    from gnomon.core.model import idempotent_job_id, is_derived_job_id, random_job_id
+
+    job_id = idempotent_job_id(tenant, key)
+    assert is_derived_job_id(job_id) and not is_derived_job_id(random_job_id())
+    assert check_command(J.RegisterJob(job_id, tenant, SPEC, NOW, idempotency_key=key), NOW).job_id == job_id
+    assert _field(J.RegisterJob(job_id, tenant, SPEC, NOW)) == "jobId"  # the key left out
+    if other != tenant:
+        assert _field(J.RegisterJob(job_id, other, SPEC, NOW, idempotency_key=key)) == "jobId"
+    assert _field(J.RegisterJob(job_id, tenant, SPEC, NOW, idempotency_key=key + "x")) == "jobId"
+    assert _field(J.RegisterJob("my-own-id", tenant, SPEC, NOW, idempotency_key=key)) == "jobId"
+    assert check_command(J.RegisterJob("my-own-id", tenant, SPEC, NOW), NOW).job_id == "my-own-id"

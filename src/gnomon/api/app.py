@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -68,7 +67,7 @@ from gnomon.core.jobs import (
     canonical_patch,
     first_slot_after,
 )
-from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id
+from gnomon.core.model import idempotent_job_id, job_id_of, manual_run_id, random_job_id
 from gnomon.core.replies import ALREADY_REGISTERED, CommandResult
 from gnomon.core.runs import CancelRun, ReplayRun, RunState, RunStatus
 from gnomon.core.validation import (
@@ -424,11 +423,11 @@ def create_app(
         checks the tenant's limits and, with ``key``, whether the job exists: the same
         definition again is the same job (200), another one is 409."""
         now = clock.now_ms()
-        job_id = "job_" + secrets.token_hex(8) if key is None else idempotent_job_id(tenant, key)
+        job_id = random_job_id() if key is None else idempotent_job_id(tenant, key)
         spec = parse_job_spec(data, now, pools=pools)
         check_after(history, tenant, job_id, spec.after, recent.get)
         try:
-            res = decided(job_id, RegisterJob(job_id, tenant, spec, now))
+            res = decided(job_id, RegisterJob(job_id, tenant, spec, now, idempotency_key=key))
         except Conflict as exc:
             if key is None:
                 raise

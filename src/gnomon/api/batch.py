@@ -23,7 +23,6 @@ judging keys from history and limits from the usage the API sees.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from gnomon.api.views import job_view
 from gnomon.core import admission
 from gnomon.core.errors import Conflict, LimitExceeded, NotFound, ValidationError
 from gnomon.core.jobs import JobState, JobStatus, RegisterJob, first_slot_after
-from gnomon.core.model import idempotent_job_id
+from gnomon.core.model import idempotent_job_id, random_job_id
 from gnomon.core.replies import ALREADY_REGISTERED, CommandResult
 from gnomon.core.tenants import TenantLimits
 from gnomon.core.validation import parse_job_spec, validate_idempotency_key
@@ -152,7 +151,8 @@ def plan_batch(items: Sequence[Any], *, tenant: str, now_ms: int, pools: frozens
         if spec.schedule not in first_slots:
             first_slots[spec.schedule] = first_slot_after(spec, now_ms - 1)
         state = JobState(job_id, tenant, spec, JobStatus.ACTIVE, first_slots[spec.schedule], 1, now_ms, now_ms)
-        send = Send(index, job_id, RegisterJob(job_id, tenant, spec, now_ms), job_view(state), state)
+        send = Send(index, job_id, RegisterJob(job_id, tenant, spec, now_ms, idempotency_key=key), job_view(state),
+                    state)
         planned[job_id] = send
         out.append(send)
     return out
@@ -264,7 +264,7 @@ def add_batch_route(app: FastAPI, *, reads: Any, commands: Any, tenants: Any, cl
         decisions = await run_in_threadpool(  # 1,000 validations: off the event loop, as the single create
             lambda: plan_batch(items, tenant=tenant, now_ms=now, pools=pools, existing=existing, limits=limits,
                                jobs=totals["jobs"], backlog=totals["backlog"],
-                               new_id=lambda: "job_" + secrets.token_hex(8)))
+                               new_id=random_job_id))
         results = await run_in_threadpool(send, decisions)
         known = [r for r in results if "_existing" in r]
         if known:  # jobs the processor already had: shown as history has them (else as sent)

@@ -23,7 +23,7 @@ from typing import Any
 from gnomon.core import jobs as J
 from gnomon.core import runs as R
 from gnomon.core.errors import ValidationError
-from gnomon.core.model import JobSpec, job_id_of
+from gnomon.core.model import JobSpec, idempotent_job_id, is_derived_job_id, job_id_of
 from gnomon.core.regions import validate_name
 from gnomon.core.schedule import SLOT_MAX_MS
 from gnomon.core.tenants import DEFAULTS_KEY, check_tenant_name
@@ -107,6 +107,7 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
     _check_tenant(cmd.tenant)
     _check_at(cmd.at_ms, now_ms)
     if isinstance(cmd, J.RegisterJob):
+        check_derived_id(cmd)
         return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools))
     if isinstance(cmd, J.UpdateJob):  # a whole spec, as an old API sent it for an edit
         return replace(cmd, spec=check_spec(cmd.spec, cmd.at_ms, pools=pools, run_at_must_be_future=False))
@@ -124,6 +125,23 @@ def check_command(cmd: Any, now_ms: int, *, pools: frozenset[str] = DEFAULT_POOL
     # PatchJob's text and BackfillJob's slots are checked against the job when decided
     # (core.jobs: apply_patch and check_backfill_slots, the API's functions too)
     return cmd
+
+
+def check_derived_id(cmd: J.RegisterJob) -> None:
+    """An id of the derived form (``job_`` and 16 hex digits) is registered only with the
+    idempotency key it was derived from, with the command's own tenant; a key, when given,
+    is the one the id was derived from. So a tenant who guesses another tenant's key
+    cannot take that tenant's id first (issue 50, finding 1)."""
+    key = cmd.idempotency_key
+    if key is not None:
+        validate_idempotency_key(key, "idempotency_key")
+        if idempotent_job_id(cmd.tenant, key) != cmd.job_id:
+            raise ValidationError("jobId", "is not the id derived from this idempotency key and tenant "
+                                           "(gnomon.core.model.idempotent_job_id)")
+    elif is_derived_job_id(cmd.job_id):
+        raise ValidationError("jobId", "ids of the form job_<16 hex digits> are those derived from an "
+                                       "idempotency key: register it with its key (RegisterJob.idempotency_key, "
+                                       "JobCommand v13), or choose another id")
 
 
 def check_region(name: str, field: str) -> str:

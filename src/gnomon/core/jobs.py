@@ -174,6 +174,9 @@ class RegisterJob:
     tenant: str
     spec: JobSpec
     at_ms: int
+    # the key a derived id (``model.idempotent_job_id``) came from: required for an id of
+    # that form, so another tenant cannot register it first (JobCommand v13)
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)

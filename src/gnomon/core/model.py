@@ -3,6 +3,7 @@ see ``gnomon.core.validation`` for turning user input into these."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -161,10 +162,29 @@ def manual_run_id(job_id: str, idempotency_key: str) -> str:
 def idempotent_job_id(tenant: str, key: str) -> str:
     """The job id a registration with idempotency key ``key`` gets (REST
     ``Idempotency-Key`` or ``gnomon.events``): the same for every retry, different per
-    tenant."""
+    tenant. Ids of this form are reserved for it: a registration of one must carry the
+    key it was derived from, with its tenant (``is_derived_job_id``; checked by the
+    processor), so no other tenant can take it first."""
     import hashlib
 
     return "job_" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:16]
+
+
+_DERIVED_ID = re.compile(r"job_[0-9a-f]{16}")
+
+
+def is_derived_job_id(job_id: str) -> bool:
+    """Whether ``job_id`` has the form of ``idempotent_job_id``'s ids (``job_`` and 16 hex
+    digits): reserved for registrations that carry their idempotency key."""
+    return _DERIVED_ID.fullmatch(job_id) is not None
+
+
+def random_job_id() -> str:
+    """A new job id for a registration without an idempotency key (``job_`` and 20 hex
+    digits: never of the derived form)."""
+    import secrets
+
+    return "job_" + secrets.token_hex(10)
 
 
 def job_id_of(run_id: str) -> str:
