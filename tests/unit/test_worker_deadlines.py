@@ -161,8 +161,8 @@ def test_threads_for_staged_attempts_are_started_before_their_slot() -> None:
 
 def test_each_heartbeat_renews_the_attempts_listeners_with_its_lease() -> None:
     """What feeds a container's guard (gnomon.worker.container_guard): the attempt knows
-    its grant's lease, and every heartbeat the loop sends for it calls its renewal
-    listeners, none between heartbeats."""
+    its grant's lease, and every heartbeat Kafka acknowledges calls its renewal listeners:
+    none between heartbeats, none for a heartbeat Kafka did not take."""
     from gnomon.core.runs import Heartbeat
 
     release = threading.Event()
@@ -180,7 +180,13 @@ def test_each_heartbeat_renews_the_attempts_listeners_with_its_lease() -> None:
     assert renewed == [] and prod.of(Heartbeat) == []
     clock.set(slot + att.heartbeat_every_ms)
     w._heartbeat()
-    assert renewed == [slot + att.heartbeat_every_ms] and len(prod.of(Heartbeat)) == 1
+    assert len(prod.of(Heartbeat)) == 1 and renewed == []  # sent, not acknowledged yet
+    prod.reports[-1]("Local: Message timed out", -1, -1)  # not delivered: no renewal
+    assert renewed == []
+    clock.set(slot + 2 * att.heartbeat_every_ms)
+    w._heartbeat()
+    prod.reports[-1](None, 0, 7)  # Kafka took it
+    assert renewed == [slot + 2 * att.heartbeat_every_ms] and len(prod.of(Heartbeat)) == 2
     release.set()
     wait_for(lambda: not w._done.empty())
     step(w)

@@ -822,8 +822,12 @@ class Worker:
             g = att.grant
             if now - att.last_heartbeat_ms >= att.heartbeat_every_ms:
                 att.last_heartbeat_ms = now
-                self._send(self.topo.run_events, g.job_id, Heartbeat(g.run_id, self.worker_id, g.token, now))
-                att.ctx.renewed()  # e.g. a container's guard (gnomon.worker.container_guard)
+                # once Kafka has the heartbeat, the lease is renewed: tell the attempt's
+                # listeners then (a container's guard: gnomon.worker.container_guard), so a
+                # worker cut off from Kafka does not keep a container its lease no longer covers
+                self._produce(self.topo.run_events, g.job_id.encode(),
+                              codec.encode(Heartbeat(g.run_id, self.worker_id, g.token, now)), False, 0,
+                              on_ack=_renewal_of(att.ctx))
 
     def _drain(self, inbox: Reader, executor: Executor) -> None:
         deadline = time.monotonic() + self.drain_timeout_s
@@ -834,6 +838,14 @@ class Worker:
             self._finish_done()
             self._heartbeat()
         self._finish_done()
+
+
+def _renewal_of(ctx: AttemptContext) -> Delivery:
+    """A heartbeat's delivery report: the attempt's lease renewed when Kafka took it."""
+    def on_delivery(err: str | None, _partition: int, _offset: int) -> None:
+        if err is None:
+            ctx.renewed()
+    return on_delivery
 
 
 def _describe(target: Target) -> str:
