@@ -121,7 +121,12 @@ class JobEvents:
         self.topo = topology or load_topology()
         self.clock = clock or SystemClock()
         self.pools = pools if pools is not None else frozenset(self.topo.pools) or DEFAULT_POOLS
-        log_given = log is not None
+        if replies and answers_url is not None and not api_token:
+            raise ValidationError("api_token", "reading answers through the API needs the tenant's API token")
+        if replies and answers_url is None and log is None and role == KAFKA_ROLE_DEFAULT:
+            raise ValidationError("answers_url", "a team's producer reads its answers through the API: give "
+                                  "answers_url (the API's URL) and api_token (the tenant's token); its Kafka "
+                                  "credential cannot read the answers topic, which holds every tenant's")
         if log is None:
             from gnomon.config import load
             from gnomon.eventlog.kafka import KafkaEventLog
@@ -140,14 +145,8 @@ class JobEvents:
         self._started_at: dict[int, int] = {}  # results partition -> where reading began
         self._api: httpx.Client | None = None
         if replies and answers_url is not None:
-            if not api_token:
-                raise ValidationError("api_token", "reading answers through the API needs the tenant's API token")
             self._api = httpx.Client(base_url=answers_url.rstrip("/"), timeout=API_TIMEOUT_S,
                                      headers={"Authorization": f"Bearer {api_token}"})
-        elif replies and log_given is False and role == KAFKA_ROLE_DEFAULT:
-            raise ValidationError("answers_url", "a team's producer reads its answers through the API: give "
-                                  "answers_url (the API's URL) and api_token (the tenant's token); its Kafka "
-                                  "credential cannot read the answers topic, which holds every tenant's")
         elif replies:
             self._consumer = log.reader(RESULTS_GROUP, client_id=CLIENT_ID, config={
                 "enable.partition.eof": False, "fetch.wait.max.ms": 50})

@@ -321,3 +321,7 @@ def test_a_teams_producer_must_say_where_its_answers_are() -> None:
     with pytest.raises(ValidationError) as exc:
         JobEvents("acme", log=b.log, command_key=ACME_KEY, replies=True, answers_url="http://127.0.0.1:1")
     assert exc.value.field == "api_token"
+    # on Kafka, as the producer role, the answers topic is closed to it: refused before any client is made
+    with pytest.raises(ValidationError) as exc:
+        JobEvents("acme", "127.0.0.1:1", command_key=ACME_KEY, replies=True)
+    assert exc.value.field == "answers_url" and "through the API" in exc.value.message

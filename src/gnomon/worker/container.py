@@ -154,9 +154,10 @@ class PodmanRunner:
             return Guard(None)
         argv = [sys.executable, "-I", str(GUARD_SCRIPT), self.podman, self.runtime, name, f"{silence_s:g}"]
         try:
+            # the worker's own environment, as ``remove`` has: a rootless podman finds its
+            # storage through HOME and XDG_RUNTIME_DIR (the guard is the worker's, not sandboxed)
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    start_new_session=True, close_fds=True, bufsize=0,
-                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+                                    start_new_session=True, close_fds=True, bufsize=0)
         except OSError as exc:
             log.warning("cannot start the guard of container %s: %s", name, exc)
             return Guard(None)
