@@ -236,18 +236,11 @@ class JobEvents:
         assert self._consumer is not None
         if wanted:
             self._read_up_to(max(p for p, _ in wanted))
-        found: dict[int, CommandResult] = {}
-        for key in [k for k in self._early if k in wanted]:
-            found[wanted[key]] = self._early.pop(key)
+        found = self._found_early(wanted)
         while len(found) < len(wanted):
             left = deadline - time.monotonic()
             if left <= 0:
-                for key, i in wanted.items():  # kept for the next call, which waits for the rest
-                    if i in found:
-                        self._early[key] = found[i]
-                raise EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not "
-                                    f"arrive within {timeout_s}s (is a processor running?); call results() "
-                                    "again to keep waiting")
+                raise self._gave_up(wanted, found, timeout_s)
             for rec in self._consumer.consume(1000, min(0.2, left)):
                 try:
                     res = codec.decode(rec.value or b"", self.topo.command_results)
@@ -263,9 +256,7 @@ class JobEvents:
         """``results()`` through ``GET /v1/commands/{partition}-{offset}``: each answer
         once the API has read it (another tenant's command stays pending there)."""
         assert self._api is not None
-        found: dict[int, CommandResult] = {}
-        for key in [k for k in self._early if k in wanted]:
-            found[wanted[key]] = self._early.pop(key)
+        found = self._found_early(wanted)
         while True:
             for (partition, offset), i in wanted.items():
                 if i not in found and (res := self._answer_of(partition, offset)) is not None:
@@ -273,15 +264,23 @@ class JobEvents:
             if len(found) == len(wanted):
                 break
             if time.monotonic() >= deadline:
-                for key, i in wanted.items():  # kept for the next call, which waits for the rest
-                    if i in found:
-                        self._early[key] = found[i]
-                raise EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not "
-                                    f"arrive within {timeout_s}s (is a processor running?); call results() "
-                                    "again to keep waiting")
+                raise self._gave_up(wanted, found, timeout_s)
             time.sleep(ANSWER_POLL_S)
         self._waiting = []
         return [found[i] for i in sorted(found)]
+
+    def _found_early(self, wanted: dict[tuple[int, int], int]) -> dict[int, CommandResult]:
+        """The answers a results() that timed out had found already (index in send order)."""
+        return {wanted[key]: self._early.pop(key) for key in [k for k in self._early if k in wanted]}
+
+    def _gave_up(self, wanted: dict[tuple[int, int], int], found: dict[int, CommandResult],
+                 timeout_s: float) -> EventLogError:
+        """Keep what was found for the next call, which waits for the rest; the error to raise."""
+        for key, i in wanted.items():
+            if i in found:
+                self._early[key] = found[i]
+        return EventLogError(f"{len(wanted) - len(found)} of {len(wanted)} command results did not arrive within "
+                             f"{timeout_s}s (is a processor running?); call results() again to keep waiting")
 
     def _answer_of(self, partition: int, offset: int) -> CommandResult | None:
         assert self._api is not None

@@ -185,6 +185,19 @@ def job_runs(stack: Stack, job_id: str, limit: int = 200) -> list[dict[str, Any]
         raise
 
 
+def job_or_none(client: Client, job_id: str) -> dict[str, Any] | None:
+    """The job as ``client``'s tenant sees it, or None where the API answers 404."""
+    from gnomon.client import ApiError
+
+    try:
+        job: dict[str, Any] = client.get_job(job_id)
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return job
+
+
 def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.25) -> Any:
     deadline = time.monotonic() + timeout_s
     last: Any = None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from harness import NEVER_DUE, OTHER_TOKEN, TOKEN, Stack, wait_for
+from harness import NEVER_DUE, OTHER_TOKEN, TOKEN, Stack, job_or_none, wait_for
 
-from gnomon.client import ApiError, Client
+from gnomon.client import Client
 from gnomon.config import load
 from gnomon.events import JobEvents
 
@@ -16,16 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def _job(stack: Stack, job_id: str) -> dict[str, object] | None:
-    return _job_of(stack.client, job_id)
-
-
-def _job_of(client: Client, job_id: str) -> dict[str, object] | None:
-    try:
-        return client.get_job(job_id)
-    except ApiError as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return job_or_none(stack.client, job_id)
 
 
 def test_jobs_registered_over_kafka_run_and_obey_later_commands(stack: Stack) -> None:
@@ -87,7 +78,7 @@ def test_a_producer_with_one_tenants_key_cannot_act_for_another_tenant(stack: St
     other = Client(stack.api_url, OTHER_TOKEN)
     created = other.create_job({"name": key, "schedule": NEVER_DUE, "target": {"type": "command", "argv": ["true"]}})
     job_id = created["id"]
-    wait_for(lambda: _job_of(other, job_id), 30, f"job {job_id} in history")
+    wait_for(lambda: job_or_none(other, job_id), 30, f"job {job_id} in history")
     try:
         with JobEvents("acme", load().kafka_bootstrap, replies=True, answers_url=stack.api_url,
                        api_token=OTHER_TOKEN) as forger:

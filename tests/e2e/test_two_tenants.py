@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
-from harness import NEVER_DUE, OTHER_TOKEN, TOKEN, Stack, wait_for
+from harness import NEVER_DUE, OTHER_TOKEN, TOKEN, Stack, job_or_none, wait_for
 
 from gnomon import command_keys
 from gnomon.adapters.kafka import consumer_config, producer_config
@@ -61,7 +61,7 @@ def teams(stack: Stack) -> Iterator[tuple[Team, Team]]:
                                       idempotency_key=f"two-tenants-{tag}")
             [res] = ev.results(timeout_s=60)
         assert res.accepted, res
-        wait_for(lambda t=team: _get(t.client, t.job_id), 30, f"{team.tenant}'s job in history")
+        wait_for(lambda t=team: job_or_none(t.client, t.job_id), 30, f"{team.tenant}'s job in history")
         team.hook = f"http://127.0.0.1:1025/{team.tenant}-{tag}"  # (never called: no run of theirs fails)
         team.client.set_alerts({"url": team.hook})
         team.calendar = f"closed-{tag}"
@@ -72,15 +72,6 @@ def teams(stack: Stack) -> Iterator[tuple[Team, Team]]:
             ev.delete(team.job_id)
         team.client.delete_alerts()
         team.client.delete_calendar(team.calendar)
-
-
-def _get(client: Client, job_id: str) -> dict[str, Any] | None:
-    try:
-        return client.get_job(job_id)
-    except ApiError as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 def _status(call: Any) -> int:
@@ -182,10 +173,10 @@ def _attack(stack: Stack, me: Team, them: Team) -> None:
 
 def test_neither_tenant_can_read_change_or_learn_of_the_others(stack: Stack, teams: tuple[Team, Team]) -> None:
     acme, other = teams
-    before = {t.tenant: (_get(t.client, t.job_id), t.client.get_alerts(), t.client.get_calendar(t.calendar))
+    before = {t.tenant: (job_or_none(t.client, t.job_id), t.client.get_alerts(), t.client.get_calendar(t.calendar))
               for t in teams}
     _attack(stack, acme, other)
     _attack(stack, other, acme)
-    after = {t.tenant: (_get(t.client, t.job_id), t.client.get_alerts(), t.client.get_calendar(t.calendar))
+    after = {t.tenant: (job_or_none(t.client, t.job_id), t.client.get_alerts(), t.client.get_calendar(t.calendar))
              for t in teams}
     assert after == before  # each one's job (status, version, spec), alerts and calendar as they were

@@ -22,53 +22,28 @@ calendars). Needs ``python -m gnomon.infra up``."""
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
-from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+import test_infra_auth
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from test_infra_auth import QUIET, SHORT_S, _produce
 
 from gnomon import codec
 from gnomon.adapters.kafka import consumer_config, producer_config
-from gnomon.config import Settings, load
+from gnomon.config import Settings
 from gnomon.core.alerts import AlertConfig
 from gnomon.core.calendars import Calendar, parse_calendar
 from gnomon.core.jobs import PauseJob
 from gnomon.core.runs import CompleteAttempt, Outcome
 from gnomon.core.tenants import TenantLimits
-from gnomon.infra import kafka, manager
-from gnomon.infra.errors import InfraError
 from gnomon.topology import Topology, load_topology
 
 pytestmark = pytest.mark.integration
 
 TEAM_ROLE = "producer"  # what docs/job-events.md tells an operator to hand a team's service
-SHORT_S = 6.0
-QUIET = logging.getLogger("tests.security.kafka_roles")
-QUIET.addHandler(logging.NullHandler())
-QUIET.propagate = False
-
-
-@pytest.fixture(scope="module")
-def infra() -> Settings:
-    settings = load()
-    try:
-        manager.up(settings, kafka_nodes=kafka.running_layout(settings) or 1)
-    except InfraError as exc:
-        pytest.fail(f"gnomon infra up failed: {exc}", pytrace=False)
-    return settings
-
-
-def _produce(conf: dict[str, Any], topic: str, key: str, value: bytes) -> KafkaError | None:
-    """Deliver one record; the delivery error (None: Kafka acknowledged it)."""
-    result: list[KafkaError | None] = []
-    p = Producer({**conf, "message.timeout.ms": int(SHORT_S * 1000), "linger.ms": 0, "logger": QUIET})
-    p.produce(topic, key=key.encode(), value=value, on_delivery=lambda err, _m: result.append(err))
-    p.flush(SHORT_S + 5)
-    assert result, "no delivery report"
-    return result[0]
+infra = test_infra_auth.infra  # the same fixture: `python -m gnomon.infra up`, its settings
 
 
 def _forged_report(topo: Topology) -> tuple[str, bytes]:
