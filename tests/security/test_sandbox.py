@@ -242,6 +242,45 @@ def test_killing_the_worker_kills_its_sandboxes(tmp_path: Path) -> None:
         assert not [d for d in left if d.exists()]
 
 
+# Issue 50: a worker alive but cut off from Kafka (its heartbeats never acknowledged) kept
+# its sandboxed command running past the lease, while the processor granted the run again:
+# two copies at once. Now the attempt is killed once no renewal came for one lease.
+# Checked against the code before: the unrenewed 60 s command ran to its 20 s timeout.
+
+
+def test_a_command_whose_lease_is_not_renewed_is_killed_at_the_lease() -> None:
+    marker = f"gnomon-lease-{os.getpid()}"
+    run = Run(["sh", "-c", f"echo started; sleep 60; : {marker}"], timeout_s=20)
+    run.ctx.lease_s = 2.0
+    started = time.monotonic()
+    result = run()
+    took_s = time.monotonic() - started
+    assert result.outcome is Outcome.FAILED and "lease lapsed" in (result.error or ""), result
+    assert took_s < 10, f"ran {took_s:.1f} s past a 2 s lease"
+    assert "started" in run.out() and any("lease lapsed" in line for k, line in run.lines if k == "system")
+    assert not procs_with(marker)
+
+
+def test_a_command_whose_lease_is_renewed_runs_to_its_end() -> None:
+    run = Run(["sh", "-c", "sleep 4; echo finished"], timeout_s=20)
+    run.ctx.lease_s = 2.0
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(0.3):
+            run.ctx.renewed()
+
+    beat = threading.Thread(target=renew, daemon=True)
+    beat.start()
+    try:
+        result = run()
+    finally:
+        stop.set()
+        beat.join()
+    assert result.outcome is Outcome.SUCCEEDED and run.out() == "finished", (result, run.lines)
+    assert run.ctx.renewals == []  # the attempt's listener is gone with it
+
+
 def test_secrets_and_payload_are_not_on_any_command_line() -> None:
     """Any local user can read /proc/<pid>/cmdline: the sandbox's variables go through a pipe."""
     value = f"cmdline-canary-{os.getpid()}"

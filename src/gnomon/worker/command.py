@@ -218,8 +218,11 @@ def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_byt
               kill: Callable[[], None], kill_after_exit: bool = False,
               redact: Callable[[str], str] = lambda line: line) -> Supervised:
     """Pump the child's output into the run's log (secret values redacted) until it
-    exits, or kill it at the timeout, on ``ctx.stop`` or past the output cap."""
+    exits, or kill it at the timeout, on ``ctx.stop``, past the output cap, or once its
+    lease lapsed: no renewal (``ctx.renewed``) for ``ctx.lease_s`` (a worker cut off from
+    Kafka: the processor grants the run again then, so the child must not run on)."""
     meter = OutputMeter(output_max_bytes)
+    lease = _LeaseWatch(ctx.lease_s)
     assert proc.stdout is not None and proc.stderr is not None
     tail: deque[str] = deque(maxlen=TAIL_LINES_MAX)
 
@@ -237,13 +240,19 @@ def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_byt
         t.start()
     deadline = time.monotonic() + ctx.timeout_s
     why = ""
-    while proc.poll() is None and not why:
-        if time.monotonic() >= deadline:
-            why = "timeout"
-        elif meter.exceeded.is_set():
-            why = "output"
-        elif ctx.stop.wait(POLL_S):
-            why = "stop"
+    ctx.renewals.append(lease.renew)
+    try:
+        while proc.poll() is None and not why:
+            if time.monotonic() >= deadline:
+                why = "timeout"
+            elif meter.exceeded.is_set():
+                why = "output"
+            elif lease.lapsed():
+                why = "lease"
+            elif ctx.stop.wait(POLL_S):
+                why = "stop"
+    finally:
+        ctx.renewals.remove(lease.renew)
     if why or kill_after_exit:
         kill()
     try:
@@ -254,6 +263,21 @@ def supervise(proc: subprocess.Popen[bytes], ctx: AttemptContext, output_max_byt
     for t in pumps:
         t.join(timeout=2)  # each pump closes its own pipe (pump_lines)
     return Supervised(code, why or ("output" if meter.exceeded.is_set() else ""), list(tail))
+
+
+class _LeaseWatch:
+    """When an attempt's lease was last renewed (monotonic), and whether it has lapsed."""
+
+    def __init__(self, lease_s: float) -> None:
+        assert lease_s > 0
+        self.lease_s = lease_s
+        self.renewed_at_s = time.monotonic()  # the attempt starts on a fresh grant
+
+    def renew(self) -> None:
+        self.renewed_at_s = time.monotonic()  # one float store: safe from the worker's loop thread
+
+    def lapsed(self) -> bool:
+        return time.monotonic() - self.renewed_at_s >= self.lease_s
 
 
 def outcome_of(ended: Supervised, ctx: AttemptContext, output_max_bytes: int, killed: str) -> AttemptResult:
@@ -270,6 +294,9 @@ def _outcome(code: int, why: str, ctx: AttemptContext, output_max_bytes: int, ki
     if why == "output":
         ctx.log(LogStream.SYSTEM, f"output passed the limit of {output_max_bytes} bytes; {killed}")
         return AttemptResult(Outcome.FAILED, code, f"output limit exceeded ({output_max_bytes} bytes)")
+    if why == "lease":
+        ctx.log(LogStream.SYSTEM, f"lease lapsed: no renewal for {ctx.lease_s:g}s (is Kafka reachable?); {killed}")
+        return AttemptResult(Outcome.FAILED, code, f"lease lapsed: no renewal for {ctx.lease_s:g}s")
     if why == "stop":
         ctx.log(LogStream.SYSTEM, f"stopped: {ctx.stop_reason}; {killed}")
         return AttemptResult(Outcome.FAILED, code, f"stopped: {ctx.stop_reason}")
