@@ -458,7 +458,7 @@ class SimCluster:
         executor = SimExecutor({})
         worker = Worker("default", worker_id=f"w{w.index}.{w.generation}", concurrency_max=self.worker_slots,
                         clock=clock, topology=self.topo, tenants=[self.worker_tenants[w.index % len(self.worker_tenants)]], log=self.log,
-                        executor=executor, runner=runner, advert_interval_ms=1_000, handback_after_ms=1_000,
+                        executor=executor, runner=runner, handback_after_ms=1_000,
                         stage_max=self.worker_stage_max)
         worker.handler(HANDLER)(sim_handler)
         executor.handlers = worker.handlers

@@ -4,12 +4,14 @@ Kafka and Cassandra that `gnomon infra up` started. Shared by the e2e tests."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -219,6 +221,40 @@ def own_stack(logs: Path, env: dict[str, str] | None = None) -> Stack:
     full = dict(os.environ)
     full.update({"PYTHONUNBUFFERED": "1", **(env or {})})
     return Stack("", Client("http://127.0.0.1:9", TOKEN), {}, logs, full)
+
+
+@contextmanager
+def own_services(logs: Path, token: str, tenant: str = "acme", *processor_args: str) -> Iterator[Stack]:
+    """A processor, a projector and an API of the test's own (the API on a free port,
+    ``token`` for ``tenant``, the client its), up until the context ends: for a test that
+    kills and starts workers of its own beside them. Only while nothing else runs a
+    processor (the session stack's would share the partitions)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    st = own_stack(logs, {"GNOMON_API_TOKENS": f"{token}:{tenant}", "GNOMON_API_PORT": str(port)})
+    st.api_url, st.client = f"http://127.0.0.1:{port}", Client(f"http://127.0.0.1:{port}", token)
+    try:
+        st.start("processor", "processor", "--instance-id", f"own-{secrets.token_hex(3)}", *processor_args)
+        st.start("projector", "projector")
+        st.start("api", "api", "--port", str(port))
+
+        def healthy() -> bool:
+            for name, proc in st.procs.items():
+                assert proc.poll() is None, f"{name} exited early:\n" + (logs / f"{name}.log").read_text()[-3000:]
+            try:
+                return httpx.get(st.api_url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, 60, "the API")
+        yield st
+    finally:
+        for name in list(st.procs):
+            st.stop(name)
+        print(f"\nlogs in {logs}")
 
 
 def delete_jobs_since(start: list[Any], timeout_s: float = 60) -> int:

@@ -7,6 +7,7 @@ import pytest
 
 from gnomon.adapters.kafka import partition_for
 from gnomon.adapters.kv import MemoryKV
+from gnomon.core import runs as R
 from gnomon.processor.runtime import Processor
 from gnomon.processor.task import PartitionTask
 from gnomon.sim import SimCluster, SimFaults
@@ -368,3 +369,38 @@ def test_without_the_move_on_restore_those_runs_wait_out_their_lease(monkeypatch
     monkeypatch.setattr(Processor, "_staged_on_lost_workers", forget)
     late = _lost_then_rewound()
     assert late and min(lag for _, lag in late) >= 5.0, late
+
+
+def _runs_due_while_a_worker_lay_dead(seed: int) -> tuple[list[R.RunState], str]:
+    """Worker 0 crashes; the last state of each run of job ``a`` due in the 3 s after the
+    crash (staged on it or on worker 1 before it: granted ahead of their slots), and the
+    dead worker's id."""
+    c = SimCluster(seed, duration_ms=(200, 400), workers=2)
+    c.register("a", "* * * * * *")
+    c.run_for(5_000, faults=False)
+    w0 = c.workers[0].worker
+    assert w0 is not None
+    gone, crashed_at = w0.worker_id, c.clock.now_ms()
+    granted_to_it = {s.run_id for s in c.ledger() if s.worker_id == gone and s.slot_ms > crashed_at}
+    c.crash_worker(0, down_ms=60_000)
+    c.run_for(40_000, faults=False)
+    c.heal(8_000)
+    assert_clean(c)
+    last = {s.run_id: s for s in c.ledger()}
+    due = [s for s in last.values() if crashed_at < s.slot_ms <= crashed_at + 3_000]
+    assert {s.run_id for s in due} & granted_to_it, "no run was staged on the worker that died"
+    return due, gone
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_runs_staged_on_a_worker_that_died_start_elsewhere_within_seconds_using_no_attempt(seed: int) -> None:
+    """Issue 51: the worker is found lost after 2 s of silence, and every attempt staged
+    on it that it had not reported started (a worker starts one only once Kafka took its
+    start report) is granted again then, slot passed or not, with no attempt used. Before:
+    those whose slot passed before the worker was found lost (4 s) waited out their 30 s
+    lease and failed 'lease lost', using an attempt."""
+    due, gone = _runs_due_while_a_worker_lay_dead(seed)
+    late = [(s.run_id, s.attempt, (s.started_at_ms or 0) - s.slot_ms) for s in due
+            if s.status is not R.RunStatus.SUCCEEDED or s.attempt != 1 or s.worker_id == gone
+            or s.started_at_ms is None or s.started_at_ms - s.slot_ms > 3_000]
+    assert not late, late

@@ -198,14 +198,14 @@ def test_directory_counts_slots_per_start_second_and_judges_liveness_by_receipt_
     # far ahead only long-running attempts hold slots: b's short one will have ended
     assert d.pick("p", 10_003, 30_000) in ("a", "b")
     assert d.pick("nobody", 10_002) is None
-    assert d.lost(10_000 + 3_999) == []
-    assert d.lost(10_000 + 4_001) == ["a", "b", "c"]  # silent for 4 intervals
+    assert d.lost(10_000 + 1_999) == []
+    assert d.lost(10_000 + 2_001) == ["a", "b", "c"]  # silent for 2 intervals (issue 51: was 4)
     d.observe(WorkerAdvert("a", "p", 2, 0, 0, 1000, at_ms=0, leaving=True), now_ms=20_000)
     assert d.pick("p", 20_000) is None and d.lost(20_000) == ["a"]
 
 
 def test_a_gap_in_the_processors_own_reading_is_not_the_workers_silence() -> None:
-    d = WorkerDirectory()  # advert every 1 s: lost after 4 s of silence
+    d = WorkerDirectory()  # advert every 1 s: lost after 2 s of silence
     d.listening(10_000)
     d.observe(WorkerAdvert("a", "p", 2, 0, 0, 1000, at_ms=0), now_ms=10_000)
     d.listening(11_000)
@@ -238,13 +238,22 @@ def test_directory_caps_what_a_worker_holds_staged() -> None:
     assert [d.pick("p", 0, 1000 * i) for i in range(1, 4)] == ["a", "a", None]  # 3 + 2 = stage_max
 
 
-def test_worker_lost_only_moves_runs_whose_slot_is_ahead() -> None:
+def test_worker_lost_moves_runs_not_reported_started_and_refuses_their_late_start() -> None:
     base = R.RunState("j@s", "j", "t", spec(), 100_000, 100_000, False, R.RunStatus.RUNNING, 0, 0, attempt=1,
                       token=1, worker_id="w", lease_until_ms=130_000, deadline_ms=200_000)
-    (ev,) = R.decide(base, R.WorkerLost("j@s", "w", 50_000))
-    assert isinstance(ev, R.GrantRevoked) and R.evolve(base, ev).status is R.RunStatus.READY
+    for now in (50_000, 101_000):  # its slot ahead, or passed (issue 51): not reported started, it never ran
+        (ev,) = R.decide(base, R.WorkerLost("j@s", "w", now))
+        assert isinstance(ev, R.GrantRevoked)
+        moved = R.evolve(base, ev)
+        assert moved.status is R.RunStatus.READY and moved.attempt == 0  # no attempt used
+    # the dead worker's start report, read after the move (or after the next grant): refused
+    (late,) = R.decide(moved, R.AttemptStarted("j@s", "w", 1, 100_500, 101_100))
+    assert isinstance(late, R.StaleRejected)
+    regranted = replace(moved, status=R.RunStatus.RUNNING, attempt=1, token=2, worker_id="w2")
+    (late,) = R.decide(regranted, R.AttemptStarted("j@s", "w", 1, 100_500, 101_100))
+    assert isinstance(late, R.StaleRejected) and late.token == 1
     started_run = replace(base, attempt_started_at_ms=100_000)
-    assert R.decide(started_run, R.WorkerLost("j@s", "w", 50_000)) == []  # started: its lease decides
+    assert R.decide(started_run, R.WorkerLost("j@s", "w", 101_000)) == []  # started: its lease decides
     assert R.decide(base, R.WorkerLost("j@s", "other", 50_000)) == []
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from tests.unit.test_worker_staging import RecordingProducer, wait_for
+from tests.unit.test_worker_staging import RecordingProducer, fire, wait_for
 
 from gnomon import codec
 from gnomon.core.clock import FakeClock
@@ -52,7 +52,7 @@ def test_the_handler_runs_on_the_attempt_thread_not_one_of_its_own() -> None:
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     wait_for(lambda: not w._done.empty())
     step(w)
     assert seen == ["attempt-1"]  # the pool's thread (before: "handler-j@1")
@@ -69,7 +69,7 @@ def test_a_handler_that_heeds_the_stop_at_its_deadline_times_out() -> None:
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     att = w._running["j@1"]
     wait_for(lambda: att.ctx.watched)  # the handler runs
     assert att.ctx.deadline_ms == slot + 10_000
@@ -98,7 +98,7 @@ def test_a_handler_that_ignores_the_stop_is_given_up_and_its_thread_replaced() -
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     wait_for(lambda: ran == ["j@1"])
     clock.set(slot + 10_000 + 1_999)
     step(w)
@@ -110,7 +110,7 @@ def test_a_handler_that_ignores_the_stop_is_given_up_and_its_thread_replaced() -
     # the slot is free again and a new thread serves it while the stuck one still hangs
     w._on_inbox(grant("j@2", slot + 20_000), ex)
     clock.set(slot + 20_000)
-    w._fire_due(ex)
+    fire(w, ex)
     wait_for(lambda: not w._done.empty())
     step(w)
     assert [d.run_id for d in prod.of(CompleteAttempt)] == ["j@1", "j@2"]
@@ -154,7 +154,7 @@ def test_threads_for_staged_attempts_are_started_before_their_slot() -> None:
     assert w._pool.prestart(250) == 50 and w._pool.prestart(250) == 0
     assert w._pool.prestart(10_000) == 50 and w._pool.threads == 300  # never past threads_max
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     wait_for(lambda: w._done.qsize() == 250)
     assert w._pool.threads == 300  # the slot created none
 
@@ -170,7 +170,7 @@ def test_each_heartbeat_renews_the_attempts_listeners_with_its_lease() -> None:
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     att = w._running["j@1"]
     assert att.ctx.lease_s == 600.0  # lease_until_ms - max(at_ms, not_before_ms)
     renewed: list[int] = []

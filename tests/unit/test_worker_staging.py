@@ -21,19 +21,33 @@ from gnomon.worker.pool import AttemptPool
 
 
 class RecordingProducer:
-    def __init__(self) -> None:
+    """Records what the worker sends. Start reports are taken by Kafka at the next
+    ``poll`` (``take_starts``); every other delivery report waits for the test."""
+
+    def __init__(self, take_starts: bool = True) -> None:
         self.sent: list[tuple[str, Any]] = []
-        self.reports: list[Any] = []  # delivery callbacks of checked records, in order
+        self.reports: list[Any] = []  # delivery callbacks, in order
+        self.take_starts = take_starts
+        self._starts: list[Any] = []  # start reports' callbacks not yet answered
         self.lock = threading.Lock()
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None, *, on_delivery: Any = None) -> None:
         with self.lock:
-            self.sent.append((topic, codec.decode(value or b"")))
+            obj = codec.decode(value or b"")
+            self.sent.append((topic, obj))
             if on_delivery is not None:
                 self.reports.append(on_delivery)
+                if isinstance(obj, AttemptStarted):
+                    self._starts.append(on_delivery)
 
     def poll(self, _timeout: float) -> int:
-        return 0
+        if not self.take_starts:
+            return 0
+        with self.lock:
+            starts, self._starts = self._starts, []
+        for i, report in enumerate(starts):
+            report(None, 0, i)
+        return len(starts)
 
     def of(self, cls: type) -> list[Any]:
         with self.lock:
@@ -66,6 +80,13 @@ def grant(run_id: str, slot: int, token: int = 1, lease_ms: int = 30_000) -> byt
                               slot - 20_000, slot))
 
 
+def fire(w: Worker, ex: Any) -> None:
+    """Attempts due now report their start; Kafka takes the reports; they start."""
+    w._fire_due(ex)
+    w._poll_producer()
+    w._start_claimed()
+
+
 def wait_for(pred: Any, timeout_s: float = 5) -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():
@@ -79,10 +100,10 @@ def test_a_staged_grant_starts_at_its_slot_never_before() -> None:
     w._on_inbox(grant("j@1", slot), ex)
     assert w._staged and not w._running
     clock.set(slot - 1)
-    w._fire_due(ex)
+    fire(w, ex)
     assert not w._running and prod.of(AttemptStarted) == []
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     assert list(w._running) == ["j@1"]
     wait_for(lambda: ran == ["j@1"])  # the handler itself runs first...
     w._report_started()  # ...and the loop reports the start while it runs
@@ -95,18 +116,47 @@ def test_a_staged_grant_starts_at_its_slot_never_before() -> None:
     assert done.outcome.value == "succeeded" and done.started_at_ms == slot
 
 
-def test_an_attempt_that_ends_before_its_start_report_is_one_record() -> None:
+def test_an_attempt_starts_only_once_kafka_took_its_start_report() -> None:
+    """Issue 51: the start is on record before the handler runs, so a worker that dies
+    before its report was taken never ran the attempt (the processor grants it again at
+    once, using no attempt). A report Kafka refused is sent again; a Stop meanwhile drops
+    the attempt before anything ran."""
     w, clock, prod, ex, ran = make()
+    prod.take_starts = False
     w.release.set()  # type: ignore[attr-defined]  # the handler returns at once
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot), ex)
+    w._on_inbox(grant("j@2", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
+    assert [s.run_id for s in prod.of(AttemptStarted)] == ["j@1", "j@2"] and not w._running and ran == []
+    assert w._wait_s() <= 0.001  # the loop comes back for the acknowledgement at once
+    first, second = prod.reports[-2:]
+    first("Local: Message timed out", -1, -1)  # not taken: sent again, still not started
+    w._start_claimed()
+    assert [s.run_id for s in prod.of(AttemptStarted)] == ["j@1", "j@2", "j@1"] and not w._running
+    w._on_inbox(codec.encode(Stop("w1", "j@2", 1, StopReason.REVOKED, "worker lost", 0)), ex)
+    second(None, 0, 1)  # taken, but the Stop came first: it never starts
+    prod.reports[-1](None, 0, 2)  # j@1's second report taken
+    w._start_claimed()
     wait_for(lambda: not w._done.empty())
     w._finish_done()
-    assert prod.of(AttemptStarted) == []
+    assert ran == ["j@1"] and not w._claimed
     (done,) = prod.of(CompleteAttempt)
-    assert done.started_at_ms == slot and ran == ["j@1"]
+    assert done.run_id == "j@1" and done.started_at_ms >= slot
+
+
+def test_a_start_report_not_taken_before_the_lease_lapsed_drops_the_attempt() -> None:
+    w, clock, prod, ex, ran = make()
+    prod.take_starts = False
+    slot = clock.now_ms() + 1_000
+    w._on_inbox(grant("j@1", slot, lease_ms=5_000), ex)
+    clock.set(slot)
+    fire(w, ex)
+    clock.set(slot + 5_000)
+    prod.reports[-1]("Local: Message timed out", -1, -1)
+    w._start_claimed()
+    assert not w._claimed and not w._running and ran == [] and len(prod.of(AttemptStarted)) == 1
 
 
 def test_a_stop_drops_a_staged_grant_and_a_newer_grant_replaces_it() -> None:
@@ -117,7 +167,7 @@ def test_a_stop_drops_a_staged_grant_and_a_newer_grant_replaces_it() -> None:
     w._on_inbox(grant("j@2", slot, token=1), ex)
     w._on_inbox(grant("j@2", slot, token=2), ex)  # re-granted (edited): the newer token wins
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     assert list(w._running) == ["j@2"] and w._running["j@2"].grant.token == 2
     w.release.set()  # type: ignore[attr-defined]
 
@@ -128,13 +178,13 @@ def test_a_full_worker_hands_back_what_it_cannot_start() -> None:
     w._on_inbox(grant("j@1", slot), ex)
     w._on_inbox(grant("j@2", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     assert list(w._running) == ["j@1"] and "j@2" in w._staged
     clock.set(slot + 1000)
-    w._fire_due(ex)
+    fire(w, ex)
     assert prod.of(ReturnGrant) == []  # waits up to handback_after_ms
     clock.set(slot + 1001)
-    w._fire_due(ex)
+    fire(w, ex)
     (back,) = prod.of(ReturnGrant)
     assert back.run_id == "j@2" and back.token == 1 and not w._staged and w.returned == 1
     w.release.set()  # type: ignore[attr-defined]
@@ -149,14 +199,16 @@ def test_a_grant_that_comes_after_its_slot_to_a_full_worker_waits_before_it_goes
     clock.set(slot + 6_000)  # the grants come 6 s after their slot
     w._on_inbox(grant("j@1", slot), ex)
     w._on_inbox(grant("j@2", slot), ex)
+    w._poll_producer()  # Kafka takes j@1's start report: it starts
+    w._start_claimed()
     assert list(w._running) == ["j@1"] and "j@2" in w._staged
     clock.set(slot + 6_500)
-    w._fire_due(ex)
+    fire(w, ex)
     assert prod.of(ReturnGrant) == []  # it waits up to handback_after_ms from its coming
     w.release.set()  # type: ignore[attr-defined]  # j@1 ends: a slot is free
     wait_for(lambda: not w._done.empty())
     w._finish_done()
-    w._fire_due(ex)
+    fire(w, ex)
     assert "j@2" in w._running and prod.of(ReturnGrant) == []
     wait_for(lambda: ran == ["j@1", "j@2"])
 
@@ -179,13 +231,13 @@ def test_runs_held_by_the_write_fence_are_not_handed_back_and_start_when_writes_
     slot = clock.now_ms() + 10_500
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     assert not w._running and "j@1" in w._staged  # no write taken for 10.5 s: held
     clock.set(slot + 3_000)
-    w._fire_due(ex)
+    fire(w, ex)
     assert prod.of(ReturnGrant) == [] and "j@1" in w._staged  # held, not handed back
     w._acked(None, 0, 0)  # the cluster answers again
-    w._fire_due(ex)
+    fire(w, ex)
     assert "j@1" in w._running and prod.of(ReturnGrant) == []
     w.release.set()  # type: ignore[attr-defined]
     wait_for(lambda: ran == ["j@1"])
@@ -196,7 +248,7 @@ def test_a_grant_whose_lease_lapsed_before_its_start_is_dropped() -> None:
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot, lease_ms=8_000), ex)
     clock.set(slot + 8_000)  # e.g. the process was SIGSTOPped past the lease
-    w._fire_due(ex)
+    fire(w, ex)
     assert not w._running and not w._staged and prod.of(AttemptStarted) == []
 
 
@@ -206,7 +258,7 @@ def test_adverts_count_staged_and_running_apart() -> None:
     for i in range(3):
         w._on_inbox(grant(f"j@{i}", slot + i * 10_000), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     w._advertise(force=True)
     (ad,) = prod.of(WorkerAdvert)
     assert (ad.slots, ad.running, ad.staged, ad.pool, ad.leaving) == (4, 1, 2, "default", False)
@@ -237,7 +289,7 @@ def test_a_newer_grant_is_staged_while_an_older_attempt_still_runs() -> None:
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@1", slot, token=1), ex)
     clock.set(slot)
-    w._fire_due(ex)  # token 1 runs (and hangs on the gate)
+    fire(w, ex)  # token 1 runs (and hangs on the gate)
     w._on_inbox(grant("j@1", slot + 40_000, token=2), ex)  # its lease lapsed: granted again
     assert w._staged["j@1"].grant.token == 2
     w._on_inbox(grant("j@1", slot, token=1), ex)  # a repeat of the old one changes nothing
@@ -250,7 +302,7 @@ def test_a_result_whose_delivery_failed_is_sent_again() -> None:
     slot = clock.now_ms() + 1_000
     w._on_inbox(grant("j@9", slot), ex)
     clock.set(slot)
-    w._fire_due(ex)
+    fire(w, ex)
     w.release.set()  # type: ignore[attr-defined]
     wait_for(lambda: not w._done.empty())
     w._finish_done()

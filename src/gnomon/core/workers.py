@@ -26,6 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# a worker advertises itself this often; silent for two adverts (at least DEAD_AFTER_MS) it
+# is lost, and the runs granted to it that it has not reported started are granted again at
+# once. (Adverts every 0.5 s were tried: the directory's count of what a worker holds is
+# reset by each advert, which does not yet count the grants on their way to it, so under
+# overload it granted past the worker's room: runs 1.8 s late in tests/unit/test_sim_waiting.py.)
+ADVERT_INTERVAL_MS = 1_000
+DEAD_AFTER_INTERVALS = 2
+DEAD_AFTER_MS = 2_000
 LONG_RUNNING_MS = 10_000  # an attempt running this long is expected to hold its slot a while
 NEAR_S = 2  # start seconds up to this far past the advert count every running attempt
 
@@ -79,8 +87,8 @@ class _Entry:
 class WorkerDirectory:
     """Live workers per pool, with a round-robin pick among those with room."""
 
-    dead_after_intervals: int = 4  # silent this many advert intervals = lost
-    dead_after_min_ms: int = 3_000
+    dead_after_intervals: int = DEAD_AFTER_INTERVALS  # silent this many advert intervals = lost
+    dead_after_min_ms: int = DEAD_AFTER_MS
     # a gap longer than this between two reads of the adverts is the processor's own
     # (stopped, starved, restoring), not the workers' silence: it is not counted
     deaf_gap_ms: int = 1_500

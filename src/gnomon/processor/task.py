@@ -1108,13 +1108,15 @@ class PartitionTask:
         return out
 
     def worker_lost(self, worker_id: str, now_ms: int) -> list[Output]:
-        """``worker_id`` stopped advertising: its attempts staged for a slot still ahead
-        go to other workers. (One whose slot has passed may have started: its lease,
-        counted from the slot, decides.)"""
+        """``worker_id`` stopped advertising: its attempts not reported started go to
+        other workers now, whether their slot is ahead or has passed (a worker starts an
+        attempt only once Kafka took its start report, so one not known started never
+        ran; a start report read after this is refused, and its Stop ends the attempt).
+        The revoked grant uses none of the run's attempts."""
         out: list[Output] = []
         for run_id in self._run_ids_under(_staged_prefix(worker_id)):
             run = self.run(run_id)
-            if run is not None and run.not_before_ms > now_ms:
+            if run is not None:
                 out.extend(self._contained("run", run_id, now_ms,
                                            partial(self._handle_run, R.WorkerLost(run_id, worker_id, now_ms), now_ms)))
         return out

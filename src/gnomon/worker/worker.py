@@ -10,11 +10,15 @@ The processor stages runs on workers (docs/adr/0003-staging.md); the worker:
 * reads Grants on its inbox partition. A grant carries ``not_before_ms`` (the slot):
   it waits in a local timer (a heap, no thread) and starts at that instant by this
   worker's clock, never before it. Staged attempts are counted apart from running ones;
-* at the slot, starts the attempt on a pooled thread if a slot is free. If the worker is
-  full, the attempt waits for a free slot up to ``handback_after_ms`` and is then
-  returned (ReturnGrant) so the processor stages it on a worker with room;
-* reports AttemptStarted (its own start time), heartbeats running attempts every
-  lease/3 with the fencing token, and reports the outcome;
+* at the slot, if a slot is free, reports AttemptStarted (fenced by the grant's token)
+  and starts the attempt on a pooled thread once Kafka has taken that report, never
+  before: a worker that dies before its report is known never ran the attempt, so the
+  processor grants it again at once when it finds the worker lost, without using one of
+  the run's attempts (a start that reaches the processor after that is refused, and its
+  Stop ends the attempt). If the worker is full, the attempt waits for a free slot up to
+  ``handback_after_ms`` and is then returned (ReturnGrant) so the processor stages it on
+  a worker with room;
+* heartbeats running attempts every lease/3 with the fencing token, and reports the outcome;
 * drops a staged attempt, or stops a running one, when a Stop arrives (revoked,
   cancelled, stale token).
 
@@ -51,7 +55,7 @@ from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
-from gnomon.core.workers import LONG_RUNNING_MS, WorkerAdvert
+from gnomon.core.workers import ADVERT_INTERVAL_MS, LONG_RUNNING_MS, WorkerAdvert
 from gnomon.eventlog.port import Delivery, EventLog, Producer, ProducerFatalError, Reader
 from gnomon.gate import RegionGate
 from gnomon.metrics.worker import WorkerMetrics
@@ -126,7 +130,7 @@ class Worker:
         worker_id: str | None = None,
         concurrency_max: int = 8,
         drain_timeout_s: float = 30.0,
-        advert_interval_ms: int = 1000,
+        advert_interval_ms: int = ADVERT_INTERVAL_MS,
         handback_after_ms: int = 1000,
         stage_max: int | None = None,
         clock: Clock | None = None,
@@ -171,6 +175,12 @@ class Worker:
         # slot reached, waiting for a free slot: (when it became due here, run_id, token)
         self._due: deque[tuple[int, str, int]] = deque()
         self._running: dict[str, _Attempt] = {}
+        # run_id -> its attempt whose start is reported and not yet taken by Kafka: it runs
+        # once the report is acknowledged (``_start_claimed``); (run_id, token) of the
+        # reports Kafka took, and of those it did not (sent again while the lease lasts)
+        self._claimed: dict[str, _Attempt] = {}
+        self._claims_taken: deque[tuple[str, int]] = deque()
+        self._claims_failed: deque[tuple[str, int]] = deque()
         self._done: queue.Queue[tuple[_Attempt, AttemptResult]] = queue.Queue()
         self._started: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
         self.completed = 0
@@ -344,11 +354,14 @@ class Worker:
             if self._pool.threads_max < self.concurrency_max:  # the OS refused threads (pool.py)
                 self.concurrency_max = self._pool.threads_max  # advertised: the processor stages less
         self._fire_due(self._executor)
+        self._poll_producer()  # the start reports just sent: acknowledged ones start now
+        self._start_claimed()
         self._watch_deadlines()
         self._finish_done()
         self._heartbeat()
         self._advertise()
         self._poll_producer()
+        self._start_claimed()
         self._resend_undelivered()
         if self._producer_fatal is not None:
             self._rebuild_producer()
@@ -391,6 +404,7 @@ class Worker:
                 if self.gate is not None and not self.gate.still_mine():
                     self.fenced = True
                     self._staged.clear()  # the region that runs the namespace now grants them again
+                    self._claimed.clear()
                     self._timer.clear()
                     self._due.clear()
                     break
@@ -404,6 +418,8 @@ class Worker:
         """How long the loop may block on the inbox: until the next staged slot, at most 50 ms
         (10 ms while attempts run: their completions wait for the loop, and a downstream
         job's run waits for them)."""
+        if self._claimed:
+            return 0.001  # a start report's acknowledgement starts its attempt
         if self._due:
             return 0.005
         if self._running:
@@ -420,7 +436,7 @@ class Worker:
         self._observe_held()
         long_running = sum(1 for a in self._running.values() if now - a.started_ms >= LONG_RUNNING_MS)
         advert = WorkerAdvert(
-            self.worker_id, self.pool, self.concurrency_max, len(self._running), len(self._staged),
+            self.worker_id, self.pool, self.concurrency_max, len(self._running) + len(self._claimed), len(self._staged),
             self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants)))
         self._produce(self.topo.workers, self.worker_id.encode(), codec.encode(advert), False, 0,
                       on_ack=self._acked)  # (its answer is the fence's: ``_fenced_off``)
@@ -530,6 +546,8 @@ class Worker:
             self.metrics.producer_rebuilt(self.pool)
         for topic, key, value, tries in pending:
             self._produce(topic, key, value, True, tries)
+        for att in list(self._claimed.values()):  # start reports the old producer did not answer
+            self._send_claim(att)
 
     def _resend_undelivered(self) -> None:
         """Produce again the checked records whose delivery failed (see ``_send``): one
@@ -565,7 +583,8 @@ class Worker:
         if getattr(msg, "worker_id", None) != self.worker_id:
             return  # another worker's message on the same partition
         if isinstance(msg, Grant):
-            held = [a for a in (self._running.get(msg.run_id), self._staged.get(msg.run_id)) if a is not None]
+            held = [a for a in (self._running.get(msg.run_id), self._staged.get(msg.run_id),
+                                self._claimed.get(msg.run_id)) if a is not None]
             if any(a.grant.token >= msg.token for a in held):
                 return  # a repeat, or older than what this worker holds
             # a newer token while an older attempt still runs (its lease lapsed): stage it;
@@ -579,6 +598,11 @@ class Worker:
             if staged is not None and msg.token >= staged.grant.token and msg.kind is not StopReason.REJECTED:
                 del self._staged[msg.run_id]  # dropped before its start: nothing ran
                 log.info("dropped staged %s: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
+                return
+            claimed = self._claimed.get(msg.run_id)
+            if claimed is not None and msg.token >= claimed.grant.token and msg.kind is not StopReason.REJECTED:
+                del self._claimed[msg.run_id]  # its start report was not taken yet: nothing ran
+                log.info("dropped %s before its start: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
                 return
             att = self._running.get(msg.run_id)
             if att is not None and msg.kind is not StopReason.REJECTED and msg.token >= att.grant.token:
@@ -613,10 +637,10 @@ class Worker:
                 continue
             if self._fenced_off(now):
                 break  # held: started when the cluster answers again, or dropped when its lease lapses
-            if len(self._running) < self.concurrency_max:
+            if len(self._running) + len(self._claimed) < self.concurrency_max:
                 self._due.popleft()
                 del self._staged[run_id]
-                self._launch(att)
+                self._claim(att, now)
                 continue
             break
         if self._fence_said:
@@ -720,6 +744,46 @@ class Worker:
         holder.append(att)
         return att
 
+    def _claim(self, att: _Attempt, now: int) -> None:
+        """Report the attempt started (fenced by its token); it starts when Kafka took
+        the report (``_start_claimed``), so no process runs that the log does not know of."""
+        att.started_ms = now
+        self._claimed[att.grant.run_id] = att
+        self._send_claim(att)
+
+    def _send_claim(self, att: _Attempt) -> None:
+        g = att.grant
+        claim = (g.run_id, g.token)
+
+        def on_delivery(err: str | None, _partition: int, _offset: int) -> None:
+            (self._claims_taken if err is None else self._claims_failed).append(claim)
+
+        self._produce(self.topo.run_events, g.job_id.encode(),
+                      codec.encode(AttemptStarted(g.run_id, self.worker_id, g.token, att.started_ms,
+                                                  self.clock.now_ms())), False, 0, on_ack=on_delivery)
+
+    def _start_claimed(self) -> None:
+        """Start the attempts whose start report Kafka took; send again the reports it did
+        not take, while their lease lasts (after it, the processor has moved the run on)."""
+        now = self.clock.now_ms()
+        while self._claims_failed:
+            run_id, token = self._claims_failed.popleft()
+            att = self._claimed.get(run_id)
+            if att is None or att.grant.token != token:
+                continue
+            if now >= att.grant.lease_until_ms:
+                del self._claimed[run_id]
+                log.warning("dropped %s: its start report was not taken before its lease lapsed", run_id)
+                continue
+            self._send_claim(att)
+        while self._claims_taken:
+            run_id, token = self._claims_taken.popleft()
+            att = self._claimed.get(run_id)
+            if att is None or att.grant.token != token:
+                continue  # dropped meanwhile (a Stop), or superseded
+            del self._claimed[run_id]
+            self._launch(att)
+
     def _launch(self, att: _Attempt) -> None:
         """Start a prepared attempt now, on a pooled thread."""
         now = self.clock.now_ms()
@@ -742,8 +806,8 @@ class Worker:
         self._pool.submit(body)
 
     def _report_started(self) -> None:
-        """AttemptStarted for attempts that started and still run; one that already
-        finished is reported by its CompleteAttempt alone (it carries the start time)."""
+        """The log line and the metric of each attempt whose handler started (its
+        AttemptStarted went before it: ``_claim``)."""
         while True:
             try:
                 att = self._started.get_nowait()
@@ -753,10 +817,6 @@ class Worker:
             if self.metrics is not None:  # the handler's start minus the run's start instant
                 self.metrics.attempt_started(g.spec.priority.value, g.attempt, att.started_ms,
                                              max(g.slot_ms, g.not_before_ms))
-            if not att.finished:
-                self._send(self.topo.run_events, g.job_id,
-                           AttemptStarted(g.run_id, self.worker_id, g.token, att.started_ms, self.clock.now_ms()),
-                           checked=True)
             self._send(self.topo.run_logs, g.run_id, LogLine(
                 g.run_id, g.job_id, g.tenant, g.attempt, 0, LogStream.SYSTEM,
                 f"attempt {g.attempt} started on {self.worker_id} ({_describe(g.spec.target)})", att.started_ms))
@@ -831,9 +891,11 @@ class Worker:
 
     def _drain(self, inbox: Reader, executor: Executor) -> None:
         deadline = time.monotonic() + self.drain_timeout_s
-        while self._running and time.monotonic() < deadline:
-            for msg in inbox.consume(100, 0.1):
+        while (self._running or self._claimed) and time.monotonic() < deadline:
+            for msg in inbox.consume(100, 0.01 if self._claimed else 0.1):
                 self._on_inbox(msg.value, executor)
+            self._poll_producer()
+            self._start_claimed()  # reported started: they run, as any attempt running at the drain
             self._watch_deadlines()
             self._finish_done()
             self._heartbeat()
