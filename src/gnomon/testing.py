@@ -18,7 +18,8 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -385,6 +386,25 @@ class InMemoryCluster:
             if isinstance(rec, tuple) and rec[0] == self.topo.runs and rec[1] is not None and rec[1].job_id == job_id:
                 out[rec[1].run_id] = rec[1]
         return sorted(out.values(), key=lambda r: r.slot_ms)
+
+
+@contextmanager
+def renewing(renewed: Callable[[], None], every_s: float) -> Iterator[None]:
+    """Call ``renewed`` every ``every_s`` from a thread of its own while the block runs:
+    a worker renewing an attempt's lease (``AttemptContext.renewed``), without the worker."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            renewed()
+
+    t = threading.Thread(target=beat, name="renewing", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def __getattr__(name: str) -> Any:

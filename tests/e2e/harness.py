@@ -104,19 +104,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
              "--policy", str(Path(__file__).parent / "worker-policy.toml"))
     st.start("projector", "projector")
     st.start("api", "api", "--port", str(API_PORT))
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        for name, p in st.procs.items():
-            if p.poll() is not None:
-                pytest.fail(f"{name} exited early:\n" + (logs / f"{name}.log").read_text()[-3000:])
-        if time.monotonic() > deadline:
-            pytest.fail("API did not come up in 60 s")
-        time.sleep(0.3)
+    wait_healthy(st, url, "the API")
     yield st
     for name in list(st.procs):
         st.stop(name)
@@ -211,6 +199,21 @@ def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last={last!r}")
 
 
+def wait_healthy(st: Stack, url: str, what: str, timeout_s: float = 60) -> None:
+    """Until ``url``/healthz answers 200; a process of ``st`` that exits first fails the
+    test with the tail of its log."""
+    def up() -> bool:
+        for name, proc in st.procs.items():
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited early:\n" + (st.logs / f"{name}.log").read_text()[-3000:])
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout_s, what)
+
+
 # ---- a stack of one's own, and the run ledger read back (tests that must not share) ----------
 
 
@@ -240,16 +243,7 @@ def own_services(logs: Path, token: str, tenant: str = "acme", *processor_args: 
         st.start("processor", "processor", "--instance-id", f"own-{secrets.token_hex(3)}", *processor_args)
         st.start("projector", "projector")
         st.start("api", "api", "--port", str(port))
-
-        def healthy() -> bool:
-            for name, proc in st.procs.items():
-                assert proc.poll() is None, f"{name} exited early:\n" + (logs / f"{name}.log").read_text()[-3000:]
-            try:
-                return httpx.get(st.api_url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, 60, "the API")
+        wait_healthy(st, st.api_url, "the API")
         yield st
     finally:
         for name in list(st.procs):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import NEVER_DUE, Stack, own_stack, wait_for
+from harness import NEVER_DUE, Stack, own_stack, wait_for, wait_healthy
 
 from gnomon.client import Client
 
@@ -48,7 +48,6 @@ class Tenants:
 @pytest.fixture(scope="module")
 def tenants(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
     """An API and a worker of this module's own, on the session stack's processor and projector."""
-    import httpx
 
     tag = secrets.token_hex(3)
     logs = tmp_path_factory.mktemp("ui-stack-logs")
@@ -60,16 +59,7 @@ def tenants(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     st.start("worker", "worker", "--worker-id", f"e2e-ui-{tag}", "--concurrency", "8", "--tenant", t.a,
              "--policy", str(policy))
     try:
-        def up() -> bool:
-            for name, p in st.procs.items():
-                if p.poll() is not None:
-                    pytest.fail(f"{name} exited early:\n" + (logs / f"{name}.log").read_text()[-3000:])
-            try:
-                return httpx.get(t.url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 60, "the UI test's API")
+        wait_healthy(st, t.url, "the UI test's API")
         yield t
     finally:
         for name in list(st.procs):

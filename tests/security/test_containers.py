@@ -274,23 +274,12 @@ def test_a_killed_workers_container_is_gone_within_the_lease_and_its_next_attemp
 def test_a_long_attempt_whose_lease_is_renewed_runs_to_its_end(image: str) -> None:
     """The guard cuts nothing short while the worker renews: a 2 s lease renewed every
     0.3 s, a container that runs 4 s."""
-    import threading
+    from gnomon.testing import renewing
 
     run = Run(("sh", "-c", "sleep 4; echo finished"), timeout_s=30)
     run.ctx.lease_s = 2.0
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(0.3):
-            run.ctx.renewed()
-
-    beat = threading.Thread(target=renew, daemon=True)
-    beat.start()
-    try:
+    with renewing(run.ctx.renewed, every_s=0.3):
         result = run()
-    finally:
-        stop.set()
-        beat.join()
     assert result.outcome.value == "succeeded" and run.out() == "finished", (result, run.lines)
     assert leftovers() == []
 

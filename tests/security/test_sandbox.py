@@ -23,6 +23,7 @@ import pytest
 from gnomon.config import REPO_ROOT
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import Outcome
+from gnomon.testing import renewing
 from gnomon.worker.attempt import AttemptContext, AttemptResult
 from gnomon.worker.command import SandboxedCommandExecutor
 from gnomon.worker.sandbox import CGROUP_PARENT, CGROUP_ROOT, MIB, Cgroups, SandboxLimits
@@ -264,19 +265,8 @@ def test_a_command_whose_lease_is_not_renewed_is_killed_at_the_lease() -> None:
 def test_a_command_whose_lease_is_renewed_runs_to_its_end() -> None:
     run = Run(["sh", "-c", "sleep 4; echo finished"], timeout_s=20)
     run.ctx.lease_s = 2.0
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(0.3):
-            run.ctx.renewed()
-
-    beat = threading.Thread(target=renew, daemon=True)
-    beat.start()
-    try:
+    with renewing(run.ctx.renewed, every_s=0.3):
         result = run()
-    finally:
-        stop.set()
-        beat.join()
     assert result.outcome is Outcome.SUCCEEDED and run.out() == "finished", (result, run.lines)
     assert run.ctx.renewals == []  # the attempt's listener is gone with it
 
