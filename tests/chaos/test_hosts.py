@@ -108,6 +108,23 @@ def _start_api(sc: Scenario, cl: Cluster, group: Path | None = None, env: Mappin
     return f"https://127.0.0.1:{API_PORT}"
 
 
+def _wait_history_ready(url: str, ca: Path, timeout_s: float = 90) -> None:
+    """Until the API's /readyz says it can read history (its Cassandra connection made and
+    the schema applied: on three fresh TLS nodes that took over 10 s in CI, and a read sent
+    before it answered 503 "still connecting")."""
+    began = time.monotonic()
+    last = ""
+    while time.monotonic() - began < timeout_s:
+        with contextlib.suppress(httpx.HTTPError):
+            resp = httpx.get(url + "/readyz", verify=str(ca), timeout=5)
+            if resp.status_code == 200:
+                log(f"API ready to read history {time.monotonic() - began:.1f} s after it served")
+                return
+            last = resp.text[:200]
+        time.sleep(0.5)
+    raise AssertionError(f"the API was not ready to read history in {timeout_s:.0f} s: {last}")
+
+
 def test_three_hosts_with_tls_run_the_core_path(tmp_path: Path, cluster: Cluster) -> None:
     settings, ca, token = cluster.settings, cluster.ca, cluster.token
     # each host's servers bound to its own address, TLS only
@@ -121,6 +138,14 @@ def test_three_hosts_with_tls_run_the_core_path(tmp_path: Path, cluster: Cluster
         assert re.search(r"client_encryption_options:\n  enabled: true\n  optional: false", conf), conf[-800:]
     # the default superuser is off on every node (its row is written at one replica first)
     assert cassandra._login(settings, cassandra.DEFAULT_SUPERUSER) is None, "cassandra/cassandra still logs in"
+    # every node owns its own tokens, and each sees the other two with theirs (three nodes
+    # started together once chose the same tokens: one dropped another, data on two of three)
+    views = cassandra.ring_views(settings)
+    assert set(views) == set(HOSTS)
+    for host, view in views.items():
+        assert view == views[HOSTS[0]], (host, view)
+        assert set(view) == set(HOSTS) and all(len(t) == cassandra.NUM_TOKENS for t in view.values()), view
+        assert len(frozenset().union(*view.values())) == 3 * cassandra.NUM_TOKENS, view
 
     tag = "hosts" + secrets.token_hex(3)
     sc = Scenario(tag, tmp_path)
@@ -131,6 +156,7 @@ def test_three_hosts_with_tls_run_the_core_path(tmp_path: Path, cluster: Cluster
         sc.start("projector", "projector")
         url = _start_api(sc, cluster)
         sc.wait_ready("p1", "w1", "projector", "api", timeout_s=120)
+        _wait_history_ready(url, ca)
         client = Client(url, token)
         ids = [client.create_job({"name": f"{tag}-{i}", "schedule": "*/2 * * * * *", "timeoutS": 20,
                                   "target": {"type": "command", "argv": ["true"]}})["id"] for i in range(3)]
@@ -256,6 +282,7 @@ def _load(sc: Scenario, cl: Cluster, tag: str, env: Mapping[str, str] | None = N
     sc.start("projector", "projector", group=_group(cl, 1), env=env)
     url = _start_api(sc, cl, group=_group(cl, 1), env=env)
     sc.wait_ready("p1", "p2", "p3", "w1", "w2", "w3", "projector", "api", timeout_s=150)
+    _wait_history_ready(url, cl.ca)
     # (registered as signed commands, with ids of the scenario's: the checker reads them by prefix)
     spec = JobSpec(name=tag, schedule=Schedule(cron="* * * * * *"), target=LOAD_TARGET,
                    timeout_s=20, retry=RetryPolicy(max_attempts=5, backoff_base_s=0.5, backoff_cap_s=2))

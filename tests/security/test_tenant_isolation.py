@@ -16,9 +16,9 @@ from gnomon.core.clock import SystemClock
 from gnomon.core.messages import LogLine, LogStream
 from gnomon.core.runs import RunState, RunStatus
 
-# Routes without tenant data: the contract, the docs, the health check and the metrics.
+# Routes without tenant data: the contract, the docs, the health and readiness checks, the metrics.
 PUBLIC_ROUTES = {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"),
-                 ("GET", "/redoc"), ("GET", "/healthz"), ("HEAD", "/openapi.json"), ("HEAD", "/docs"),
+                 ("GET", "/redoc"), ("GET", "/healthz"), ("GET", "/readyz"), ("HEAD", "/openapi.json"), ("HEAD", "/docs"),
                  ("HEAD", "/docs/oauth2-redirect"), ("HEAD", "/redoc"), ("GET", "/metrics"), ("HEAD", "/metrics")}
 JOB = {"name": "a-secret-job", "schedule": "0 * * * *", "target": {"type": "command", "argv": ["true"]}}
 

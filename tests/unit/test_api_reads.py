@@ -483,3 +483,27 @@ def test_reads_may_be_speculated_writes_may_not() -> None:
     assert reads and {"get_run", "get_job", "list_runs_first"} <= reads
     for name, stmt in statements.items():
         assert stmt.is_idempotent is (name in reads), name
+
+
+def test_readyz_says_when_history_can_be_read() -> None:
+    # /healthz is liveness; /readyz waits for the history store's connect (a fresh API's
+    # first reads otherwise wait for it, then answer 503, while /healthz says ok)
+    class Connecting(InMemoryHistoryStore):
+        connected = False
+
+    history = Connecting()
+    client = client_for(history)
+    assert client.get("/healthz").status_code == 200
+    resp = client.get("/readyz")
+    assert resp.status_code == 503 and resp.headers["content-type"] == "application/problem+json"
+    assert "still connecting" in resp.json()["detail"] and resp.headers["Retry-After"] == "1"
+    history.connected = True
+    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client_for(InMemoryHistoryStore()).get("/readyz").status_code == 200  # nothing to connect
+
+
+def test_the_cassandra_store_is_connected_once_its_statements_are_prepared() -> None:
+    store = CassandraHistoryStore(["127.0.0.1"])
+    assert not store.connected
+    store._st = object()  # type: ignore[assignment]  # (what a finished connect leaves)
+    assert store.connected

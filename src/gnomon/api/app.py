@@ -448,7 +448,19 @@ def create_app(
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
+        """Alive: the process serves (history may still be connecting: /readyz)."""
         return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        """Ready to read history: 200 once the history store has connected; 503 before
+        (reads would wait for that connect, then answer 503). A store that needs no
+        connection (in memory) is always ready."""
+        if getattr(history, "connected", True):
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"type": "about:blank", "title": "Not ready", "status": 503,
+                             "detail": "the history store is still connecting; history reads answer 503 until it is"},
+                            status_code=503, media_type="application/problem+json", headers={"Retry-After": "1"})
 
     @app.post("/v1/jobs", status_code=201, summary="Register a job", response_model=None,
               description="The answer is the scheduler's decision (docs/answers.md): 201 once the processor "

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,9 @@ def command_answers(settings: Settings, topo: Topology, role: str) -> CommandAns
 def _connect_early(history: object) -> None:
     """Connect before the first request needs it (the store also connects on first use,
     so a Cassandra that is not up yet only means 503s until it is)."""
+    began = time.monotonic()
     try:
         history.connect()  # type: ignore[attr-defined]
+        log.info("history store connected in %.1f s: ready (/readyz)", time.monotonic() - began)
     except HistoryStoreError as exc:
         log.warning("history store not reachable yet (requests will retry): %s", exc)

@@ -384,6 +384,11 @@ class CassandraHistoryStore:
         self._ready()
         return self
 
+    @property
+    def connected(self) -> bool:
+        """Connected, schema applied and statements prepared: reads need no connect first."""
+        return self._st is not None
+
     def _ready(self) -> tuple[Any, _Statements]:
         st = self._st
         if st is not None:

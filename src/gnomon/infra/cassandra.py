@@ -132,6 +132,30 @@ def address(settings: Settings) -> str:
     return ",".join(f"{h}:{settings.cassandra_port}" for h in hosts(settings))
 
 
+NUM_TOKENS = 16  # vnodes per node: the template's num_tokens
+_TOKEN_MIN, _TOKEN_SPAN = -(2**63), 2**64  # Murmur3Partitioner's ring
+
+
+def initial_tokens(index: int, count: int, per_node: int = NUM_TOKENS) -> list[int]:
+    """Node ``index``'s (1-based) vnode tokens of ``count`` nodes: the ring cut into
+    ``count * per_node`` equal arcs, dealt round the nodes in turn, so every node owns its
+    own tokens and an equal share. Three nodes started together left to choose for
+    themselves once chose the same ones (node 1 logged "have the same token ... Ignoring
+    /127.0.0.2": three nodes held data on two, and with one host down LOCAL_QUORUM failed)."""
+    if not 1 <= index <= count:
+        raise InfraError(f"cassandra node {index} is not one of {count}")
+    step = _TOKEN_SPAN // (count * per_node)
+    # the middle of each arc: never the partitioner's minimum token, which no node may hold
+    return [_TOKEN_MIN + step // 2 + (k * count + index - 1) * step for k in range(per_node)]
+
+
+def _tokens_config(node: Node, count: int) -> str:
+    if count == 1:  # one node: nobody to collide with; Cassandra chooses
+        return "allocate_tokens_for_local_replication_factor: 1"
+    # (read once, when the node first starts: a node with saved tokens keeps them)
+    return "initial_token: " + ",".join(str(t) for t in initial_tokens(node.index, count))
+
+
 def render_config(settings: Settings, node: Node | None = None, count: int = 1) -> str:
     node = node or nodes(settings, count)[0]
     data = node.home / "data"
@@ -141,6 +165,7 @@ def render_config(settings: Settings, node: Node | None = None, count: int = 1) 
         encryption=_encryption(settings, node) if tls.is_enabled(settings.state_dir) else "# TLS off (gnomon infra up --tls)",
         host=node.host,
         seeds=seeds,
+        tokens=_tokens_config(node, count),
         snitch="SimpleSnitch" if _sited(settings, node) is None else "GossipingPropertyFileSnitch",
         storage_port=settings.cassandra_storage_port,
         native_port=settings.cassandra_port,
@@ -226,12 +251,13 @@ def start(settings: Settings, count: int = 1) -> list[int]:
     return pids
 
 
-def _cluster(settings: Settings, cred: credentials.Credential | None) -> Any:
+def _cluster(settings: Settings, cred: credentials.Credential | None, only: str | None = None) -> Any:
+    """A driver Cluster for the layout's nodes (or the node on host ``only`` alone)."""
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import WhiteListRoundRobinPolicy
 
-    contact = hosts(settings)
+    contact = hosts(settings) if only is None else [only]
     profile = ExecutionProfile(
         load_balancing_policy=WhiteListRoundRobinPolicy(contact), request_timeout=10
     )
@@ -279,6 +305,26 @@ def release_version(settings: Settings, cred: credentials.Credential | None = _A
         return str(row.release_version)
     finally:
         cluster.shutdown()
+
+
+def ring_views(settings: Settings) -> dict[str, dict[str, frozenset[int]]]:
+    """Each node's view of the ring, asked of that node alone as the admin role: its host ->
+    {a node's address -> that node's tokens} (itself from system.local, the others from
+    system.peers_v2). Three nodes that agree see the same three entries, none sharing a token."""
+    admin = credentials.read(settings.credentials_dir, credentials.CASSANDRA_ADMIN)
+    views: dict[str, dict[str, frozenset[int]]] = {}
+    for host in hosts(settings):
+        cluster = _cluster(settings, admin, only=host)
+        try:
+            session = cluster.connect()
+            local = session.execute("SELECT tokens FROM system.local").one()
+            view = {host: frozenset(int(t) for t in local.tokens or ())}
+            for peer in session.execute("SELECT peer, tokens FROM system.peers_v2"):
+                view[str(peer.peer)] = frozenset(int(t) for t in peer.tokens or ())
+            views[host] = view
+        finally:
+            cluster.shutdown()
+    return views
 
 
 def wait_ready(settings: Settings, timeout_s: float = 180.0) -> float:
