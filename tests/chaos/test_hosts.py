@@ -221,17 +221,18 @@ class ApiPoller:
         try:
             while not self._stop.is_set():
                 self._asked_at = time.monotonic()
+                why = ""
                 try:
                     api.get_job(job_id)
                     key = "200"
-                except ApiError as exc:
-                    key = str(exc.status)
+                except ApiError as exc:  # (a refusal counted under its status and reason: the assertion names them)
+                    key, why = f"{exc.status} {str(exc)[:120]}", str(exc)
                 except (ApiUnavailable, httpx.HTTPError) as exc:  # (the API restarting, or gone)
-                    key = type(exc).__name__
+                    key, why = type(exc).__name__, str(exc)
                 took = time.monotonic() - self._asked_at
                 self._asked_at = None
-                if took > self.SLOW_S:
-                    log(f"API read took {took:.1f} s ({key})")
+                if took > self.SLOW_S or why:  # every refusal with its reason: what a 503 waited on
+                    log(f"API read took {took:.1f} s ({key}{': ' + why[:300] if why else ''})")
                 self.statuses[key] = self.statuses.get(key, 0) + 1
                 self._stop.wait(1.0)
         finally:
@@ -440,13 +441,21 @@ def test_a_host_lost_and_back_misses_and_doubles_nothing(tmp_path: Path, cluster
         sc.signal("w3", signal.SIGKILL)
         log(f"host 3 lost: its broker, Cassandra node, processor (partitions {sorted(owned3)}) and worker "
             f"killed; its broker led partitions {sorted(led3)} of {topo.runs}")
+        deadline = time.monotonic() + 10  # (the killed JVMs gone)
+        while True:  # `gnomon infra status` names the lost host's nodes
+            st = manager.status(settings)
+            if all([m["state"] for m in st[c]["members"]][2] == "down" for c in ("kafka", "cassandra")):
+                break
+            assert time.monotonic() < deadline, st
+            time.sleep(0.2)
+        assert st["kafka"]["state"] == st["cassandra"]["state"] == "degraded", st
         time.sleep(HOST_DOWN_S)
         began = time.monotonic()
-        # host 3's Cassandra node starts beside its broker; the test waits for the broker
-        # (its processes need it), and for the node only before the next test: history is
-        # written and read at LOCAL_QUORUM, which the other two nodes answer meanwhile
-        cassandra.start(settings, 3)
-        manager.up(settings, kafka_nodes=3, components=("kafka",), tls=True, cassandra_nodes=3)
+        # host 3's Cassandra node starts beside its broker (`gnomon infra host start 3`);
+        # the test waits for the broker (its processes need it), and for the node only
+        # before the next test: history is written and read at LOCAL_QUORUM, which the
+        # other two nodes answer meanwhile
+        manager.start_host(settings, 3, wait_cassandra=False)
         sc.processor("p3", group=_group(cluster, 3))
         sc.worker("w3", group=_group(cluster, 3))
         back_at = int(time.time() * 1000)

@@ -142,6 +142,10 @@ def delivery_timeout_ms() -> int:
 
 def build_app(settings: Settings, *, dev: bool | None = None) -> FastAPI:
     """``dev``: allow the dev token when ``GNOMON_API_TOKENS`` is unset (default: ``GNOMON_DEV=1``)."""
+    if not logging.getLogger().handlers:  # (each of ``--workers`` builds its own app): gnomon's
+        from gnomon.logs import configure  # lines beside uvicorn's, from INFO (were WARNING only)
+
+        configure(logging.INFO)
     from gnomon.alerts.feed import AlertFeed
     from gnomon.api.alerts import AlertPoller, AlertService
     from gnomon.api.calendars import CalendarService

@@ -102,9 +102,45 @@ def status(json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     st = manager.status(load())
     if json_:
         print_json(st)
-    else:
-        for k, v in st.items():
-            typer.echo(f"{k}: {v}")
+        return
+    for k, v in st.items():
+        members = v.pop("members", None) if isinstance(v, dict) else None
+        typer.echo(f"{k}: {v}")
+        for m in members if members and len(members) > 1 else ():  # three hosts: every node
+            typer.echo(f"  {m['name']} on {m['host']}: {m['state']}" + (f" (pid {m['pid']})" if m["pid"] else ""))
+
+
+host_app = typer.Typer(help="Stop or start one host's servers (its Kafka node and its Cassandra node) of "
+                            "`infra up --hosts 3`; the other hosts keep serving.", no_args_is_help=True)
+app.add_typer(host_app, name="host")
+Host = Annotated[int, typer.Argument(help="the host: 1, 2 or 3 (127.0.0.1-3)")]
+
+
+def _host(host: int) -> int:
+    from gnomon.core.errors import ValidationError
+
+    if host not in (1, 2, 3):
+        raise ValidationError("host", "must be 1, 2 or 3")
+    return host
+
+
+@host_app.command(name="stop")
+@command
+def host_stop(host: Host) -> None:
+    """Stop host N's Kafka node and Cassandra node (SIGTERM, then SIGKILL after 60 s)."""
+    from gnomon.infra import manager
+
+    manager.stop_host(load(), _host(host))
+
+
+@host_app.command(name="start")
+@command
+def host_start(host: Host) -> None:
+    """Start host N's Kafka node and Cassandra node and wait until both serve again."""
+    from gnomon.infra import manager
+
+    require_server_extra("infra host start", "cassandra")
+    manager.start_host(load(), _host(host))
 
 
 app.command(name="poison")(poison_cmd.poison)

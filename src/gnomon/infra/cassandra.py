@@ -219,9 +219,9 @@ def command(settings: Settings, java: str, lib: Path, node: Node | None = None) 
     ]
 
 
-def start(settings: Settings, count: int = 1) -> list[int]:
+def start(settings: Settings, count: int = 1, only: int | None = None) -> list[int]:
     """Fetch, render the configs and start every node of the layout that does not run
-    yet. Returns the pids."""
+    yet, or node ``only`` alone (one host of three). Returns the pids."""
     if count != layout(settings) and running_names(settings):
         raise InfraError(f"Cassandra runs with {layout(settings)} node(s); run `gnomon infra down` before "
                          f"starting {count}")
@@ -229,6 +229,8 @@ def start(settings: Settings, count: int = 1) -> list[int]:
     lib = fetch.fetch(settings.state_dir, COMPONENT, LABEL)
     pids = []
     for node in nodes(settings, count):
+        if only is not None and node.index != only:
+            continue
         pid = procs.running_pid(settings.state_dir, node.name)
         if pid is not None:
             pids.append(pid)
@@ -533,11 +535,12 @@ def status(settings: Settings) -> dict[str, Any]:
     pid = pids[0]
     if all(p is None for p in pids):
         return {"state": "down"}
-    serving = all(p is not None and port_open(n.host, settings.cassandra_port) for n, p in zip(ns, pids, strict=True))
+    serving = [p is not None and port_open(n.host, settings.cassandra_port) for n, p in zip(ns, pids, strict=True)]
     jars = sorted(fetch.lib_dir(settings.state_dir, COMPONENT).glob("cassandra-all-*.jar"))
     return {
-        "state": "up" if serving else "starting",
+        "state": "up" if all(serving) else ("degraded" if any(serving) else "starting"),
         "pid": pid,
+        "members": [procs.member_state(n.name, n.host, p, up) for n, p, up in zip(ns, pids, serving, strict=True)],
         "address": address(settings),
         "version": jars[-1].name.removeprefix("cassandra-all-").removesuffix(".jar")
         if jars

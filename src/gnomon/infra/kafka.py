@@ -330,8 +330,9 @@ def prepare(settings: Settings, count: int) -> tuple[str, Path]:
 # --- running ------------------------------------------------------------------------
 
 
-def start(settings: Settings, count: int) -> list[int]:
-    """Start every node that is not running yet (detached). Returns the pids."""
+def start(settings: Settings, count: int, only: int | None = None) -> list[int]:
+    """Start every node that is not running yet (detached), or node ``only`` alone (one
+    host of three: ``gnomon infra host start``). Returns the pids."""
     current = running_layout(settings)
     if current is not None and current != count:
         raise InfraError(
@@ -344,6 +345,8 @@ def start(settings: Settings, count: int) -> list[int]:
     if regions is not None:
         pids.append(_start_latency(settings, regions, count))
     for node in nodes(settings, count):
+        if only is not None and node.node_id != only:
+            continue
         if not procs.is_running(settings.state_dir, node.name):
             for port in (node.port, node.controller_port):
                 if port_open(node.host, port):
@@ -522,6 +525,7 @@ def status(settings: Settings) -> dict[str, Any]:
     return {
         "state": state,
         "nodes": count,
+        "members": [procs.member_state(n.name, n.host, pid, up) for n, pid, up in zip(ns, pids, serving, strict=True)],
         "pids": [p for p in pids if p is not None],
         "bootstrap": bootstrap(settings, count),
         "version": kafka_version(settings),

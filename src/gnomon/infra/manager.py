@@ -288,6 +288,54 @@ def down(settings: Settings, components: Sequence[str] = ALL_COMPONENTS) -> list
         return [*names, "postgres"] if pg else names
 
 
+HOSTS_MAX = 3  # the three-host layout: host i is 127.0.0.i with Kafka node i and Cassandra node i
+
+
+def _host_names(settings: Settings, host: int) -> list[str]:
+    """The servers of ``host`` (1-3) in the three-host layout that runs now."""
+    if not 1 <= host <= HOSTS_MAX:
+        raise InfraError(f"host must be 1, 2 or 3, not {host}")
+    if kafka.running_layout(settings) not in (None, 3) or cassandra.layout(settings) != 3:
+        raise InfraError("the stack is not the three-host layout; `gnomon infra host` acts on one host of "
+                         "`gnomon infra up --hosts 3`")
+    return [kafka.nodes(settings, 3)[host - 1].name, cassandra.nodes(settings, 3)[host - 1].name]
+
+
+def stop_host(settings: Settings, host: int) -> list[str]:
+    """Stop the Kafka node and the Cassandra node of one host (SIGTERM, SIGKILL after a
+    timeout); the other hosts keep serving. Returns the names stopped."""
+    with _lock(settings):
+        names = [n for n in _host_names(settings, host) if procs.is_running(settings.state_dir, n)]
+        if not names:
+            say(f"nothing runs on host {host}")
+            return []
+        say(f"stopping {', '.join(names)} (host {host})…")
+        for name in names:
+            procs.signal_term(settings.state_dir, name)
+        for name in names:
+            procs.stop(settings.state_dir, name, STOP_TIMEOUT_S)
+        say(f"host {host} stopped")
+        return names
+
+
+def start_host(settings: Settings, host: int, *, wait_cassandra: bool = True) -> dict[str, Any]:
+    """Start the Kafka node and the Cassandra node of one host (those not running) and wait
+    until Kafka serves on every host (and Cassandra, unless ``wait_cassandra`` is False:
+    history is read and written at LOCAL_QUORUM, which two nodes answer meanwhile).
+    Returns :func:`status`."""
+    began = time.monotonic()
+    with _lock(settings):
+        _host_names(settings, host)
+        kafka.start(settings, 3, only=host)
+        cassandra.start(settings, 3, only=host)
+        kafka.wait_ready(settings, 3)
+        say(f"host {host}: Kafka serves on all three hosts ({time.monotonic() - began:.0f} s)")
+        if wait_cassandra:
+            cassandra.wait_ready(settings)
+            say(f"host {host}: Cassandra serves on all three hosts ({time.monotonic() - began:.0f} s)")
+    return status(settings)
+
+
 def status(settings: Settings) -> dict[str, Any]:
     """``{"kafka": {...}, "cassandra": {...}, "registry": {...}, "connect": {...},
     "postgres": {...}}``; each has ``state`` (up/starting/degraded/down)."""

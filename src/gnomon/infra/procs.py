@@ -117,6 +117,13 @@ def start(
     return proc.pid
 
 
+def member_state(name: str, host: str, pid: int | None, serving: bool) -> dict[str, object]:
+    """One node's line of ``infra status``: up (serving its port), starting (its process
+    runs, its port is not open yet) or down (no process)."""
+    return {"name": name, "host": host, "pid": pid,
+            "state": "up" if serving else ("starting" if pid is not None else "down")}
+
+
 def signal_term(state_dir: Path, name: str) -> None:
     """Send SIGTERM to ``name``'s group without waiting (see :func:`stop`)."""
     pid = running_pid(state_dir, name)
