@@ -166,3 +166,35 @@ def grow(to: Annotated[int, typer.Option("--to", help="the new partition count: 
                     credentials_dir=settings.credentials_dir, say=say)
     except ValueError as exc:
         raise ValidationError("--to", str(exc)) from None
+
+
+@app.command()
+@command
+def cert(name: Annotated[str, typer.Argument(help="the certificate's name, e.g. api-1 (its files: <state dir>/tls/"
+                                                   "NAME.pem and NAME.key)")],
+         ip: Annotated[list[str] | None, typer.Option(
+             "--ip", help="an address the server is reached at (repeat for several; default 127.0.0.1)")] = None,
+         dns: Annotated[list[str] | None, typer.Option(
+             "--dns", help="a DNS name the server is reached at (repeat; default localhost)")] = None,
+         renew: Annotated[bool, typer.Option("--renew", help="issue it again even if it is current")] = False,
+         ) -> None:
+    """Issue (or show) a server certificate from this state directory's private CA, e.g.
+    for the API's HTTPS: it is issued again when missing, naming other addresses, expiring
+    within 30 days or signed by another CA; otherwise the current one is kept."""
+    import ipaddress
+
+    from gnomon.core.errors import ValidationError
+    from gnomon.infra import tls
+
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        raise ValidationError("name", "letters, digits, '-', '_' and '.' only (it names files)")
+    ips = ip or ["127.0.0.1"]
+    for one in ips:
+        try:
+            ipaddress.ip_address(one)
+        except ValueError:
+            raise ValidationError("--ip", f"{one!r} is not an IP address") from None
+    issued = tls.ensure_host(load().state_dir, name, ips, dns or None, force=renew)
+    typer.echo(f"certificate: {issued.cert}\nkey:         {issued.key}\nCA:          {issued.ca}\n"
+               f"serve HTTPS: gnomon api --tls-cert {issued.cert} --tls-key {issued.key}\n"
+               f"clients:     GNOMON_API_CA_FILE={issued.ca}")

@@ -20,6 +20,7 @@ A grow acts on one namespace (gnomon.region): the topology's (the CLI's is that 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,8 +115,13 @@ def _write_markers(bootstrap: str, topic: str, to: int, credentials_dir: Path | 
     return written
 
 
-def _quiet(*_: Any) -> None:
-    return None
+# confluent-kafka's "logger" must be a logging.Logger (it calls .log on it): a plain
+# function made the first librdkafka log line during the markers' flush (a broker
+# connection closed) crash `gnomon infra grow` with "'function' object has no attribute
+# 'log'" (seen in the host chaos test's idempotent second grow)
+_quiet = logging.getLogger("gnomon.infra.grow.librdkafka")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
 
 
 def wait_read(bootstrap: str, topic: str, markers: dict[int, int], timeout_s: float,
