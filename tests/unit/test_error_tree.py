@@ -15,6 +15,7 @@ from gnomon.core.errors import GnomonError, InfraError, InternalError
 # module:class -> why it is not an error of the tree
 CONTROL_FLOW = {
     "gnomon.codec._fastwrite:Unsupported": "the compiled writer's signal to fall back to fastavro",
+    "gnomon.codec._codec:_FetchFailed": "the reason a schema fetch failed, carried to the DecodeError decode raises",
     "gnomon.processor.savepoint:RecordTooLarge": "must not be a GnomonError: the savepoint turns it into "
                                                  "RecordFailed (a poison record), not a refusal",
     "gnomon.ui.routes:PageError": "the UI renders it as a page",

@@ -343,6 +343,7 @@ def test_gnomon_worker_sizes_the_staging_room_from_its_concurrency(monkeypatch: 
     seen: list[tuple[int, int]] = []
     monkeypatch.setattr(Worker, "run", lambda self: seen.append((self.concurrency_max, self.stage_max)))
     monkeypatch.setenv("GNOMON_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("GNOMON_CODEC_FETCH_UNKNOWN", "0")  # (the command would install a registry lookup process-wide)
     runner = CliRunner()
     for args, want in ((["--concurrency", "15000"], (15_000, 30_000)),
                        (["--concurrency", "100", "--stage-max", "500"], (100, 500))):

@@ -126,9 +126,12 @@ def app_from_env() -> FastAPI:
     thread's stack to its stderr (its log) and goes on, as for the other processes:
     where a request that hangs waits."""
     from gnomon import stacks
+    from gnomon.codec.remote import install_registry_source
 
     stacks.dump_on_sigusr1()
-    return build_app(load())
+    settings = load()
+    install_registry_source(settings)  # a newer release's schema ids, during a rolling upgrade (schemas/README.md)
+    return build_app(settings)
 
 
 def delivery_timeout_ms() -> int:

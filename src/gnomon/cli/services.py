@@ -168,6 +168,7 @@ def processor(
 
     require_server_extra("processor", "rocksdict")
 
+    from gnomon.codec.remote import install_registry_source
     from gnomon.command_keys import DirKeyring, keys_dir
     from gnomon.core.jobs import SchedulerConfig
     from gnomon.core.priorities import parse_weights
@@ -180,6 +181,7 @@ def processor(
         fail(f"--priority-weights: {exc}", 2)
     _logging(verbose)
     s = load()
+    install_registry_source(s)  # a newer release's schema ids: asked of the schema registry (schemas/README.md)
     cfg = ProcessorConfig(bootstrap=s.kafka_bootstrap, state_dir=s.state_dir,
                           instance_id=instance_id or socket.gethostname(), session_timeout_ms=session_timeout_ms,
                           standbys=standbys, batch_max=batch_max,
@@ -237,6 +239,7 @@ def worker(
 
     Runs only the jobs of the tenants it serves; commands and containers run sandboxed,
     and only when the policy enables them (docs/security.md)."""
+    from gnomon.codec.remote import install_registry_source
     from gnomon.outbound.secrets import SecretStore
     from gnomon.worker import Worker
     from gnomon.worker.policy import PolicyError, PoolPolicy
@@ -276,6 +279,7 @@ def worker(
         fail(str(exc), 2)
     w.secrets = SecretStore(secrets_dir or load().state_dir / "secrets")
     s = load()
+    install_registry_source(s)  # a newer release's schema ids: asked of the schema registry (schemas/README.md)
     dog = _watchdog("worker", w.ensure_metrics().registry, lambda: w.progress_at_s, w.stop, stall_limit_s, role="worker",
                     grace_s=w.drain_timeout_s + WORKER_FLUSH_S + EXIT_GRACE_S)
     w.serve_metrics(metrics_port if metrics_port is not None else s.worker_metrics_port, s.metrics_host,
@@ -314,10 +318,12 @@ def _gate(log_: Callable[[], Any], topic: str, clock: Any, instance: str, *, tak
 def projector(metrics_port: MetricsPort = None, verbose: bool = False) -> None:
     """Project run events, jobs and logs into Cassandra history."""
     require_server_extra("projector", "cassandra")
+    from gnomon.codec.remote import install_registry_source
     from gnomon.history.projector import HistoryProjector
 
     _logging(verbose)
     s = load()
+    install_registry_source(s)  # a newer release's schema ids: asked of the schema registry (schemas/README.md)
     stop = threading.Event()
     _stop_on_signals(stop)
     proj = HistoryProjector.from_settings(s)
@@ -358,6 +364,7 @@ def alerter(
     from gnomon.alerts.policy import http_policy
     from gnomon.alerts.sender import AlertSender
     from gnomon.alerts.service import ROLE, Alerter
+    from gnomon.codec.remote import install_registry_source
     from gnomon.core.alerts import AlertBook, DeliveryPolicy
     from gnomon.outbound.secrets import SecretStore
     from gnomon.topology import load_topology
@@ -374,6 +381,7 @@ def alerter(
     if not verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # the alerter logs each call itself
     s = load()
+    install_registry_source(s)  # a newer release's schema ids: asked of the schema registry (schemas/README.md)
     feed = AlertFeed(s.kafka_bootstrap, load_topology(), AlertBook(), role=ROLE)
     feed.load()
     sender = AlertSender(http, SecretStore(secrets_dir or s.state_dir / "secrets"))

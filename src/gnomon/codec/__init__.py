@@ -19,6 +19,14 @@ records stay readable after a schema change. ``decode`` raises only ``DecodeErro
     >>> decode(encode(ClaimRun("j@2024-01-01T00:00:00Z", "w1", 0)))
     ClaimRun(run_id='j@2024-01-01T00:00:00Z', worker_id='w1', at_ms=0)
 
+A schema id that is not in this release's registry (a newer release wrote it, during a
+rolling upgrade) is refused, unless the codec has a schema source
+(``Codec.use_schema_source``): then it asks the source once for the writer's schema and
+reads the id's records with the subject's latest version here, like an older version's.
+``gnomon.codec.remote.install_registry_source`` gives ``default_codec`` the schema
+registry as its source (the long-running processes do at start; off with
+``GNOMON_CODEC_FETCH_UNKNOWN=0``). Known ids never ask.
+
 Schemas are parsed and converters generated once, at import. ``Codec(load_registry(d))``
 builds an independent codec on another schema directory (tests, tooling).
 """
@@ -32,6 +40,8 @@ from gnomon.codec._codec import (
     Codec,
     DecodeError,
     EncodeError,
+    FetchedSchema,
+    SchemaSource,
     TopicSchema,
     topic_schema,
 )
@@ -44,6 +54,8 @@ __all__ = [
     "Codec",
     "DecodeError",
     "EncodeError",
+    "FetchedSchema",
+    "SchemaSource",
     "TopicSchema",
     "decode",
     "default_codec",

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
+import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import BytesIO
-from typing import Any
+from typing import Any, Protocol
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
@@ -55,6 +59,10 @@ from gnomon.topology import load_topology
 MAGIC = 0
 HEADER_LEN = 5
 NAMESPACE = "gnomon"
+RETRY_AFTER_S_DEFAULT = 30.0  # a schema id the source failed to give is asked for again after this
+FAILED_IDS_MAX = 1_024  # failed ids remembered at most (emptied when full: bounded whatever ids arrive)
+
+log = logging.getLogger("gnomon.codec")
 
 
 class DecodeError(ValidationError):
@@ -293,6 +301,54 @@ class _Reader:
     to_object: Callable[[Any], Any]
 
 
+# ---- a schema source: the writer's schema of an id this codec does not know ---------------
+
+
+@dataclass(frozen=True)
+class FetchedSchema:
+    """The schema a writer used, as a schema source gives it: its subject and version and
+    its Avro JSON text, self-contained (references inlined, Confluent's ``format=resolved``)."""
+
+    subject: str
+    version: int
+    schema_json: str = field(repr=False)
+
+
+class SchemaSource(Protocol):
+    """Where ``Codec.decode`` asks for a schema id it does not know (``use_schema_source``):
+    gnomon's schema registry (``gnomon.codec.remote``) during a rolling upgrade, when a
+    newer release writes a newer version of a subject."""
+
+    def fetch(self, schema_id: int) -> FetchedSchema | None:
+        """The schema ``schema_id`` names; None if the source has no such id. Any exception
+        is a failure to answer (the codec reports it as a DecodeError and asks again later)."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Remote:
+    source: SchemaSource
+    retry_after_s: float
+    monotonic_s: Callable[[], float]
+
+
+class _FetchFailed(Exception):
+    """Why an unknown schema id has no reader (a DecodeError's reason)."""
+
+
+def _top_level_mismatch(writer: Any, reader: Any) -> str | None:
+    """Why records of ``writer`` cannot resolve to ``reader`` at all (another record, or not
+    a record), else None. Finer differences (a union branch or an enum symbol this reader
+    lacks) fail only the records that use them, when they are read."""
+    if not isinstance(writer, dict) or writer.get("type") != "record":
+        return "its schema is not a record"
+    namespace = reader["name"].rpartition(".")[0]
+    aliases = {f"{namespace}.{a}" if namespace and "." not in a else a for a in reader.get("aliases", ())}
+    if writer["name"] != reader["name"] and writer["name"] not in aliases:
+        return f"its record {writer['name']} does not resolve to this release's {reader['name']}"
+    return None
+
+
 class Codec:
     """Encode/decode against one registry. Everything is prepared in ``__init__``."""
 
@@ -320,6 +376,11 @@ class Codec:
             self._default_writers.setdefault(cls, w)
         self._readers: dict[int, _Reader] = {v.id: self._reader(v) for v in registry}
         self._same_body: dict[tuple[str, str, type], bool] = {}  # (from topic, to topic, type): one schema
+        # Ids not in the registry, asked of a schema source (``use_schema_source``; none: refused).
+        self._remote: _Remote | None = None
+        self._fetched: set[int] = set()  # ids whose reader came from the source
+        self._failed: dict[int, tuple[float, str]] = {}  # id -> (when it failed, monotonic s; why)
+        self._fetch_lock = threading.Lock()
 
     def _writer(self, t: TopicSchema, cls: type) -> _Writer:
         latest = self.registry.latest(t.subject)
@@ -341,6 +402,78 @@ class Codec:
             v.subject, v.schema, None if latest.id == v.id else latest.schema,
             self._to_object(latest.schema, self._from_name[v.subject]),
         )
+
+    # ---- ids this registry does not have: a schema source's -----------------------------
+
+    def use_schema_source(self, source: SchemaSource | None, *, retry_after_s: float = RETRY_AFTER_S_DEFAULT,
+                          monotonic_s: Callable[[], float] = time.monotonic) -> None:
+        """Ask ``source`` for a schema id ``decode`` does not know (once per id: the reader
+        is kept), and read its records with the subject's latest version here (Avro schema
+        resolution, as for an older version). An id the source failed to give is asked for
+        again only ``retry_after_s`` later (by ``monotonic_s``); meanwhile ``decode`` refuses
+        it at once. None: unknown ids are refused, and readers fetched before are dropped."""
+        with self._fetch_lock:
+            for schema_id in self._fetched:
+                del self._readers[schema_id]
+            self._fetched.clear()
+            self._failed.clear()
+            self._remote = None if source is None else _Remote(source, retry_after_s, monotonic_s)
+
+    def _unknown(self, schema_id: int) -> _Reader:
+        """The reader of an id the registry lacks, from the schema source; else DecodeError."""
+        remote = self._remote
+        if remote is None:
+            raise DecodeError(f"unknown schema id {schema_id}")
+        with self._fetch_lock:  # one fetch at a time: a burst of records of a new id asks once
+            r = self._readers.get(schema_id)
+            if r is not None:
+                return r
+            now_s = remote.monotonic_s()
+            failed = self._failed.get(schema_id)
+            if failed is not None and now_s - failed[0] < remote.retry_after_s:
+                raise DecodeError(f"unknown schema id {schema_id}: {failed[1]} ({now_s - failed[0]:.0f} s ago; "
+                                  f"asked again {remote.retry_after_s:g} s after a failure)")
+            try:
+                r = self._fetch_reader(remote.source, schema_id)
+            except Exception as e:  # _FetchFailed, or a bug on the way: decode raises DecodeError only
+                reason = str(e) if isinstance(e, _FetchFailed) else f"{type(e).__name__}: {e}"
+                if len(self._failed) >= FAILED_IDS_MAX:
+                    self._failed.clear()
+                self._failed[schema_id] = (now_s, reason)
+                log.warning("unknown schema id %d: %s", schema_id, reason)
+                raise DecodeError(f"unknown schema id {schema_id}: {reason}") from None
+            self._failed.pop(schema_id, None)
+            self._readers[schema_id] = r
+            self._fetched.add(schema_id)
+            return r
+
+    def _fetch_reader(self, source: SchemaSource, schema_id: int) -> _Reader:
+        """A reader of ``schema_id`` from ``source``'s writer schema to this codec's latest
+        version of its subject. Raises ``_FetchFailed`` with the reason."""
+        try:
+            fetched = source.fetch(schema_id)
+        except Exception as e:  # the source's own error, httpx's, anything: a reason, not a crash
+            raise _FetchFailed(f"asking the schema registry failed: {type(e).__name__}: {e}") from e
+        if fetched is None:
+            raise _FetchFailed("not in the schema registry either")
+        if fetched.subject not in self._from_name:
+            raise _FetchFailed(f"the schema registry has it as {fetched.subject!r}, a subject this release "
+                               "does not read")
+        try:
+            raw = json.loads(fetched.schema_json)
+            writer = parse_schema(raw)
+        except Exception as e:  # ValueError, fastavro's SchemaParseException, UnknownType, ...
+            raise _FetchFailed(f"{fetched.subject} v{fetched.version}: not an Avro schema: "
+                               f"{type(e).__name__}: {e}") from e
+        latest = self.registry.latest(fetched.subject)
+        mismatch = _top_level_mismatch(writer, latest.schema)
+        if mismatch is not None:
+            raise _FetchFailed(f"{fetched.subject} v{fetched.version}: {mismatch}")
+        log.info("schema id %d (%s v%d) is not in this release's registry: read from the schema registry and "
+                 "resolved to v%d (a newer release writes it: upgrade this process)", schema_id, fetched.subject,
+                 fetched.version, latest.version)
+        return self._reader(SchemaVersion(schema_id, fetched.subject, fetched.version, file="", sha256="",
+                                          references=(), raw=raw, schema=writer))
 
     @staticmethod
     def _to_object(schema: Any, from_name: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:
@@ -420,7 +553,7 @@ class Codec:
         schema_id = int.from_bytes(data[1:HEADER_LEN], "big")
         r = self._readers.get(schema_id)
         if r is None:
-            raise DecodeError(f"unknown schema id {schema_id}")
+            r = self._unknown(schema_id)
         if topic is not None:
             try:
                 expected = topic_schema(topic).subject
