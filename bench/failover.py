@@ -57,6 +57,13 @@ def partition_moves(logfile: Path) -> int:
     return text.count("revoked partitions [") - text.count("revoked partitions []") + text.count("lost partitions [")
 
 
+def workers_lost(logfile: Path) -> int:
+    """Workers this processor declared lost (no advert for DEAD_AFTER_MS): with no fault,
+    each is a false one (its staged runs moved while it was alive)."""
+    text = logfile.read_text(errors="replace") if logfile.exists() else ""
+    return len(re.findall(r"worker \S+ lost \(", text))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=200)
@@ -97,12 +104,14 @@ def main() -> None:
         sc.flush()
         time.sleep(args.warmup_s)
         moves_before = {n: partition_moves(logs / f"{n}.log") for n in ("pA", "pB")}
+        lost_before = {n: workers_lost(logs / f"{n}.log") for n in ("pA", "pB")}
         if args.mode == "quiet":
             print(f"no faults for {args.quiet_s:.0f} s", file=sys.stderr)
             quiet_from = int(time.time() * 1000)
             time.sleep(args.quiet_s)
             quiet_to = int(time.time() * 1000)
             moves = {n: partition_moves(logs / f"{n}.log") - moves_before[n] for n in ("pA", "pB")}
+            lost = {n: workers_lost(logs / f"{n}.log") - lost_before[n] for n in ("pA", "pB")}
         for k in range(args.kills if args.mode != "quiet" else 0):
             victim = "pA" if k % 2 == 0 else "pB"
             parts = owned_partitions(logs / f"{victim}.log")
@@ -138,6 +147,7 @@ def main() -> None:
         window = [r for r in final.values() if quiet_from <= r.slot_ms < quiet_to]  # not the start-up
         lags = [(r.started_at_ms - r.slot_ms) / 1000 for r in window if r.started_at_ms]
         print(f"quiet {args.quiet_s:.0f} s: partition moves (revoked or lost) after warm-up: {moves}; "
+              f"live workers declared lost: {lost}; "
               f"start lag p50={pct(lags, 50):.3f} p99={pct(lags, 99):.3f} max={max(lags, default=0):.3f} s "
               f"(n={len(lags)}, not started={len(window) - len(lags)}, "
               f"more than one attempt={sum(1 for r in window if r.attempt > 1)})")
