@@ -82,12 +82,41 @@ def register_demo(client: Client, callback_url: str) -> dict[str, str]:
     for name, body in jobs.items():
         ids[name] = client.create_job({"name": f"demo {tag}: {name}", "timeoutS": 30, **body})["id"]
     # a dependency with no schedule of its own: a run after each run of the command job,
-    # once that run succeeded (docs/schedules.md, "Dependencies")
+    # once that run succeeded (docs/schedules.md, "Dependencies"); its upstream must be in
+    # history first (the API checks it there)
+    _wait_visible(client, ids["every 10 s (command)"])
     name = "after the command (dependency)"
     ids[name] = client.create_job({"name": f"demo {tag}: {name}", "timeoutS": 30,
                                    "after": [{"job": ids["every 10 s (command)"]}], "waitMaxS": 60,
                                    "target": {"type": "handler", "name": "echo"}})["id"]
     return ids
+
+
+UPSTREAM_WAIT_S = 180.0  # a processor restoring a big state, a projector catching up: say so, then give up
+
+
+def _wait_visible(client: Client, job_id: str, timeout_s: float = UPSTREAM_WAIT_S) -> None:
+    """Until history shows ``job_id`` (accepted by the scheduler, then written by the
+    projector: after a long restore or a backlog this takes a while), with a line every
+    10 s saying what it waits for."""
+    began = time.monotonic()
+    said = 0.0
+    while True:
+        try:
+            client.get_job(job_id)
+            return
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        waited = time.monotonic() - began
+        if waited >= timeout_s:
+            raise SystemExit(f"gnomon: job {job_id} was not in history after {timeout_s:.0f} s (is the projector "
+                             "running? .gnomon/logs/dev-projector.log)")
+        if waited - said >= 10:
+            said = waited
+            console.print(f"waiting for job {job_id} to reach history ({waited:.0f} s; the processor may be "
+                          "restoring its state, the projector catching up)…")
+        time.sleep(0.5)
 
 
 def _delete_demo(client: Client | None, ids: dict[str, str]) -> None:
