@@ -32,7 +32,7 @@ from gnomon.command_keys import operator_headers
 from gnomon.config import load
 from gnomon.core.jobs import DeleteJob, JobState, JobStatus, PauseJob, RegisterJob
 from gnomon.core.model import Target, TargetType
-from gnomon.core.runs import RunState, RunStatus
+from gnomon.core.runs import AttemptStarted, CompleteAttempt, RunState, RunStatus
 from gnomon.infra import placement
 from gnomon.topology import load_topology
 from topic_reading import end_offsets, read_messages
@@ -224,7 +224,7 @@ class Scenario:
         self.topo = load_topology()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.start_offsets = {t: end_offsets(self.settings.kafka_bootstrap, t)
-                              for t in (self.topo.runs, self.topo.jobs, self.topo.worker_inbox)}
+                              for t in (self.topo.runs, self.topo.jobs, self.topo.worker_inbox, self.topo.run_events)}
         self.tap = Tap(self.settings.kafka_bootstrap, [tp for tps in self.start_offsets.values() for tp in tps])
         self.producer = Producer(producer_config(self.settings.kafka_bootstrap))
 
@@ -402,6 +402,33 @@ class Scenario:
         inbox = [m for m in _decoded(self.tap.records(self.topo.worker_inbox))
                  if getattr(m, "worker_id", "").startswith(prefix)]
         return runs, jobs, inbox
+
+    def handler_starts(self) -> dict[str, int]:
+        """Each run's first handler start, as an outside observer would time it: run id ->
+        the instant its worker launched the attempt whose start the ledger records first.
+        The ledger's ``started_at_ms`` is when that worker *sent* its start report; it
+        launches once Kafka took it, and says when in the attempt's completion
+        (``CompleteAttempt.started_at_ms``, on the run-events topic). A run whose first
+        reported attempt never completed (its worker killed) is not here: its ledger
+        instant is all there is."""
+        prefix = f"{self.tag}-"
+        claims: dict[tuple[str, int], int] = {}
+        launches: dict[tuple[str, int], int] = {}
+        for m in _decoded(self.tap.records(self.topo.run_events)):
+            if not getattr(m, "run_id", "").startswith(prefix):
+                continue
+            if isinstance(m, AttemptStarted):
+                claims.setdefault((m.run_id, m.token), m.started_at_ms)
+            elif isinstance(m, CompleteAttempt) and m.started_at_ms is not None:
+                launches[(m.run_id, m.token)] = m.started_at_ms
+        runs = {r.run_id: r for r in self.history()[0]}
+        out: dict[str, int] = {}
+        for (run_id, token), claimed_ms in claims.items():
+            r = runs.get(run_id)
+            launched = launches.get((run_id, token))
+            if r is not None and r.started_at_ms == claimed_ms and launched is not None:
+                out[run_id] = launched
+        return out
 
     def tombstones(self, prefix: str) -> set[str]:
         """Run ids starting with ``prefix`` tombstoned on the ledger during the scenario."""

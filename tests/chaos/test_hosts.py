@@ -326,6 +326,12 @@ class Outcome:
     done: dict[str, RunState]
     missing: list[str]
     ledger: list[RunState]  # every ledger record of the scenario, in offset order per partition
+    launched: dict[str, int]  # run id -> its first handler start (Scenario.handler_starts)
+
+    def start_ms(self, r: RunState) -> int | None:
+        """When ``r``'s handler first started: its launch if known, else the ledger's instant
+        (the start report's send, which the launch follows by Kafka's acknowledgement)."""
+        return self.launched.get(r.run_id, r.started_at_ms)
 
 
 def _pause_and_check(sc: Scenario, ids: list[str], poller: ApiPoller) -> Outcome:
@@ -344,7 +350,7 @@ def _pause_and_check(sc: Scenario, ids: list[str], poller: ApiPoller) -> Outcome
         missing = missing_from_history(store, list(done))
     finally:
         store.close()
-    return Outcome(report, final, done, missing, runs)
+    return Outcome(report, final, done, missing, runs, sc.handler_starts())
 
 
 def _report(settings: Settings, host: int, partitions_there: set[int], ids: list[str], fault_at: int,
@@ -356,27 +362,37 @@ def _report(settings: Settings, host: int, partitions_there: set[int], ids: list
                      .topics[topo.runs].partitions)
     there = {j for j in ids if partition_for(j, partitions) in partitions_there}
     lags: dict[bool, list[float]] = {True: [], False: []}
+    behind: list[float] = []  # how far each handler start trails the ledger's instant
     for r in out.done.values():
-        if r.slot_ms >= fault_at and r.started_at_ms is not None and not r.manual:
-            lags[r.job_id in there].append((r.started_at_ms - r.slot_ms) / 1000)
+        start_ms = out.start_ms(r)
+        if r.slot_ms >= fault_at and start_ms is not None and not r.manual:
+            lags[r.job_id in there].append((start_ms - r.slot_ms) / 1000)
+            if r.started_at_ms is not None and r.run_id in out.launched:
+                behind.append((start_ms - r.started_at_ms) / 1000)
     log(f"checker: {out.report.summary()}")
+    if behind:
+        log(f"handler starts (the launch, after Kafka took the start report) trail the ledger's instant by "
+            f"p50 {statistics.median(behind):.3f} s, p99 {_p99(behind):.3f} s, max {max(behind):.3f} s "
+            f"({len(behind)} of the runs measured; the others: the ledger's instant)")
     for where, xs in ((f"on host {host}", lags[True]), ("elsewhere", lags[False])):
         if xs:
             log(f"start lag from the fault, jobs {where}: {len(xs)} runs, p50 {statistics.median(xs):.2f} s, "
                 f"p99 {_p99(xs):.2f} s, max {max(xs):.2f} s")
     windows: dict[int, float] = {}  # the worst start lag per 10 s of slots, from the fault
     for r in out.done.values():
-        if r.slot_ms >= fault_at - 10_000 and r.started_at_ms is not None:
+        start_ms = out.start_ms(r)
+        if r.slot_ms >= fault_at - 10_000 and start_ms is not None:
             w = (r.slot_ms - fault_at) // 10_000 * 10
-            windows[w] = max(windows.get(w, 0.0), (r.started_at_ms - r.slot_ms) / 1000)
+            windows[w] = max(windows.get(w, 0.0), (start_ms - r.slot_ms) / 1000)
     log("worst start lag per 10 s of slots from the fault: "
         + ", ".join(f"+{w}s {lag:.1f}" for w, lag in sorted(windows.items())))
-    late = sorted((r for r in out.done.values() if r.started_at_ms is not None and r.slot_ms >= fault_at - 10_000),
-                  key=lambda r: (r.started_at_ms or 0) - r.slot_ms)[-8:]
+    late = sorted((r for r in out.done.values() if out.start_ms(r) is not None and r.slot_ms >= fault_at - 10_000),
+                  key=lambda r: (out.start_ms(r) or 0) - r.slot_ms)[-8:]
     for r in late:  # the latest starts: which partition, which attempt, which worker
-        assert r.started_at_ms is not None
+        start_ms = out.start_ms(r)
+        assert start_ms is not None
         log(f"  late: {r.run_id} partition {partition_for(r.job_id, partitions)} slot +{(r.slot_ms - fault_at) / 1000:.0f} s "
-            f"started +{(r.started_at_ms - fault_at) / 1000:.0f} s attempt {r.attempt} on {r.worker_id}")
+            f"started +{(start_ms - fault_at) / 1000:.0f} s attempt {r.attempt} on {r.worker_id}")
     for r in late[-3:]:  # how the latest ones got there: every ledger record of each
         log(f"  {_timeline(out, r.run_id, fault_at)}")
     reasons: dict[str, int] = {}
