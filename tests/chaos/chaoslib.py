@@ -403,14 +403,15 @@ class Scenario:
                  if getattr(m, "worker_id", "").startswith(prefix)]
         return runs, jobs, inbox
 
-    def handler_starts(self) -> dict[str, int]:
+    def handler_starts(self, ledger: list[RunState]) -> dict[str, int]:
         """Each run's first handler start, as an outside observer would time it: run id ->
         the instant its worker launched the attempt whose start the ledger records first.
         The ledger's ``started_at_ms`` is when that worker *sent* its start report; it
         launches once Kafka took it, and says when in the attempt's completion
         (``CompleteAttempt.started_at_ms``, on the run-events topic). A run whose first
         reported attempt never completed (its worker killed) is not here: its ledger
-        instant is all there is."""
+        instant is all there is. ``ledger``: the scenario's ledger records, as the caller
+        read them already (``history``, ``check``)."""
         prefix = f"{self.tag}-"
         claims: dict[tuple[str, int], int] = {}
         launches: dict[tuple[str, int], int] = {}
@@ -421,7 +422,7 @@ class Scenario:
                 claims.setdefault((m.run_id, m.token), m.started_at_ms)
             elif isinstance(m, CompleteAttempt) and m.started_at_ms is not None:
                 launches[(m.run_id, m.token)] = m.started_at_ms
-        runs = {r.run_id: r for r in self.history()[0]}
+        runs = {r.run_id: r for r in ledger}
         out: dict[str, int] = {}
         for (run_id, token), claimed_ms in claims.items():
             r = runs.get(run_id)

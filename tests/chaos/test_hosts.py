@@ -350,7 +350,7 @@ def _pause_and_check(sc: Scenario, ids: list[str], poller: ApiPoller) -> Outcome
         missing = missing_from_history(store, list(done))
     finally:
         store.close()
-    return Outcome(report, final, done, missing, runs, sc.handler_starts())
+    return Outcome(report, final, done, missing, runs, sc.handler_starts(runs))
 
 
 def _report(settings: Settings, host: int, partitions_there: set[int], ids: list[str], fault_at: int,
