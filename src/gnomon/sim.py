@@ -138,11 +138,13 @@ class StepRunner:
         self._pending: list[tuple[int, int, AttemptContext, AttemptResult, Callable[[AttemptResult], None]]] = []
         self._seq = 0
         self.started = 0
+        self.launched: list[tuple[str, int]] = []  # (run id, at ms) of every attempt started here
 
     def start(self, ctx: AttemptContext, begin: Callable[[], None], work: Callable[[], AttemptResult],
               end: Callable[[AttemptResult], None]) -> None:
         begin()
         self.started += 1
+        self.launched.append((ctx.run_id, self.clock.now_ms()))
         result = work()
         took = self.duration_ms(ctx)
         limit = int(ctx.timeout_s * 1000)
@@ -818,6 +820,18 @@ class SimCluster:
         w.generation += 1
         w.down_until_ms = self.clock.now_ms() + down_ms
         self._count("worker_crash")
+
+    def cut_worker(self, index: int, *, writes_ms: int, reads_ms: int) -> None:
+        """Worker ``index`` is cut off from the brokers but keeps running (its timers fire,
+        it reports starts): what it sends waits unanswered for ``writes_ms``, then lands in
+        order; its inbox reads nothing for ``reads_ms``."""
+        w = self.workers[index]
+        assert w.worker is not None
+        client, now = f"worker-{w.worker.worker_id}", self.clock.now_ms()
+        self.log.cut_writes_until_ms[client] = now + writes_ms
+        self.log.cut_reads_until_ms[client] = now + reads_ms
+        self._count("worker_cut")
+        self._event(f"worker {w.worker.worker_id} cut off: writes for {writes_ms} ms, reads for {reads_ms} ms")
 
     def _inject(self, now: int) -> None:
         f, rng = self.faults, self.rng

@@ -10,9 +10,9 @@ from typing import Any
 
 from gnomon import codec
 from gnomon.core.clock import FakeClock
-from gnomon.core.messages import Grant, Stop, StopReason
+from gnomon.core.messages import Grant, LeaseAck, Stop, StopReason
 from gnomon.core.model import JobSpec, Schedule, Target, TargetType
-from gnomon.core.runs import AttemptStarted, CompleteAttempt, ReturnGrant
+from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, ReturnGrant
 from gnomon.core.workers import WorkerAdvert
 from gnomon.topology import load_topology
 from gnomon.worker import Worker
@@ -227,7 +227,7 @@ def test_runs_held_by_the_write_fence_are_not_handed_back_and_start_when_writes_
     w, clock, prod, ex, ran = make(concurrency=4)
     w.gate = _Gate()  # type: ignore[assignment]
     w.fence_ms = 10_000
-    w._acked(None, 0, 0)  # the last write the cluster took
+    w._advert_acked(clock.now_ms())(None, 0, 0)  # the last write the cluster took
     slot = clock.now_ms() + 10_500
     w._on_inbox(grant("j@1", slot), ex)
     clock.set(slot)
@@ -236,9 +236,12 @@ def test_runs_held_by_the_write_fence_are_not_handed_back_and_start_when_writes_
     clock.set(slot + 3_000)
     fire(w, ex)
     assert prod.of(ReturnGrant) == [] and "j@1" in w._staged  # held, not handed back
-    w._acked(None, 0, 0)  # the cluster answers again
+    w._advert_acked(clock.now_ms())(None, 0, 0)  # the cluster answers again
     fire(w, ex)
-    assert "j@1" in w._running and prod.of(ReturnGrant) == []
+    # silent 13.5 s, the worker may have been found lost: the start waits for the processor
+    assert "j@1" not in w._running and prod.of(ReturnGrant) == [] and prod.of(Heartbeat)
+    w._on_inbox(codec.encode(LeaseAck("w1", "j@1", 1, slot + 40_000, slot)), ex)  # accepted
+    assert "j@1" in w._running
     w.release.set()  # type: ignore[attr-defined]
     wait_for(lambda: ran == ["j@1"])
 
@@ -374,3 +377,83 @@ def test_a_pool_the_os_refuses_threads_stops_growing_instead_of_failing(monkeypa
     for i in range(5):  # more attempts than threads: they queue for the three
         w._pool.submit(lambda i=i: ran.append(f"x{i}") and None)
     wait_for(lambda: len(ran) == ran_before + 5)
+
+
+# ---- issue 51 item 3: a late start report starts its attempt only once it was accepted ----
+
+def _late_claim(w: Worker, clock: FakeClock, prod: RecordingProducer, ex: Any, *, late_ms: int) -> int:
+    """j@1 staged, due now; its start report taken ``late_ms`` after it was sent."""
+    w._advert_acked(clock.now_ms())(None, 0, 0)
+    slot = clock.now_ms() + 500
+    w._on_inbox(grant("j@1", slot), ex)
+    clock.set(slot)
+    w._advert_acked(clock.now_ms())(None, 0, 0)  # adverts taken all along
+    prod.take_starts = False
+    fire(w, ex)
+    assert "j@1" in w._claimed and prod.of(AttemptStarted)
+    clock.advance(late_ms)
+    w._advert_acked(clock.now_ms())(None, 0, 0)
+    prod.take_starts = True
+    fire(w, ex)
+    return slot
+
+
+def test_a_start_report_taken_in_time_starts_at_once() -> None:
+    w, clock, prod, ex, ran = make()
+    _late_claim(w, clock, prod, ex, late_ms=200)
+    assert "j@1" in w._running and not prod.of(Heartbeat)
+    w.release.set()  # type: ignore[attr-defined]
+    wait_for(lambda: ran == ["j@1"])
+
+
+def test_a_start_report_taken_late_starts_once_the_processor_accepts_it() -> None:
+    w, clock, prod, ex, ran = make()
+    slot = _late_claim(w, clock, prod, ex, late_ms=1_500)
+    assert "j@1" not in w._running and "j@1" in w._claimed
+    beats = prod.of(Heartbeat)
+    assert [(b.run_id, b.token) for b in beats] == [("j@1", 1)]  # the question, after the report
+    clock.advance(1_000)
+    fire(w, ex)
+    assert len(prod.of(Heartbeat)) == 2  # asked again while unanswered
+    w._on_inbox(codec.encode(LeaseAck("w1", "j@1", 1, slot + 40_000, slot)), ex)
+    assert "j@1" in w._running and w.starts_confirmed == 1
+    w.release.set()  # type: ignore[attr-defined]
+    wait_for(lambda: ran == ["j@1"])
+
+
+def test_a_late_start_report_refused_never_starts() -> None:
+    w, clock, prod, ex, ran = make()
+    slot = _late_claim(w, clock, prod, ex, late_ms=3_000)
+    w._on_inbox(codec.encode(Stop("w1", "j@1", 1, StopReason.STALE, "stale token 1 (current 2)", slot)), ex)
+    assert not w._claimed and not w._running and w.starts_refused == 1
+    w._on_inbox(codec.encode(LeaseAck("w1", "j@1", 1, slot + 40_000, slot)), ex)  # (a stray answer)
+    fire(w, ex)
+    assert not w._running and ran == []
+
+
+def test_a_late_start_report_left_unanswered_is_given_up_at_its_lease() -> None:
+    w, clock, prod, ex, ran = make()
+    slot = _late_claim(w, clock, prod, ex, late_ms=2_000)
+    clock.set(slot + 30_000)  # the grant's lease
+    fire(w, ex)
+    assert not w._claimed and not w._running and ran == []
+
+
+def test_after_a_silence_of_its_adverts_a_start_taken_in_time_waits_for_the_answer() -> None:
+    w, clock, prod, ex, _ran = make()
+    w._advert_acked(clock.now_ms())(None, 0, 0)
+    clock.advance(2_500)  # no advert taken for 2.5 s: the processors may have found it lost
+    w._advert_acked(clock.now_ms() - 100)(None, 0, 0)
+    slot = clock.now_ms() + 100
+    w._on_inbox(grant("j@1", slot), ex)
+    clock.set(slot)
+    fire(w, ex)
+    assert "j@1" not in w._running and prod.of(Heartbeat)
+    for _ in range(11):  # 11 s of adverts taken in time: starts go at once again
+        clock.advance(1_000)
+        w._advert_acked(clock.now_ms())(None, 0, 0)
+    w._on_inbox(grant("j@2", clock.now_ms() + 100), ex)
+    clock.advance(100)
+    fire(w, ex)
+    assert "j@2" in w._running
+    w.release.set()  # type: ignore[attr-defined]

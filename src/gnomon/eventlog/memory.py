@@ -20,8 +20,9 @@ Faults are injected from outside (``gnomon.sim``): ``fail_next_commit`` makes a
 transactional id's next commit fail (abortable), ``slow_markers`` answers a commit whose
 records become readable later, ``late_records`` answers a commit whose records are still
 on their way (in their logs only once flushed, or when it ends), ``stale_view`` makes an
-expired member serve one more batch as if it had not noticed (a zombie), and
-``PlainFaults`` duplicate or reorder the records of plain producers (as producer retries
+expired member serve one more batch as if it had not noticed (a zombie), ``cut_writes_until_ms``
+and ``cut_reads_until_ms`` cut a plain client off (its producer's records wait, unanswered;
+its reader reads nothing: a host cut off from the brokers), and ``PlainFaults`` duplicate or reorder the records of plain producers (as producer retries
 could).
 """
 
@@ -150,6 +151,10 @@ class MemoryEventLog:
         self.late_records: dict[str, int] = {}
         self.plain_faults: PlainFaults | None = None
         self.refuse_writes: dict[str, str] = {}  # topic -> the error plain producers are told
+        # client id -> ms: until then a plain producer's records wait unanswered (writes), a
+        # reader reads nothing (reads): the client cut off from the brokers, each way alone
+        self.cut_writes_until_ms: dict[str, int] = {}
+        self.cut_reads_until_ms: dict[str, int] = {}
         self.fenced: list[str] = []  # what refused a commit, and why (for tests)
         self.commits = 0
         self.aborts = 0
@@ -309,7 +314,7 @@ class MemoryEventLog:
 
     def reader(self, group_id: str, *, client_id: str | None = None,
                config: Mapping[str, Any] | None = None) -> MemoryReader:
-        return MemoryReader(self, group_id)
+        return MemoryReader(self, group_id, client_id)
 
     def group_consumer(self, group_id: str, *, client_id: str, session_timeout_ms: int,
                        config: Mapping[str, Any] | None = None) -> MemoryGroupConsumer:
@@ -320,7 +325,12 @@ class MemoryEventLog:
         return MemoryTransactionalProducer(self, transactional_id, transaction_timeout_ms)
 
     def producer(self, *, client_id: str, config: Mapping[str, Any] | None = None) -> MemoryProducer:
-        return MemoryProducer(self)
+        return MemoryProducer(self, client_id)
+
+    def is_cut(self, cuts: Mapping[str, int], client_id: str | None) -> bool:
+        """``client_id`` is cut off now by ``cuts`` (``cut_writes_until_ms`` or ``cut_reads_until_ms``)."""
+        until = cuts.get(client_id or "")
+        return until is not None and self.clock.now_ms() < until
 
     def end_offset(self, topic: str, partition: int) -> int:
         if not 0 <= partition < self.partitions_of(topic):
@@ -346,9 +356,10 @@ class MemoryEventLog:
 
 
 class MemoryReader:
-    def __init__(self, log: MemoryEventLog, group_id: str) -> None:
+    def __init__(self, log: MemoryEventLog, group_id: str, client_id: str | None = None) -> None:
         self.log = log
         self.group_id = group_id
+        self.client_id = client_id
         self._pos: dict[TP, int] = {}
         self._paused: set[TP] = set()
 
@@ -360,6 +371,8 @@ class MemoryReader:
 
     def consume(self, max_records: int, timeout_s: float) -> list[Record]:
         out: list[Record] = []
+        if self.log.is_cut(self.log.cut_reads_until_ms, self.client_id):
+            return out
         for tp in sorted(self._pos):
             if tp in self._paused or len(out) >= max_records:
                 continue
@@ -604,8 +617,9 @@ _Queued = tuple[str, bytes | None, bytes | None, Delivery | None, Headers]
 class MemoryProducer:
     """Records wait in a local queue until ``poll``/``flush`` (as librdkafka's linger)."""
 
-    def __init__(self, log: MemoryEventLog) -> None:
+    def __init__(self, log: MemoryEventLog, client_id: str | None = None) -> None:
         self.log = log
+        self.client_id = client_id
         self._queue: list[_Queued] = []
         self._held: list[_Queued] = []
         self.sent = 0
@@ -615,6 +629,8 @@ class MemoryProducer:
         self._queue.append((topic, key, value, on_delivery, headers))
 
     def _deliver(self) -> int:
+        if self.log.is_cut(self.log.cut_writes_until_ms, self.client_id):
+            return 0  # on their way, unanswered: delivered in order once the cut heals
         faults = self.log.plain_faults
         queue, self._queue = self._held + self._queue, []
         self._held = []
@@ -653,6 +669,8 @@ class MemoryProducer:
         return self._deliver()
 
     def flush(self, timeout_s: float) -> int:
+        if self.log.is_cut(self.log.cut_writes_until_ms, self.client_id):
+            return self.pending()  # timed out: nothing answered
         self._deliver()
         held, self._held = self._held, []
         for item in held:  # a flush waits for every record

@@ -55,7 +55,7 @@ from gnomon.core.errors import EventLogError, GnomonError
 from gnomon.core.messages import Grant, LeaseAck, LogLine, LogStream, Stop, StopReason
 from gnomon.core.model import Target, TargetType
 from gnomon.core.runs import AttemptStarted, CompleteAttempt, Heartbeat, Outcome, ReturnGrant
-from gnomon.core.workers import ADVERT_INTERVAL_MS, LONG_RUNNING_MS, WorkerAdvert
+from gnomon.core.workers import ADVERT_INTERVAL_MS, DEAD_AFTER_MS, LONG_RUNNING_MS, WorkerAdvert
 from gnomon.eventlog.port import Delivery, EventLog, Producer, ProducerFatalError, Reader
 from gnomon.gate import RegionGate
 from gnomon.metrics.worker import WorkerMetrics
@@ -83,6 +83,16 @@ INBOX_OPEN_RETRY = Retry(attempts_max=8, base_s=0.5, cap_s=10.0,
 FENCE_MS = 10_000  # with a region gate: no start after this long without an acknowledged write (``fence_ms``)
 RESULT_SENDS_MAX = 10  # a result refused this often is given up (its lease then lapses); timeouts do not count
 PRODUCER_REBUILD_EVERY_MS = 1000  # a producer in a fatal state is replaced at most this often
+# The processors find a worker lost after DEAD_AFTER_MS without an advert, and grant what
+# it had not reported started elsewhere. So an attempt starts at once only when its start
+# report was taken within START_CONFIRM_AFTER_MS and this worker's adverts were taken
+# without a silence (an advert taken that late, or none for an advert interval more) in
+# the last DOUBT_AFTER_SILENCE_MS; otherwise only once the processor answers a heartbeat for it
+# (LeaseAck: the start was accepted; Stop: it was refused), asked every
+# START_CONFIRM_EVERY_MS: a refused start never runs beside the attempt granted again.
+START_CONFIRM_AFTER_MS = DEAD_AFTER_MS // 2
+START_CONFIRM_EVERY_MS = 1_000
+DOUBT_AFTER_SILENCE_MS = 10_000
 
 
 class AttemptRunner(Protocol):
@@ -108,6 +118,7 @@ class _Attempt:
     lock: threading.Lock = field(default_factory=threading.Lock)
     budget: LogBudget = field(default_factory=LogBudget)  # the attempt's output lines (log_budget.py)
     given_up: bool = False  # its handler outlived deadline + grace: reported timed out by the loop
+    confirm_asked_ms: int | None = None  # its start report came late: the processor's answer is awaited
 
 
 STAGE_MAX_MIN = 10_000
@@ -179,6 +190,9 @@ class Worker:
         # once the report is acknowledged (``_start_claimed``); (run_id, token) of the
         # reports Kafka took, and of those it did not (sent again while the lease lasts)
         self._claimed: dict[str, _Attempt] = {}
+        self._confirming: set[str] = set()  # claimed run ids whose start waits for the processor's answer
+        self.starts_confirmed = 0  # attempts started late, once the processor accepted their start
+        self.starts_refused = 0  # ... and those it refused: never started here
         self._claims_taken: deque[tuple[str, int]] = deque()
         self._claims_failed: deque[tuple[str, int]] = deque()
         self._done: queue.Queue[tuple[_Attempt, AttemptResult]] = queue.Queue()
@@ -218,6 +232,7 @@ class Worker:
         # leaders move), which would otherwise hold that region's own starts
         self.fence_ms = FENCE_MS
         self._acked_at_ms: int | None = None  # the cluster's last answer to a write of this worker
+        self._doubt_until_ms = 0  # after a silence in its adverts: starts wait for the processor's answer
         self._fence_said = False
 
     # ---- SDK ---------------------------------------------------------------------------
@@ -405,6 +420,7 @@ class Worker:
                     self.fenced = True
                     self._staged.clear()  # the region that runs the namespace now grants them again
                     self._claimed.clear()
+                    self._confirming.clear()
                     self._timer.clear()
                     self._due.clear()
                     break
@@ -418,7 +434,7 @@ class Worker:
         """How long the loop may block on the inbox: until the next staged slot, at most 50 ms
         (10 ms while attempts run: their completions wait for the loop, and a downstream
         job's run waits for them)."""
-        if self._claimed:
+        if len(self._claimed) > len(self._confirming):
             return 0.001  # a start report's acknowledgement starts its attempt
         if self._due:
             return 0.005
@@ -439,7 +455,7 @@ class Worker:
             self.worker_id, self.pool, self.concurrency_max, len(self._running) + len(self._claimed), len(self._staged),
             self.advert_interval_ms, now, leaving, self.stage_max, long_running, tuple(sorted(self.policy.tenants)))
         self._produce(self.topo.workers, self.worker_id.encode(), codec.encode(advert), False, 0,
-                      on_ack=self._acked)  # (its answer is the fence's: ``_fenced_off``)
+                      on_ack=self._advert_acked(now))  # (its answer is the fence's: ``_fenced_off``)
 
     def _observe_held(self) -> None:
         """Gauges of what this worker holds and how far its inbox is behind (local
@@ -547,7 +563,10 @@ class Worker:
         for topic, key, value, tries in pending:
             self._produce(topic, key, value, True, tries)
         for att in list(self._claimed.values()):  # start reports the old producer did not answer
-            self._send_claim(att)
+            if att.grant.run_id in self._confirming:
+                self._ask_confirm(att, self.clock.now_ms())
+            else:
+                self._send_claim(att)
 
     def _resend_undelivered(self) -> None:
         """Produce again the checked records whose delivery failed (see ``_send``): one
@@ -601,15 +620,26 @@ class Worker:
                 return
             claimed = self._claimed.get(msg.run_id)
             if claimed is not None and msg.token >= claimed.grant.token and msg.kind is not StopReason.REJECTED:
-                del self._claimed[msg.run_id]  # its start report was not taken yet: nothing ran
-                log.info("dropped %s before its start: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
+                confirming = msg.run_id in self._confirming
+                self._unclaim(msg.run_id)  # its start report not taken yet, or refused: nothing ran
+                if confirming:
+                    self.starts_refused += 1
+                    log.warning("%s not started: its late start report was refused (%s: %s)", msg.run_id,
+                                msg.kind.value, msg.reason)
+                else:
+                    log.info("dropped %s before its start: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
                 return
             att = self._running.get(msg.run_id)
             if att is not None and msg.kind is not StopReason.REJECTED and msg.token >= att.grant.token:
                 log.warning("stopping %s: %s (%s)", msg.run_id, msg.kind.value, msg.reason)
                 att.ctx.request_stop(f"{msg.kind.value}: {msg.reason}")
         elif isinstance(msg, LeaseAck):
-            pass
+            att = self._claimed.get(msg.run_id)
+            if att is not None and msg.run_id in self._confirming and msg.token == att.grant.token:
+                self._unclaim(msg.run_id)
+                self.starts_confirmed += 1
+                log.info("%s starts: the processor accepted its late start report", msg.run_id)
+                self._launch(att)
 
     def _fire_due(self, executor: Executor) -> None:
         """Start staged attempts whose slot has come, while slots are free; return those
@@ -671,9 +701,23 @@ class Worker:
                 log.info("the cluster answers again: starting staged attempts")
         return off
 
-    def _acked(self, err: str | None, _partition: int, _offset: int) -> None:
-        if err is None:
-            self._acked_at_ms = self.clock.now_ms()
+    def _advert_acked(self, sent_ms: int) -> Delivery:
+        """An advert's delivery report: a silence in what the processors saw of this worker
+        (``START_CONFIRM_AFTER_MS``) makes its starts wait for their answer a while."""
+        def on_delivery(err: str | None, _partition: int, _offset: int) -> None:
+            if err is not None:
+                return
+            now = self.clock.now_ms()
+            if now - sent_ms > START_CONFIRM_AFTER_MS or (
+                    self._acked_at_ms is not None and now - self._acked_at_ms > self.advert_interval_ms + START_CONFIRM_AFTER_MS):
+                self._doubt_until_ms = now + DOUBT_AFTER_SILENCE_MS
+            self._acked_at_ms = now
+        return on_delivery
+
+    def _may_be_lost(self, now: int) -> bool:
+        """Might the processors have found this worker lost lately (``START_CONFIRM_AFTER_MS``)?"""
+        return now < self._doubt_until_ms or (
+            self._acked_at_ms is not None and now - self._acked_at_ms > self.advert_interval_ms + START_CONFIRM_AFTER_MS)
 
     def _hand_back(self, grant: Grant, reason: str, now: int) -> None:
         self.returned += 1
@@ -763,14 +807,19 @@ class Worker:
                                                   self.clock.now_ms())), False, 0, on_ack=on_delivery)
 
     def _start_claimed(self) -> None:
-        """Start the attempts whose start report Kafka took; send again the reports it did
+        """Start the attempts whose start report Kafka took in time (the others once the
+        processor accepts them: ``START_CONFIRM_AFTER_MS``); send again the reports it did
         not take, while their lease lasts (after it, the processor has moved the run on)."""
         now = self.clock.now_ms()
+        if self._confirming:
+            self._confirm_pending(now)
         while self._claims_failed:
             run_id, token = self._claims_failed.popleft()
             att = self._claimed.get(run_id)
             if att is None or att.grant.token != token:
                 continue
+            if run_id in self._confirming:
+                continue  # taken already (a report sent again): the processor's answer is awaited
             if now >= att.grant.lease_until_ms:
                 del self._claimed[run_id]
                 log.warning("dropped %s: its start report was not taken before its lease lapsed", run_id)
@@ -781,8 +830,43 @@ class Worker:
             att = self._claimed.get(run_id)
             if att is None or att.grant.token != token:
                 continue  # dropped meanwhile (a Stop), or superseded
+            if run_id in self._confirming:
+                continue  # a repeated report: the processor's answer is awaited already
+            if now - att.started_ms > START_CONFIRM_AFTER_MS or self._may_be_lost(now):
+                self._confirming.add(run_id)
+                log.log(logging.WARNING if now - att.started_ms > START_CONFIRM_AFTER_MS else logging.INFO,
+                        "%s: its start report took %d ms to be taken%s; it starts once the processor accepts it",
+                        run_id, now - att.started_ms,
+                        ", after a silence of this worker" if self._may_be_lost(now) else "")
+                self._ask_confirm(att, now)
+                continue
             del self._claimed[run_id]
             self._launch(att)
+
+    def _unclaim(self, run_id: str) -> None:
+        self._claimed.pop(run_id, None)
+        self._confirming.discard(run_id)
+
+    def _ask_confirm(self, att: _Attempt, now: int) -> None:
+        """A heartbeat for an attempt whose start report came late: after that report in its
+        partition, so the processor answers LeaseAck if it accepted the start, else Stop."""
+        att.confirm_asked_ms = now
+        g = att.grant
+        self._produce(self.topo.run_events, g.job_id.encode(),
+                      codec.encode(Heartbeat(g.run_id, self.worker_id, g.token, now)), False, 0)
+
+    def _confirm_pending(self, now: int) -> None:
+        """Ask again for the answers not come; give up those whose lease lapsed unanswered
+        (the processor has moved the run on; an accepted start then fails 'lease lost')."""
+        for run_id in list(self._confirming):
+            att = self._claimed.get(run_id)
+            if att is None:
+                self._confirming.discard(run_id)
+            elif now >= att.grant.lease_until_ms:
+                self._unclaim(run_id)
+                log.warning("%s not started: no answer to its late start report before its lease lapsed", run_id)
+            elif now - (att.confirm_asked_ms or 0) >= START_CONFIRM_EVERY_MS:
+                self._ask_confirm(att, now)
 
     def _launch(self, att: _Attempt) -> None:
         """Start a prepared attempt now, on a pooled thread."""
