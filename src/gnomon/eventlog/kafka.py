@@ -45,8 +45,10 @@ log = logging.getLogger("gnomon.kafka")
 
 RESTORE_GROUP = "gnomon-restore"  # never joined, never committed
 # how much longer than its own timeout a transactional call may block before the producer
-# is given up as wedged (librdkafka #5456: send_offsets_to_transaction can ignore its timeout)
-TXN_CALL_GRACE_S = 5.0
+# is given up as wedged (librdkafka #5456: send_offsets_to_transaction can ignore its timeout).
+# (5 s until issue 51: with a host lost, a processor waited 10 s in a send_offsets given 5 s,
+# wedged, before it rebuilt its producer; 2 s still leaves room for a starved process.)
+TXN_CALL_GRACE_S = 2.0
 
 
 def _consume(c: Consumer, max_records: int, timeout_s: float) -> list[Any]:
