@@ -74,3 +74,51 @@ def test_an_assumed_prior_value_is_journaled_without_a_read() -> None:
     j.assume(b"k", None)  # (after a write: the journal keeps what it saw first)
     j.rollback()
     assert inner.get(b"k") is None
+
+
+def _run(kv: JournalKV, script: list[tuple]) -> None:
+    for op in script:
+        if op[0] == "get":
+            kv.get(op[1])
+        elif op[0] == "put":
+            kv.put(op[1], op[2])
+        else:
+            kv.delete(op[1])
+
+
+@given(st.lists(st.tuples(keys, st.binary(max_size=3)), max_size=4), st.lists(st.tuples(ops, st.booleans()), max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_a_transactions_journal_under_record_savepoints_takes_the_whole_transaction_back(
+        initial: list[tuple[bytes, bytes]], records: list[tuple[list[tuple], bool]]) -> None:
+    """Issue 51: the transaction's journal (outer) under each record's savepoint (inner,
+    kept or taken back): a rollback of the transaction restores the store as at its begin."""
+    inner = MemoryKV()
+    for k, v in initial:
+        inner.put(k, v)
+    at_begin = _contents(inner)
+    txn = JournalKV(inner, keys_max=1_000, overflow_raises=False)
+    txn.begin()
+    for script, keep in records:
+        record = JournalKV(txn)
+        before = _contents(inner)
+        record.begin()
+        _run(record, script)
+        if keep:
+            record.release()
+        else:
+            record.rollback()
+            assert _contents(inner) == before
+    txn.rollback()
+    assert _contents(inner) == at_begin
+
+
+def test_a_transactions_journal_past_its_bound_stops_and_says_so() -> None:
+    inner = MemoryKV()
+    txn = JournalKV(inner, keys_max=3, overflow_raises=False)
+    txn.begin()
+    for k in (b"a", b"b", b"c", b"d"):
+        txn.put(k, b"1")  # no RecordTooLarge: the fourth key overflows the journal
+    assert txn.overflowed and not txn.open
+    assert inner.get(b"d") == b"1"  # the write itself went through
+    txn.begin()
+    assert not txn.overflowed and txn.open  # the next transaction is journaled again

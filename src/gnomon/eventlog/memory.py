@@ -17,7 +17,8 @@
 * No threads and no wall clock: time is the injected ``Clock`` (a ``FakeClock``).
 
 Faults are injected from outside (``gnomon.sim``): ``fail_next_commit`` makes a
-transactional id's next commit fail (abortable), ``slow_markers`` answers a commit whose
+transactional id's next commit fail (abortable), ``commit_answer_lost`` commits it but
+answers with a fatal timeout, ``slow_markers`` answers a commit whose
 records become readable later, ``late_records`` answers a commit whose records are still
 on their way (in their logs only once flushed, or when it ends), ``stale_view`` makes an
 expired member serve one more batch as if it had not noticed (a zombie), ``cut_writes_until_ms``
@@ -143,6 +144,9 @@ class MemoryEventLog:
         self._open: dict[str, _Txn] = {}
         self._member_seq = 0
         self.fail_next_commit: set[str] = set()  # transactional ids whose next commit fails (abortable)
+        # transactional ids whose next commit goes through but is answered with a fatal
+        # error (a timeout: the coordinator committed, its answer never came back)
+        self.commit_answer_lost: set[str] = set()
         # transactional id -> ms: its next commit is answered, its markers written that much later
         self.slow_markers: dict[str, int] = {}
         # transactional id -> ms: its next transaction's records are still on their way when
@@ -596,6 +600,9 @@ class MemoryTransactionalProducer:
             return
         self.log._end(txn, COMMITTED)
         self._txn = None
+        if self.tid in self.log.commit_answer_lost:
+            self.log.commit_answer_lost.discard(self.tid)
+            raise TransactionError(f"commit of {self.tid} timed out (injected: it did commit)", fatal=True)
 
     def abort(self, timeout_s: float) -> None:
         txn = self._current()

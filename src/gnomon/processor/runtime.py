@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -68,6 +68,7 @@ from gnomon.eventlog.port import (
 from gnomon.feeds.tenants import TenantFeed
 from gnomon.gate import RegionGate
 from gnomon.metrics.processor import ProcessorMetrics
+from gnomon.ports import KeyValueStore
 from gnomon.processor import growth
 from gnomon.processor.adverts import AdvertFeed
 from gnomon.processor.attempts import RecordAttempts
@@ -198,6 +199,7 @@ class Processor:
         self.transactions = 0
         self.txn_ms: deque[float] = deque(maxlen=TXN_TIMES_KEPT)  # the latest transactions' durations (the log)
         self.aborts = 0  # transactions aborted (state and positions rewound)
+        self.restores: dict[str, int] = {}  # partitions restored, by how (a rollback, a standby, ...)
         self.consumer: GroupConsumer = self.log.group_consumer(
             region.group_id(GROUP_ID, self.topo.region), client_id=f"proc-{cfg.instance_id}",
             # a killed processor's partitions move after session_timeout_ms (infra sets
@@ -439,6 +441,7 @@ class Processor:
         self.usage.forget(partition)
         if task is None:
             return
+        task.txn_end()
         if checkpoint and not self._clean:
             log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
             checkpoint = False
@@ -487,34 +490,50 @@ class Processor:
                         partition, exc)
             ckpt = None
             kv = self.stores.open(partition, fresh=True)
+        task = self._new_task(partition, kv)
+        if ckpt is None:
+            return task, None, None
+        return task, {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}, int(ckpt.get(_WRITTEN_AT, 0))
+
+    def _new_task(self, partition: int, kv: KeyValueStore) -> PartitionTask:
         task = PartitionTask(partition, kv, self.topo, self.cfg.sched, self.cfg.runs,
                              directory=self.directory, quota=self.quota, calendars=self.calendars,
                              calendars_catch_up=self._calendars_catch_up)
         task.on_progress = self._progressed  # a long restore is progress (liveness)
         if self.keyring is not None:  # (regions: a moved job's adoption is signed with the operator's key)
             task.operator_key = self.keyring.operator
-        if ckpt is None:
-            return task, None, None
-        return task, {t: int(ckpt[t]) for t in (self.topo.jobs, self.topo.runs)}, int(ckpt.get(_WRITTEN_AT, 0))
+        return task
 
-    def _restore(self, partition: int, *, trust_checkpoint: bool = True) -> PartitionTask:
+    def _restore(self, partition: int, *, trust_checkpoint: bool = True,
+                 rolled_back: tuple[KeyValueStore, dict[str, int]] | None = None) -> PartitionTask:
+        """The partition's state at the changelogs' end: from a warm standby, a checkpoint
+        and the tail after it, or in full; ``rolled_back``: its store put back at its last
+        commit by the transaction's journal, and the changelog offsets that commit reached
+        at least (the tail from there brings in whatever the failed transaction did commit)."""
         started = time.monotonic()
         self.quota.close(partition)  # counted again from the restored state, below
         self.usage.forget(partition)
-        promoted = self.standbys.promote(partition) if self.standbys is not None and trust_checkpoint else None
+        promoted = (self.standbys.promote(partition) if self.standbys is not None and trust_checkpoint
+                    and rolled_back is None else None)
         ckpt: dict[str, int] | None
-        if promoted is not None:
+        if rolled_back is not None:
+            task, ckpt = self._new_task(partition, rolled_back[0]), dict(rolled_back[1])
+            source = "rolled back to its last commit"
+        elif promoted is not None:
             task, ckpt = promoted
             source = "from a warm standby"
         else:
             task, ckpt, _ = self._open_store(partition, trust_checkpoint=trust_checkpoint)
             source = "full rebuild" if ckpt is None else "from checkpoint"
         n = 0
+        # per changelog topic: past the last record read (every record before it is in the store)
+        read_to = dict(ckpt) if ckpt is not None else {self.topo.jobs: 0, self.topo.runs: 0}
         if ckpt is None:  # full rebuild: keep the last value per key, then load once
             latest: dict[str, dict[str, bytes | None]] = {self.topo.jobs: {}, self.topo.runs: {}}
             for topic, table in latest.items():
                 for rec in self.log.read_to_end(topic, partition, self.cfg.restore_timeout_s):
                     table[rec.key.decode() if rec.key else ""] = rec.value
+                    read_to[topic] = rec.offset + 1
                     n += 1
                     if n % 10_000 == 0:
                         self.progress_at_s = time.monotonic()  # a long restore is progress
@@ -527,6 +546,7 @@ class Processor:
                 tail: dict[str, bytes | None] = {}
                 for rec in self.log.read_to_end(topic, partition, self.cfg.restore_timeout_s, ckpt[topic]):
                     tail[rec.key.decode() if rec.key else ""] = rec.value
+                    read_to[topic] = rec.offset + 1
                     n += 1
                     if n % 10_000 == 0:
                         self.progress_at_s = time.monotonic()
@@ -545,7 +565,10 @@ class Processor:
         log.info("partition %d restored: %d records in %.2fs (%s); %d tenant counting entries", partition, n,
                  time.monotonic() - started, source, counted)
         self._restored.add(partition)
+        self.restores[source] = self.restores.get(source, 0) + 1
         self._know_partitions(task.partitions)
+        task.changelog_at = read_to
+        task.txn_begin()
         return task
 
     def _ask_partitions(self) -> dict[str, int]:
@@ -935,10 +958,14 @@ class Processor:
         deadline = began + self.cfg.commit_timeout_s
         try:
             self._txn(lambda _t: self.producer.begin(), deadline)
+            changelogs = (self.topo.jobs, self.topo.runs)
+            written: dict[tuple[str, int], int] = {}  # changelog records of this transaction, per partition
             for o in outputs:
                 value = o.encoded if o.encoded is not None else (
                     None if o.value is None else codec.encode(o.value, o.topic))
                 self.producer.produce(o.topic, o.key.encode(), value, o.partition, o.headers)
+                if o.partition is not None and o.topic in changelogs:
+                    written[(o.topic, o.partition)] = written.get((o.topic, o.partition), 0) + 1
             tps = dict(offsets)
             if not tps:
                 # a tick-only transaction still carries the group generation for fencing
@@ -958,6 +985,7 @@ class Processor:
                 meta = self.consumer.group_metadata()
                 self._txn(lambda t: self.producer.send_offsets(tps, meta, t), deadline)
             self._txn(lambda t: self.producer.commit(t), deadline)
+            self._committed(written)
             self.transactions += 1
             self.txn_ms.append((time.monotonic() - began) * 1000)
             self.metrics.committed(outputs)
@@ -974,6 +1002,17 @@ class Processor:
                     self._fatal(exc2)
             self._need_rewind = True
             self._recover()
+
+    def _committed(self, written: Mapping[tuple[str, int], int]) -> None:
+        """A commit went through: each partition's journal starts afresh, and the changelog
+        offsets its last commit reached at least move past the records it wrote (only an
+        owner writes its changelog partitions; a record's offset is at least its count)."""
+        for p, task in self.tasks.items():
+            task.txn_committed()
+            for topic in (self.topo.jobs, self.topo.runs):
+                k = written.get((topic, p))
+                if k:
+                    task.changelog_at[topic] = task.changelog_at.get(topic, 0) + k
 
     def _txn(self, call: Callable[[float], None], deadline: float) -> None:
         """Run one transactional call (given the seconds left), retrying while the error
@@ -1059,11 +1098,20 @@ class Processor:
         assignment = self.consumer.assignment()
         # (nothing assigned, e.g. lost with the session: nothing to read from the coordinator)
         committed = self.consumer.committed(assignment, self.cfg.recover_timeout_s) if assignment else {}
-        for p in sorted({p for _, p in assignment} | set(self.tasks)):
+        assigned = {q for _, q in assignment}
+        for p in sorted(assigned | set(self.tasks)):
             old = self.tasks.pop(p, None)
+            store = old.txn_rollback() if old is not None and p in assigned and not old.awaiting else None
+            if store is not None and old is not None:
+                try:
+                    self.tasks[p] = self._restore(p, trust_checkpoint=False, rolled_back=(store, old.changelog_at))
+                except BaseException:
+                    store.close()  # the next rewind rebuilds it
+                    raise
+                continue
             if old is not None:
                 old.kv.close()
-            if p in {q for _, q in assignment}:
+            if p in assigned:
                 self.tasks[p] = self._restore(p, trust_checkpoint=False)
         for tp, offset in committed.items():
             self.consumer.seek(tp, offset if offset is not None else 0)

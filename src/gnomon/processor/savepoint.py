@@ -13,6 +13,12 @@ The journal costs one read per distinct key a record writes (none for a key the 
 read first: that value is kept, or whose value the caller knows: ``assume``, for the
 index entries a state change adds or removes), and nothing when no savepoint is open (restores and
 standbys write through it unjournaled).
+
+The same journal, one level out, covers a whole transaction (``PartitionTask.txn_begin``):
+every write since the last commit, so that an aborted transaction puts the partition back
+at its last commit instead of rebuilding it from its changelogs. That journal has a
+bound of its own (``overflow_raises=False``): past it, it stops journaling and says so
+(``overflowed``), and the partition is rebuilt as before.
 """
 
 from __future__ import annotations
@@ -31,10 +37,16 @@ class RecordTooLarge(Exception):
 class JournalKV:
     """A ``KeyValueStore`` that can take back the writes made since ``begin``."""
 
-    def __init__(self, inner: KeyValueStore) -> None:
+    def __init__(self, inner: KeyValueStore, *, keys_max: int = UNDO_KEYS_MAX, overflow_raises: bool = True,
+                 reads_kept_max: int | None = None) -> None:
         self.inner = inner
         self._undo: dict[bytes, bytes | None] | None = None
         self._read: dict[bytes, bytes | None] = {}  # read since ``begin``, not yet written
+        self.keys_max = keys_max
+        # values read kept for a later write's journal entry (past it, that write reads again)
+        self.reads_kept_max = keys_max if reads_kept_max is None else reads_kept_max
+        self.overflow_raises = overflow_raises  # False: past keys_max, stop journaling (``overflowed``)
+        self.overflowed = False
 
     @property
     def open(self) -> bool:
@@ -44,11 +56,13 @@ class JournalKV:
         assert self._undo is None, "savepoints do not nest"
         self._undo = {}
         self._read.clear()
+        self.overflowed = False
 
     def release(self) -> None:
         """Keep what was written since ``begin``."""
         self._undo = None
         self._read.clear()
+        self.overflowed = False
 
     def written(self) -> list[bytes]:
         """The keys written since ``begin``."""
@@ -79,8 +93,13 @@ class JournalKV:
     def _remember(self, key: bytes) -> None:
         undo = self._undo
         if undo is not None and key not in undo:
-            if len(undo) >= UNDO_KEYS_MAX:
-                raise RecordTooLarge(f"one record wrote more than {UNDO_KEYS_MAX} keys")
+            if len(undo) >= self.keys_max:
+                if self.overflow_raises:
+                    raise RecordTooLarge(f"one record wrote more than {self.keys_max} keys")
+                self._undo = None  # too much to take back: the caller rebuilds instead
+                self._read.clear()
+                self.overflowed = True
+                return
             read = self._read
             undo[key] = read.pop(key) if key in read else self.inner.get(key)
 
@@ -88,7 +107,7 @@ class JournalKV:
 
     def get(self, key: bytes) -> bytes | None:
         value = self.inner.get(key)
-        if self._undo is not None and key not in self._undo:
+        if self._undo is not None and key not in self._undo and len(self._read) < self.reads_kept_max:
             self._read[key] = value  # its value before this record, should it write it
         return value
 

@@ -92,6 +92,13 @@ from gnomon.topology import Topology
 
 log = logging.getLogger(__name__)
 
+# keys one transaction may write in a partition and still be taken back by its journal
+# (their values before it are held in memory); past it an abort rebuilds the partition
+# from its changelogs. Of the values it read, this many are kept for a later write's
+# journal entry (a write after that reads its key again).
+TXN_KEYS_MAX = 100_000
+TXN_READS_KEPT_MAX = 10_000
+
 _TIME_W = 13  # digits of epoch ms, good until the year 2286
 
 
@@ -288,6 +295,12 @@ class PartitionTask:
         self.calendars_catch_up = calendars_catch_up
         self.kv: KeyValueStore = kv
         self._journal = JournalKV(kv)  # ``kv`` while a savepoint is open: its writes can be taken back
+        # ``kv`` from ``txn_begin`` on: every write since the last commit, taken back by
+        # ``txn_rollback`` (an aborted transaction) instead of a rebuild from the changelogs
+        self._txn = JournalKV(kv, keys_max=TXN_KEYS_MAX, overflow_raises=False, reads_kept_max=TXN_READS_KEPT_MAX)
+        # per changelog topic: an offset of this partition at or below the end of what its
+        # last commit wrote (every record before it is in the store; ``Processor._commit``)
+        self.changelog_at: dict[str, int] = {}
         self._quota_undo: list[tuple[bytes, int]] | None = None  # counts moved under a savepoint
         self.topo = topology
         self.sched_cfg = sched_cfg or J.SchedulerConfig()
@@ -401,6 +414,41 @@ class PartitionTask:
         self.quota.entry(self.partition, key, delta)
         if self._quota_undo is not None:
             self._quota_undo.append((key, delta))
+
+    # ---- the transaction's journal: an abort costs the transaction, not a rebuild ----------
+
+    def txn_begin(self) -> None:
+        """From now on every write is journaled until the next ``txn_committed`` (the
+        partition's state is at a commit now: restored, or just committed)."""
+        assert self.kv is self._txn.inner and not self._txn.open, "the transaction journal is open already"
+        self._txn.begin()
+        self.kv = self._txn
+
+    def txn_committed(self) -> None:
+        """The transaction committed: what it wrote stays; journal the next one."""
+        if self.kv is self._txn:
+            self._txn.release()
+            self._txn.begin()
+
+    def txn_end(self) -> None:
+        """Journal no more (the partition is released: closed, or kept as a standby)."""
+        if self.kv is self._txn:
+            self._txn.release()
+            self.kv = self._txn.inner
+
+    def txn_rollback(self) -> KeyValueStore | None:
+        """Put the store back at the last commit; the store, or None when the journal cannot
+        (never opened, or it overflowed ``TXN_KEYS_MAX``: rebuild instead). The task is
+        done with either way (its caches and counts are of the undone writes)."""
+        txn = self._txn
+        if self.kv is not txn:
+            return None
+        self.kv = txn.inner
+        if txn.overflowed or not txn.open:
+            txn.release()
+            return None
+        txn.rollback()
+        return txn.inner
 
     # ---- savepoints: one record's failure stays its own -----------------------------------
 
