@@ -122,3 +122,31 @@ def test_a_transactions_journal_past_its_bound_stops_and_says_so() -> None:
     assert inner.get(b"d") == b"1"  # the write itself went through
     txn.begin()
     assert not txn.overflowed and txn.open  # the next transaction is journaled again
+
+
+@given(st.lists(st.tuples(keys, st.binary(max_size=3)), max_size=4), ops,
+       st.lists(st.tuples(ops, st.booleans()), max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_a_transactions_journal_that_absorbs_kept_savepoints_takes_the_whole_transaction_back(
+        initial: list[tuple[bytes, bytes]], direct: list[tuple], records: list[tuple[list[tuple], bool]]) -> None:
+    """As ``PartitionTask.savepoint`` does it: a record's savepoint writes past the
+    transaction's journal, which absorbs the priors of what was kept; writes outside any
+    savepoint go through the transaction's journal itself."""
+    inner = MemoryKV()
+    for k, v in initial:
+        inner.put(k, v)
+    at_begin = _contents(inner)
+    txn = JournalKV(inner, keys_max=1_000, overflow_raises=False)
+    txn.begin()
+    _run(txn, direct)
+    for script, keep in records:
+        record = JournalKV(inner)
+        record.begin()
+        _run(record, script)
+        if not keep:
+            record.rollback()
+        kept = record.release()
+        if kept:
+            txn.absorb(kept)
+    txn.rollback()
+    assert _contents(inner) == at_begin

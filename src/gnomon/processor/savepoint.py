@@ -58,11 +58,34 @@ class JournalKV:
         self._read.clear()
         self.overflowed = False
 
-    def release(self) -> None:
-        """Keep what was written since ``begin``."""
-        self._undo = None
+    def release(self) -> dict[bytes, bytes | None] | None:
+        """Keep what was written since ``begin``; the values those keys had then (None
+        when nothing was journaled: not open, or rolled back)."""
+        undo, self._undo = self._undo, None
         self._read.clear()
         self.overflowed = False
+        return undo
+
+    def absorb(self, priors: dict[bytes, bytes | None]) -> None:
+        """Journal writes made past this journal (an inner savepoint's, kept: ``priors``
+        are the values their keys had before it); a key journaled already keeps its
+        older value."""
+        undo = self._undo
+        if undo is None:
+            return
+        read = self._read
+        for key, old in priors.items():
+            if key in undo:
+                continue
+            if len(undo) >= self.keys_max:
+                if self.overflow_raises:
+                    raise RecordTooLarge(f"more than {self.keys_max} keys written")
+                self._undo = None
+                read.clear()
+                self.overflowed = True
+                return
+            undo[key] = old
+            read.pop(key, None)
 
     def written(self) -> list[bytes]:
         """The keys written since ``begin``."""

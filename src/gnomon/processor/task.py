@@ -463,7 +463,9 @@ class PartitionTask:
         journal = self._journal
         assert not journal.open and self.kv is not journal, "savepoints do not nest"
         store = self.kv
-        journal.inner = store
+        # under the transaction's journal: write past it, and hand it what was kept
+        txn = self._txn if store is self._txn else None
+        journal.inner = store if txn is None else txn.inner
         journal.begin()
         self.kv, self._quota_undo = journal, []
         in_flight = self.in_flight_runs
@@ -478,7 +480,9 @@ class PartitionTask:
                 raise
             raise RecordFailed(exc) from exc
         finally:  # whatever happened (a rollback that failed too), the store is the store again
-            journal.release()
+            kept = journal.release()
+            if txn is not None and kept:
+                txn.absorb(kept)  # (an assumed prior too: right while the indexes match the states)
             self.kv, self._quota_undo = store, None
         return out
 
