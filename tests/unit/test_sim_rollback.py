@@ -104,3 +104,38 @@ def test_a_transaction_too_large_for_its_journal_is_rebuilt(monkeypatch: pytest.
     assert proc.restores.get("full rebuild", 0) > rebuilt, proc.restores
     c.heal(8_000)
     assert_clean(c)
+
+
+@pytest.mark.parametrize("stop_after", [False, True])
+def test_partitions_lost_by_a_stalled_processor_stay_warm_at_its_last_commit(stop_after: bool) -> None:
+    """p1 frozen past its session (its partitions go to p0, which writes more to their
+    changelogs); when it thaws it finds them lost. Before, it dropped their stores (the
+    next open rebuilt them in full); now it undoes what it had not committed and keeps
+    each store as a warm standby from the offsets its last commit reached at least, so it
+    reads p0's writes like any standby, and the group's next assignment restores them from
+    those copies. ``stop_after``: p1 also stops and starts again, so the copies go through
+    a checkpoint (the scenario where a stale store, checkpointed, once brought a finished
+    run back to RUNNING)."""
+    c = cluster(7, duration_ms=(200, 400))
+    for i in range(8):
+        c.register(f"j{i}", "*/5 * * * * *")
+    c.run_for(4_000, faults=False)
+    p1 = c.processor("p1")
+    had, rebuilt = set(p1.tasks), p1.restores.get("full rebuild", 0)
+    assert had and all(c.log.end_offset(c.topo.runs, p) > 0 for p in had)
+    c.stall("p1", c.cfg.session_timeout_ms + 3_000)
+    c.run_for(c.cfg.session_timeout_ms + 4_000, faults=False)  # p1 thawed, found them lost, rejoined
+    assert p1.restores.get("full rebuild", 0) == rebuilt, p1.restores
+    assert p1.restores.get("from a warm standby", 0) >= len(had), p1.restores
+    assert every_owned_partition_matches_its_changelog(c) == c.topo.partitions
+    if stop_after:
+        c.stop("p1", down_ms=500)
+        c.run_for(1_000, faults=False)
+    c.stop("p0", down_ms=5_000)  # p1 takes every partition
+    c.run_for(3_000, faults=False)
+    p1 = c.processor("p1")
+    assert set(p1.tasks) == set(range(c.topo.partitions))
+    assert p1.restores.get("full rebuild", 0) == (0 if stop_after else rebuilt), p1.restores
+    assert every_owned_partition_matches_its_changelog(c) == c.topo.partitions
+    c.heal(8_000)
+    assert_clean(c)

@@ -441,6 +441,16 @@ class Processor:
         self.usage.forget(partition)
         if task is None:
             return
+        if (not checkpoint or not self._clean) and self.standbys is not None and not task.awaiting:
+            # lost, or with writes not committed: those undone, the store is at the last
+            # commit, and stays warm from the offsets that commit reached at least (a new
+            # owner's writes come after them: the copy reads them like any other)
+            store = task.txn_rollback()
+            if store is not None:
+                log.info("partition %d released at its last commit (what was not committed undone): kept warm",
+                         partition)
+                self.standbys.adopt(partition, self._new_task(partition, store), dict(task.changelog_at))
+                return
         task.txn_end()
         if checkpoint and not self._clean:
             log.warning("partition %d closed with uncommitted local writes; next open rebuilds it", partition)
