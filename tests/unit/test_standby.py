@@ -183,3 +183,26 @@ def test_a_full_buffer_pauses_only_its_own_copy_and_never_a_build() -> None:
         standby.poll()
     assert standby.lag()[0] >= 0  # the build of partition 0 finished despite its 30 buffered records
     assert (RUNS, 1) in log.paused and 0 < standby.lag()[1] <= 30
+
+
+class _NoPositionLog(FakeLog):
+    """As librdkafka: no position (-1) for a partition nothing was fetched from."""
+
+    def position(self, tps: list[TP]) -> dict[TP, int]:
+        return {tp: (self.pos.get(tp, 0) if self.records.get(tp) else -1) for tp in tps}
+
+
+def test_the_copy_of_an_empty_partition_is_promoted() -> None:
+    """Seen in a CI log: 'standby for partition 0 is 1796682380 s behind; not used' for a
+    partition with nothing in its changelogs (its copy claimed time 0)."""
+    topo = load_topology()
+    log = _NoPositionLog()
+    standby = StandbySet(None, (JOBS, RUNS), lambda q: (PartitionTask(q, MemoryKV(), topo), None, None), log.clock,
+                         max_age_ms=60_000, reader=log)  # type: ignore[arg-type]
+    standby.track({0})
+    for _ in range(3):
+        standby.poll()
+    assert standby.copies[0].warm
+    log.clock.advance(5_000)
+    promoted = standby.promote(0)
+    assert promoted is not None and promoted[1] == {JOBS: 0, RUNS: 0}

@@ -128,7 +128,10 @@ class StandbySet:
                 log.warning("standby for partition %d not started (%s); will retry", p, exc)
                 continue
             start = dict.fromkeys(self.topics, 0)
-            self.copies[p] = _Copy(task, dict(start), dict(start), ends, 0)
+            # once built, its store holds every record up to those ends, read now (an empty
+            # partition's copy is never marked current later: librdkafka gives no position
+            # where nothing was fetched, and a copy of time 0 was never promoted)
+            self.copies[p] = _Copy(task, dict(start), dict(start), ends, self.clock.now_ms())
             log.info("standby for partition %d: building from the changelogs up to %s", p, ends)
         self._reassign()
 
