@@ -76,6 +76,16 @@ def test_an_assumed_prior_value_is_journaled_without_a_read() -> None:
     assert inner.get(b"k") is None
 
 
+def _transaction_on(initial: list[tuple[bytes, bytes]]) -> tuple[MemoryKV, list[tuple[bytes, bytes]], JournalKV]:
+    """A store holding ``initial``, its contents, and a transaction's journal begun over it."""
+    inner = MemoryKV()
+    for k, v in initial:
+        inner.put(k, v)
+    txn = JournalKV(inner, keys_max=1_000, overflow_raises=False)
+    txn.begin()
+    return inner, _contents(inner), txn
+
+
 def _run(kv: JournalKV, script: list[tuple]) -> None:
     for op in script:
         if op[0] == "get":
@@ -92,12 +102,7 @@ def test_a_transactions_journal_under_record_savepoints_takes_the_whole_transact
         initial: list[tuple[bytes, bytes]], records: list[tuple[list[tuple], bool]]) -> None:
     """Issue 51: the transaction's journal (outer) under each record's savepoint (inner,
     kept or taken back): a rollback of the transaction restores the store as at its begin."""
-    inner = MemoryKV()
-    for k, v in initial:
-        inner.put(k, v)
-    at_begin = _contents(inner)
-    txn = JournalKV(inner, keys_max=1_000, overflow_raises=False)
-    txn.begin()
+    inner, at_begin, txn = _transaction_on(initial)
     for script, keep in records:
         record = JournalKV(txn)
         before = _contents(inner)
@@ -132,12 +137,7 @@ def test_a_transactions_journal_that_absorbs_kept_savepoints_takes_the_whole_tra
     """As ``PartitionTask.savepoint`` does it: a record's savepoint writes past the
     transaction's journal, which absorbs the priors of what was kept; writes outside any
     savepoint go through the transaction's journal itself."""
-    inner = MemoryKV()
-    for k, v in initial:
-        inner.put(k, v)
-    at_begin = _contents(inner)
-    txn = JournalKV(inner, keys_max=1_000, overflow_raises=False)
-    txn.begin()
+    inner, at_begin, txn = _transaction_on(initial)
     _run(txn, direct)
     for script, keep in records:
         record = JournalKV(inner)

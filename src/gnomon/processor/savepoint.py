@@ -78,14 +78,19 @@ class JournalKV:
             if key in undo:
                 continue
             if len(undo) >= self.keys_max:
-                if self.overflow_raises:
-                    raise RecordTooLarge(f"more than {self.keys_max} keys written")
-                self._undo = None
-                read.clear()
-                self.overflowed = True
+                self._overflow()
                 return
             undo[key] = old
             read.pop(key, None)
+
+    def _overflow(self) -> None:
+        """More than ``keys_max`` keys written: RecordTooLarge, or (``overflow_raises``
+        False) journal no more: too much to take back, the caller rebuilds instead."""
+        if self.overflow_raises:
+            raise RecordTooLarge(f"one record wrote more than {self.keys_max} keys")
+        self._undo = None
+        self._read.clear()
+        self.overflowed = True
 
     def written(self) -> list[bytes]:
         """The keys written since ``begin``."""
@@ -117,11 +122,7 @@ class JournalKV:
         undo = self._undo
         if undo is not None and key not in undo:
             if len(undo) >= self.keys_max:
-                if self.overflow_raises:
-                    raise RecordTooLarge(f"one record wrote more than {self.keys_max} keys")
-                self._undo = None  # too much to take back: the caller rebuilds instead
-                self._read.clear()
-                self.overflowed = True
+                self._overflow()
                 return
             read = self._read
             undo[key] = read.pop(key) if key in read else self.inner.get(key)

@@ -444,7 +444,7 @@ class PartitionTask:
         if self.kv is not txn:
             return None
         self.kv = txn.inner
-        if txn.overflowed or not txn.open:
+        if not txn.open:  # (overflowed)
             txn.release()
             return None
         txn.rollback()

@@ -708,16 +708,18 @@ class Worker:
             if err is not None:
                 return
             now = self.clock.now_ms()
-            if now - sent_ms > START_CONFIRM_AFTER_MS or (
-                    self._acked_at_ms is not None and now - self._acked_at_ms > self.advert_interval_ms + START_CONFIRM_AFTER_MS):
+            if now - sent_ms > START_CONFIRM_AFTER_MS or self._adverts_silent(now):
                 self._doubt_until_ms = now + DOUBT_AFTER_SILENCE_MS
             self._acked_at_ms = now
         return on_delivery
 
+    def _adverts_silent(self, now: int) -> bool:
+        """No advert of this worker taken for an advert interval and ``START_CONFIRM_AFTER_MS`` more."""
+        return self._acked_at_ms is not None and now - self._acked_at_ms > self.advert_interval_ms + START_CONFIRM_AFTER_MS
+
     def _may_be_lost(self, now: int) -> bool:
         """Might the processors have found this worker lost lately (``START_CONFIRM_AFTER_MS``)?"""
-        return now < self._doubt_until_ms or (
-            self._acked_at_ms is not None and now - self._acked_at_ms > self.advert_interval_ms + START_CONFIRM_AFTER_MS)
+        return now < self._doubt_until_ms or self._adverts_silent(now)
 
     def _hand_back(self, grant: Grant, reason: str, now: int) -> None:
         self.returned += 1
@@ -832,12 +834,12 @@ class Worker:
                 continue  # dropped meanwhile (a Stop), or superseded
             if run_id in self._confirming:
                 continue  # a repeated report: the processor's answer is awaited already
-            if now - att.started_ms > START_CONFIRM_AFTER_MS or self._may_be_lost(now):
+            late, doubt = now - att.started_ms > START_CONFIRM_AFTER_MS, self._may_be_lost(now)
+            if late or doubt:
                 self._confirming.add(run_id)
-                log.log(logging.WARNING if now - att.started_ms > START_CONFIRM_AFTER_MS else logging.INFO,
+                log.log(logging.WARNING if late else logging.INFO,
                         "%s: its start report took %d ms to be taken%s; it starts once the processor accepts it",
-                        run_id, now - att.started_ms,
-                        ", after a silence of this worker" if self._may_be_lost(now) else "")
+                        run_id, now - att.started_ms, ", after a silence of this worker" if doubt else "")
                 self._ask_confirm(att, now)
                 continue
             del self._claimed[run_id]
@@ -851,9 +853,11 @@ class Worker:
         """A heartbeat for an attempt whose start report came late: after that report in its
         partition, so the processor answers LeaseAck if it accepted the start, else Stop."""
         att.confirm_asked_ms = now
-        g = att.grant
+        self._send_heartbeat(att.grant, now)
+
+    def _send_heartbeat(self, g: Grant, now: int, on_ack: Delivery | None = None) -> None:
         self._produce(self.topo.run_events, g.job_id.encode(),
-                      codec.encode(Heartbeat(g.run_id, self.worker_id, g.token, now)), False, 0)
+                      codec.encode(Heartbeat(g.run_id, self.worker_id, g.token, now)), False, 0, on_ack=on_ack)
 
     def _confirm_pending(self, now: int) -> None:
         """Ask again for the answers not come; give up those whose lease lapsed unanswered
@@ -969,9 +973,7 @@ class Worker:
                 # once Kafka has the heartbeat, the lease is renewed: tell the attempt's
                 # listeners then (a container's guard: gnomon.worker.container_guard), so a
                 # worker cut off from Kafka does not keep a container its lease no longer covers
-                self._produce(self.topo.run_events, g.job_id.encode(),
-                              codec.encode(Heartbeat(g.run_id, self.worker_id, g.token, now)), False, 0,
-                              on_ack=_renewal_of(att.ctx))
+                self._send_heartbeat(g, now, _renewal_of(att.ctx))
 
     def _drain(self, inbox: Reader, executor: Executor) -> None:
         deadline = time.monotonic() + self.drain_timeout_s
